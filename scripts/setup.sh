@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project virtual environment in .venv and install zero_train into it.
+# Idempotent: re-running after the first time only re-installs when pyproject.toml changed.
+#   bash scripts/setup.sh          # normally called by scripts/demo.sh and scripts/test.sh
+# On a machine without an NVIDIA GPU, torch is pinned to a CPU build so that pip never pulls the
+# multi-GB CUDA wheels; set ZT_TORCH_SPEC to override (e.g. ZT_TORCH_SPEC="torch==2.13.0").
+# Where PyPI's torch for this version is a CUDA build and you want CPU, add the CPU wheel index
+# through ZT_TORCH_INDEX_URL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $($PY --version)"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.zero_train-installed"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+start=$(date +%s)
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  torch_spec=${ZT_TORCH_SPEC:-torch}
+else
+  torch_spec=${ZT_TORCH_SPEC:-torch==2.13.0}
+fi
+index_args=()
+if [ -n "${ZT_TORCH_INDEX_URL:-}" ]; then index_args=(--extra-index-url "$ZT_TORCH_INDEX_URL"); fi
+echo "[setup] installing $torch_spec and zero_train (editable, with dev extras)"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "${index_args[@]}" "$torch_spec" 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" || true
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]" "$torch_spec" 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" || true
+"$VENV/bin/python" -c "import torch, deepspeed, transformers, datasets, zero_train" 2>/dev/null \
+  || { echo "[setup] install failed: see the pip output above" >&2; exit 1; }
+echo "$want" > "$stamp"
+echo "[setup] done in $(( $(date +%s) - start )) s"

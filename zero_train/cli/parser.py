@@ -1,0 +1,49 @@
+"""An ArgumentParser whose errors are one line and exit code 2 (argparse prints usage + error)."""
+
+from __future__ import annotations
+
+import argparse
+
+from zero_train.errors import UsageError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag raises UsageError, which entry points print as one line, exit 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0 (accepts 1e-4, 7.5e9)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers >= 1, e.g. `1,2,4`."""
+    return [positive_int(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def name_list(text: str) -> list[str]:
+    """argparse type: comma-separated names, e.g. `ddp,zero1,ds3`."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected a comma-separated list, got nothing")
+    return names

@@ -1,0 +1,76 @@
+"""The distributed environment, read once and passed explicitly.
+
+Launchers (deepspeed, torchrun, plain python) all export RANK / WORLD_SIZE / LOCAL_RANK /
+MASTER_ADDR / MASTER_PORT; a plain `python script.py` has none of them and runs as a world of one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 120  # not torch's 30 minutes: a dead rank must be noticed quickly (see issue 7)
+
+
+@dataclass(frozen=True, slots=True)
+class DistInfo:
+    """Where this process sits in the job."""
+
+    rank: int
+    """Global rank, 0 .. world_size-1."""
+    world_size: int
+    """Number of data-parallel processes."""
+    local_rank: int
+    """Rank on this node; picks the CUDA device."""
+    device: torch.device
+    """`cuda:<local_rank>` when CUDA is available, else `cpu`."""
+    backend: str
+    """`nccl` on CUDA, `gloo` on CPU."""
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, which logs and writes shared files."""
+        return self.rank == 0
+
+
+def read_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from the launcher's environment; (0, 1, 0) if none."""
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    return rank, world_size, local_rank
+
+
+def init_distributed(*, timeout_s: float = DEFAULT_TIMEOUT_S, force_cpu: bool = False) -> DistInfo:
+    """Initialise torch.distributed once (also for a world of one) and describe this process.
+
+    Args:
+        timeout_s: collective timeout; short so that a dead peer fails the job instead of hanging it.
+        force_cpu: use CPU + gloo even where CUDA is available.
+
+    Returns:
+        The frozen DistInfo every other module takes as an argument.
+    """
+    rank, world_size, local_rank = read_env()
+    use_cuda = torch.cuda.is_available() and not force_cpu
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    backend = "nccl" if use_cuda else "gloo"
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        os.environ.setdefault("RANK", str(rank))
+        os.environ.setdefault("WORLD_SIZE", str(world_size))
+        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)

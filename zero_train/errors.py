@@ -1,0 +1,47 @@
+"""The one exception type a user can cause.
+
+A `UsageError` carries a single line that names the problem and the fix. Every entry point (the
+`zero-train` CLI and `scripts/*.py`) turns it into that line on stderr and exit code 2, with no
+traceback. Internal invariants use `assert`; anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+EXIT_USAGE = 2
+
+
+class UsageError(ValueError):
+    """A mistake the user can fix: bad flag, bad config, missing file, sizes that don't fit.
+
+    Args:
+        message: one line, naming the problem and the fix.
+        problems: optional list of further one-line problems (e.g. every issue `config check` found).
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems or [])
+
+
+def fail(message: str) -> NoReturn:
+    """Print `error: <message>` to stderr and exit with code 2."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+def run_cli(entry: Callable[[], int | None]) -> NoReturn:
+    """Run `entry`, mapping UsageError (and unreadable files) to one line + exit 2."""
+    try:
+        code = entry()
+    except UsageError as err:
+        for problem in err.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        fail(str(err))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    raise SystemExit(code or 0)
