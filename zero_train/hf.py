@@ -1,0 +1,267 @@
+"""Hugging Face models and tokenizers: built-in presets (random init, no download), local folders, hub ids.
+
+    config = model_config("tiny")                 # a transformers PretrainedConfig
+    model = build_model(config)                   # random init, deterministic under torch.manual_seed
+    model = load_model("out/export")              # a folder written by save_pretrained
+    tokenizer = load_tokenizer()                  # the offline default BPE tokenizer (see zero_train.offline)
+
+Presets use the offline tokenizer's vocabulary (OFFLINE_VOCAB_SIZE) unless `vocab_size` is given, so a
+preset model and the default tokenizer always agree. Models are built through
+`AutoModelForCausalLM.from_config`, so transformers' DeepSpeed integration applies: under an active
+`HfDeepSpeedConfig` with ZeRO-3 the model is created inside `deepspeed.zero.Init` and no rank ever
+holds all of it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import pathlib
+
+import torch
+import transformers
+from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from zero_train.errors import UsageError
+from zero_train.offline import DEFAULT_TOKENIZER_NAME, EOS_TOKEN_ID, OFFLINE_VOCAB_SIZE, default_tokenizer_dir
+
+# No dropout: like modern pretraining (and Llama), and it keeps engine comparisons and resumed runs
+# independent of RNG streams.
+_NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+# name -> HF config kwargs (with "model_type"). Parameter counts at the default vocab (8192) are in
+# PRESET_SUMMARY and checked against hand arithmetic by tests/test_hf.py.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(
+        model_type="gpt2",
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        n_positions=256,
+        n_inner=256,
+        **_NO_DROPOUT,
+    ),
+    "gpt2-25m": dict(
+        model_type="gpt2",
+        n_layer=12,
+        n_embd=384,
+        n_head=6,
+        n_positions=1024,
+        **_NO_DROPOUT,
+    ),
+    "gpt2-small": dict(  # GPT-2 124M's shape (12 x 768, 1024 context); 124M params at vocab 50257
+        model_type="gpt2",
+        n_layer=12,
+        n_embd=768,
+        n_head=12,
+        n_positions=1024,
+        **_NO_DROPOUT,
+    ),
+    "llama-tiny": dict(
+        model_type="llama",
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=176,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    ),
+    "llama-60m": dict(
+        model_type="llama",
+        num_hidden_layers=10,
+        hidden_size=640,
+        intermediate_size=1728,
+        num_attention_heads=10,
+        num_key_value_heads=10,
+        max_position_embeddings=1024,
+    ),
+}
+
+PRESET_SUMMARY: dict[str, str] = {
+    "tiny": "GPT-2 shaped, 2 layers x 64, 256 context; 0.64M params; for tests",
+    "gpt2-25m": "GPT-2 shaped, 12 layers x 384, 1024 context; 24.8M params; for benchmarks",
+    "gpt2-small": "GPT-2 small shape, 12 layers x 768, 1024 context; 92.1M params (124.4M at vocab 50257)",
+    "llama-tiny": "Llama shaped (RMSNorm, SwiGLU, RoPE, GQA 4/2 heads), 2 layers x 64, tied; 0.62M params",
+    "llama-60m": "Llama shaped, 10 layers x 640, 1024 context, untied; 60.1M params",
+}
+
+_CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length", "seq_length")
+
+
+def _special_token_kwargs(model_type: str) -> dict:
+    """bos/eos ids of the offline tokenizer (GPT-2's defaults, 50256, would be out of range at 8192)."""
+    ids = dict(bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID)
+    if model_type == "llama":
+        ids["pad_token_id"] = None
+    return ids
+
+
+def model_config(name_or_path: str, *, vocab_size: int | None = None) -> transformers.PretrainedConfig:
+    """The HF config of a preset, a local save_pretrained folder, or a hub id.
+
+    Args:
+        name_or_path: a key of PRESETS, a folder with config.json, or a hub id.
+        vocab_size: the tokenizer's vocabulary size. Presets take it as their vocab (default
+            OFFLINE_VOCAB_SIZE); for saved models it must not exceed the model's embedding rows.
+
+    Returns:
+        A transformers.PretrainedConfig.
+    """
+    if name_or_path in PRESETS:
+        kwargs = dict(PRESETS[name_or_path])
+        model_type = kwargs.pop("model_type")
+        kwargs.update(_special_token_kwargs(model_type))
+        kwargs["vocab_size"] = vocab_size or OFFLINE_VOCAB_SIZE
+        return CONFIG_MAPPING[model_type](**kwargs)
+    _check_local_path(name_or_path)
+    with _hub_errors_as_usage(name_or_path, "model"):
+        config = AutoConfig.from_pretrained(name_or_path)
+    if vocab_size is not None and vocab_size > config.vocab_size:
+        raise UsageError(
+            f"tokenizer has {vocab_size} tokens but model {name_or_path!r} embeds only {config.vocab_size}; "
+            "use the tokenizer the model was trained with (--tokenizer)"
+        )
+    return config
+
+
+def build_model(config: transformers.PretrainedConfig, *, dtype: torch.dtype = torch.float32):
+    """A causal LM with random weights from `config` (deterministic under torch.manual_seed).
+
+    Goes through AutoModelForCausalLM.from_config, so an enclosing HfDeepSpeedConfig (ZeRO-3) makes
+    transformers build it inside deepspeed.zero.Init.
+
+    Args:
+        config: e.g. from model_config().
+        dtype: parameter dtype.
+
+    Returns:
+        A transformers.PreTrainedModel.
+    """
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, vocab_size: int | None = None):
+    """A preset (random init), a local save_pretrained folder, or a hub id (pretrained weights).
+
+    Args:
+        name_or_path: preset name, folder, or hub id.
+        dtype: parameter dtype.
+        vocab_size: the tokenizer's vocabulary size (see model_config).
+
+    Returns:
+        A transformers.PreTrainedModel.
+    """
+    if name_or_path in PRESETS:
+        return build_model(model_config(name_or_path, vocab_size=vocab_size), dtype=dtype)
+    model_config(name_or_path, vocab_size=vocab_size)  # clear errors before loading weights
+    with _hub_errors_as_usage(name_or_path, "model"):
+        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+
+
+def max_context(config: transformers.PretrainedConfig) -> int:
+    """The longest sequence the model's position embeddings support (n_positions, max_position_embeddings)."""
+    for key in _CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise UsageError(f"cannot tell the context length of a {config.model_type!r} config; set n_positions")
+
+
+def check_block_size(config: transformers.PretrainedConfig, block_size: int) -> None:
+    """Raise UsageError if `block_size` is above the model's context length."""
+    limit = max_context(config)
+    if block_size > limit:
+        raise UsageError(
+            f"--block-size {block_size} is above the model's context of {limit} tokens; "
+            f"use --block-size {limit} or less"
+        )
+
+
+def count_params(model: torch.nn.Module) -> int:
+    """Number of unique parameters (a tied embedding / lm_head weight counts once)."""
+    return sum(p.numel() for p in model.parameters())  # parameters() already deduplicates shared tensors
+
+
+def load_tokenizer(name_or_path: str | None = None):
+    """A tokenizer: the offline default (None or "stdlib-bpe"), a local folder, or a hub id.
+
+    Args:
+        name_or_path: None / DEFAULT_TOKENIZER_NAME for the offline BPE tokenizer (shipped in
+            zero_train/assets/, nothing trains at run time), else a folder with tokenizer files or a hub id.
+
+    Returns:
+        A transformers.PreTrainedTokenizerBase.
+    """
+    if name_or_path is None or name_or_path == DEFAULT_TOKENIZER_NAME:
+        name_or_path = str(default_tokenizer_dir())
+    else:
+        _check_local_path(name_or_path)
+    with _hub_errors_as_usage(name_or_path, "tokenizer"):
+        return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def _looks_like_path(name: str) -> bool:
+    """Hub ids are `name` or `owner/name`; anything else with a separator is meant as a path."""
+    return (
+        name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or name.endswith("/")
+        or os.sep != "/"
+        and os.sep in name
+    )
+
+
+def _check_local_path(name_or_path: str) -> None:
+    """UsageError for a path that does not exist (with did-you-mean over the presets)."""
+    path = pathlib.Path(name_or_path).expanduser()
+    if path.exists() or not _looks_like_path(name_or_path):
+        if path.is_file():
+            raise UsageError(f"{name_or_path!r} is a file; pass the folder written by save_pretrained")
+        return
+    raise UsageError(
+        f"no such folder {name_or_path!r}; pass a save_pretrained folder, a hub id, "
+        f"or a preset ({', '.join(PRESETS)})"
+    )
+
+
+def did_you_mean(name: str) -> str:
+    """' (did you mean X?)' for the closest preset name, or ''."""
+    close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class _hub_errors_as_usage:
+    """Context manager: turn 'not found / not cached / offline' from the hub into one UsageError."""
+
+    def __init__(self, name: str, what: str):
+        self.name, self.what = name, what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        from huggingface_hub.errors import HFValidationError
+
+        if exc is None or not isinstance(exc, (OSError, HFValidationError)):
+            return False
+        if pathlib.Path(self.name).expanduser().is_dir():
+            raise UsageError(
+                f"cannot load {self.what} from folder {self.name!r}: {_first_line(exc)}"
+            ) from exc
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+        fix = (
+            (
+                "it is not cached and HF_HUB_OFFLINE=1 forbids downloading; run once with network "
+                f"(unset HF_HUB_OFFLINE) or `huggingface-cli download {self.name}`"
+            )
+            if offline
+            else ("it is not a local folder and the hub could not provide it")
+        )
+        presets = "" if self.what == "tokenizer" else f"; presets: {', '.join(PRESETS)}"
+        raise UsageError(f"{self.what} {self.name!r}{did_you_mean(self.name)}: {fix}{presets}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
