@@ -135,3 +135,27 @@ def test_resume_and_epochs(packed_stdlib):
     assert not torch.equal(torch.cat(first[:2]), torch.cat(first[2:4]))  # reshuffled per epoch
     with pytest.raises(UsageError, match="fewer than one global micro-batch"):
         next(data.rank_batches(train, rank=0, world_size=4, micro_batch_size=3, seed=0))
+
+
+def _prepare_on_rank(rank, world_size, good, bad):
+    from zero_train import data, hf
+
+    packed = data.prepare_datasets(good, hf.load_tokenizer(), block_size=16, seed=0)
+    try:
+        data.prepare_datasets(bad, hf.load_tokenizer(), block_size=16, seed=0)
+    except UsageError as err:
+        return list(packed["train"]["input_ids"]), str(err)
+    return list(packed["train"]["input_ids"]), None
+
+
+@pytest.mark.multiproc
+def test_prepare_datasets_rank0_first_and_errors_reach_every_rank(tmp_path):
+    from zero_train.testing import run_ranks
+
+    write_docs(tmp_path / "ok", [f"paragraph {i} " * 5 for i in range(10)])
+    (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
+    (blocks, error), (blocks_other, error_other) = run_ranks(
+        _prepare_on_rank, 2, (str(tmp_path / "ok"), str(tmp_path / "bad.jsonl"))
+    )
+    assert blocks == blocks_other and len(blocks) > 0
+    assert error == error_other and "no 'text' column" in error

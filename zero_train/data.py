@@ -231,6 +231,51 @@ def _group_blocks(batch: dict, block_size: int) -> dict:
     return {"input_ids": [stream[i : i + block_size] for i in range(0, usable, block_size)]}
 
 
+def prepare_datasets(
+    spec: str | None,
+    tokenizer,
+    *,
+    block_size: int,
+    seed: int,
+    eval_fraction: float = 0.05,
+    process_group=None,
+):
+    """load_text_dataset + pack_dataset, run by rank 0 first so the other ranks only read its cache.
+
+    A UsageError on rank 0 is sent to every rank and raised there too (one clear line each, no hang).
+    Without an initialized torch.distributed this is just load + pack.
+
+    Args:
+        spec, seed, eval_fraction: as in load_text_dataset.
+        tokenizer, block_size: as in pack_dataset.
+        process_group: the data-parallel group (None: WORLD).
+
+    Returns:
+        The packed DatasetDict ("train", "validation").
+    """
+    import torch.distributed as dist
+
+    def build():
+        dsd = load_text_dataset(spec, seed=seed, eval_fraction=eval_fraction)
+        return pack_dataset(dsd, tokenizer, block_size=block_size)
+
+    if not dist.is_initialized():
+        return build()
+    is_first = dist.get_rank(process_group) == 0
+    packed, error = None, [None]
+    if is_first:
+        try:
+            packed = build()
+        except UsageError as err:
+            error = [str(err)]
+    dist.broadcast_object_list(
+        error, src=dist.get_global_rank(process_group, 0) if process_group else 0, group=process_group
+    )
+    if error[0] is not None:
+        raise UsageError(error[0])
+    return packed if is_first else build()
+
+
 def num_tokens(packed: datasets.Dataset) -> int:
     """Tokens in a packed split (rows x block_size)."""
     return len(packed) * (len(packed[0]["input_ids"]) if len(packed) else 0)
