@@ -1,0 +1,142 @@
+"""The one interface the train loop sees: an Engine, whatever shards what underneath.
+
+    engine = build_engine("zero1", model_fn=lambda: load_model("tiny"), settings=settings,
+                          ds_config=resolved_config, dist_info=dist_info)
+    for step in range(max_steps):
+        for batch in micro_batches:                  # settings.grad_accum of them
+            loss = engine.forward_backward(batch)
+        result = engine.step()                       # reduce, clip, optimizer step, schedule, zero grads
+
+Every engine follows DeepSpeed's semantics, so that comparisons are like for like: the loss of a
+micro-batch is divided by grad_accum before backward, gradients are averaged over ranks, the global
+gradient norm (before clipping) is reported, the learning rate follows DeepSpeed's scheduler
+(`zero_train.ds_config.lr_at`) and only advances on steps that were applied (an fp16 overflow skips
+both the update and the schedule, as DeepSpeed does).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from zero_train.errors import UsageError
+
+if TYPE_CHECKING:
+    from zero_train.dist import DistInfo
+    from zero_train.ds_config import TrainSettings
+
+MEMORY_CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "comm_buffers")
+
+# engine name -> (module, class); imported lazily so that `import zero_train.engines` stays light and
+# only the deepspeed engine imports deepspeed.
+ENGINES: dict[str, tuple[str, str]] = {
+    "ddp": ("zero_train.engines.ddp", "DDPEngine"),
+    "zero1": ("zero_train.engines.zero1", "Zero1Engine"),
+    "torch-zero": ("zero_train.engines.torch_zero", "TorchZeroEngine"),
+    "deepspeed": ("zero_train.engines.deepspeed_engine", "DeepSpeedEngine"),
+}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StepResult:
+    """What one optimizer step (an accumulation boundary) reports."""
+
+    grad_norm: float | None
+    """Global L2 norm of the averaged, unscaled gradients before clipping (None if not computed)."""
+    skipped: bool
+    """True when the update was not applied (fp16 overflow: the loss scale was lowered instead)."""
+    lr: float
+    """Learning rate this step used (or would have used, if skipped)."""
+    loss_scale: float | None = None
+    """The fp16 dynamic loss scale after this step; None without loss scaling."""
+
+
+class Engine(Protocol):
+    """A model plus its optimizer, gradient reduction, precision and checkpoint format."""
+
+    name: str
+    """"deepspeed" | "zero1" | "ddp" | "torch-zero"."""
+    model: torch.nn.Module
+    """The unwrapped Hugging Face model (for ZeRO-3: with partitioned parameters)."""
+    settings: TrainSettings
+    """Batch sizes, precision, optimizer, schedule and clipping, from the DeepSpeed config."""
+
+    def forward_backward(self, batch: torch.LongTensor) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its loss (detached, unscaled, fp32)."""
+        ...
+
+    def step(self) -> StepResult:
+        """At the accumulation boundary: reduce, clip, optimizer step, schedule, zero grads."""
+        ...
+
+    def lr(self) -> float:
+        """The learning rate the next optimizer step will use."""
+        ...
+
+    def save_checkpoint(self, path, *, client_state: dict) -> None:
+        """Write this engine's files inside the staging dir `path` (collective: every rank calls it)."""
+        ...
+
+    def load_checkpoint(self, path) -> dict:
+        """Restore model, optimizer and schedule from checkpoint dir `path`; returns the client_state."""
+        ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Consolidated fp32 (or model-dtype) weights on rank 0, None elsewhere (collective)."""
+        ...
+
+    def memory_categories(self) -> dict[str, int]:
+        """Bytes this rank holds per category (keys: MEMORY_CATEGORIES), from the engine's own tensors."""
+        ...
+
+
+def build_engine(
+    name: str,
+    *,
+    model_fn: Callable[[], torch.nn.Module],
+    settings: TrainSettings,
+    ds_config: dict,
+    dist_info: DistInfo,
+) -> Engine:
+    """Build the named engine around a freshly built model.
+
+    Args:
+        name: one of ENGINES ("ddp", "zero1", "torch-zero", "deepspeed").
+        model_fn: builds the HF model in fp32 (called once; the deepspeed engine calls it inside
+            transformers' ZeRO-3 integration so that the model is created partitioned).
+        settings: from `zero_train.ds_config.train_settings` (its world_size must match dist_info).
+        ds_config: the resolved DeepSpeed config (`resolve_auto`); only the deepspeed engine reads it.
+        dist_info: from `zero_train.dist.init_distributed()`.
+
+    Returns:
+        The engine, with the model on dist_info.device in the settings' precision.
+    """
+    if name not in ENGINES:
+        raise UsageError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+    if settings.world_size != dist_info.world_size:
+        raise UsageError(
+            f"settings were resolved for world size {settings.world_size} but {dist_info.world_size} "
+            "ranks are running; resolve the config with the launcher's world size"
+        )
+    module_name, class_name = ENGINES[name]
+    engine_class: Any = getattr(importlib.import_module(module_name), class_name)
+    return engine_class(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
+
+
+def tensor_bytes(tensors) -> int:
+    """Total bytes of the distinct tensors in `tensors` (None entries and repeated storages counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        if tensor is None or tensor.numel() == 0:
+            continue
+        key = tensor.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += tensor.untyped_storage().nbytes()
+    return total

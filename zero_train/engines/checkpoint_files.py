@@ -1,0 +1,132 @@
+"""The files an engine writes inside a checkpoint's staging dir (layout in notes/CONTRACTS.md).
+
+    model/config.json          the HF config (rank 0)
+    model/model.safetensors    full weights, tied tensors once (rank 0; ddp, zero1, torch-zero)
+    optim/rank-00000.pt ...    per rank: client_state and engine counters; plus the optimizer state
+                               (zero1: this rank's shard; ddp/torch-zero: consolidated, on rank 0 only)
+    deepspeed/                 DeepSpeed's own save_checkpoint output (deepspeed engine)
+
+Everything is read back with torch.load(weights_only=True) or safetensors: no pickled code runs.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import torch
+
+from zero_train.errors import UsageError
+
+MODEL_DIR = "model"
+WEIGHTS_FILE = "model.safetensors"
+OPTIM_DIR = "optim"
+
+
+def rank_file(path, rank: int) -> pathlib.Path:
+    """`<path>/optim/rank-XXXXX.pt`, this rank's optimizer/client-state file."""
+    return pathlib.Path(path) / OPTIM_DIR / f"rank-{rank:05d}.pt"
+
+
+def save_rank_file(path, rank: int, payload: dict[str, Any]) -> None:
+    """Write `payload` (tensors, numbers, strings, containers of them) to this rank's file."""
+    target = rank_file(path, rank)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, target)
+
+
+def load_rank_file(path, rank: int) -> dict[str, Any]:
+    """Read a rank file with weights_only loading (UsageError if missing or refused)."""
+    target = rank_file(path, rank)
+    if not target.is_file():
+        raise UsageError(
+            f"checkpoint {path} has no {target.relative_to(path)}; was it saved by another engine?"
+        )
+    return safe_load(target)
+
+
+def safe_load(target: pathlib.Path) -> Any:
+    """torch.load(weights_only=True) on CPU, through zero_train.checkpoint.safe_torch_load when present."""
+    try:
+        from zero_train.checkpoint import safe_torch_load
+    except ImportError:
+        try:
+            return torch.load(target, weights_only=True, map_location="cpu")
+        except Exception as err:  # an unpickler refusal or a truncated file: name the file
+            raise UsageError(f"cannot load {target}: {str(err).splitlines()[0]}") from err
+    return safe_torch_load(target)
+
+
+def unique_state_dict(model: torch.nn.Module, replace: dict[int, torch.Tensor] | None = None) -> dict:
+    """The model's state dict with each tensor once (a tied lm_head is dropped), detached, on CPU.
+
+    Args:
+        model: the (unwrapped) model.
+        replace: id(parameter) -> tensor to store instead (the fp32 master copy of that parameter).
+
+    Returns:
+        name -> tensor, in state_dict order, the first name of a shared tensor kept (as HF saves).
+    """
+    replace = replace or {}
+    seen: set[int] = set()
+    result: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        value = replace.get(id(tensor), tensor)
+        result[name] = value.detach().to("cpu", copy=True).contiguous()
+    return result
+
+
+def write_model(path, model: torch.nn.Module, state_dict: dict[str, torch.Tensor] | None) -> None:
+    """Rank 0: model/config.json and, if given, model/model.safetensors."""
+    from safetensors.torch import save_file
+
+    model_dir = pathlib.Path(path) / MODEL_DIR
+    model_dir.mkdir(parents=True, exist_ok=True)
+    if getattr(model, "config", None) is not None:
+        model.config.save_pretrained(model_dir)
+    if state_dict is not None:
+        save_file(state_dict, str(model_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def read_weights(path) -> dict[str, torch.Tensor]:
+    """model/model.safetensors of a checkpoint (UsageError if missing or unreadable)."""
+    from safetensors.torch import load_file
+
+    target = pathlib.Path(path) / MODEL_DIR / WEIGHTS_FILE
+    if not target.is_file():
+        raise UsageError(
+            f"checkpoint {path} has no {MODEL_DIR}/{WEIGHTS_FILE}; was it saved by another engine?"
+        )
+    try:
+        return load_file(str(target))
+    except Exception as err:  # safetensors raises its own error types for truncated/corrupt files
+        raise UsageError(f"cannot read {target}: {str(err).splitlines()[0]}") from err
+
+
+def copy_weights_into(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], targets: dict[int, torch.Tensor] | None = None
+) -> None:
+    """Copy saved weights into the model (or into `targets[id(param)]`, e.g. the fp32 masters).
+
+    Raises:
+        UsageError: a tensor is missing or has another shape (a checkpoint of a different model).
+    """
+    targets = targets or {}
+    seen: set[int] = set()
+    with torch.no_grad():
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            if name not in weights:
+                raise UsageError(f"checkpoint weights lack {name!r}: it was saved from a different model")
+            saved = weights[name]
+            if saved.shape != tensor.shape:
+                raise UsageError(
+                    f"checkpoint weight {name!r} has shape {tuple(saved.shape)}, the model "
+                    f"{tuple(tensor.shape)}: it was saved from a different model"
+                )
+            targets.get(id(tensor), tensor).copy_(saved)

@@ -1,0 +1,167 @@
+"""Plain data parallelism: torch DistributedDataParallel and an unsharded torch optimizer.
+
+Every rank holds the whole model, its gradients and the whole optimizer state (the ZeRO paper's
+16 Psi baseline in mixed precision). DDP all-reduces (averages) gradients in buckets during the
+backward of the last micro-batch; earlier micro-batches run under `no_sync` and only accumulate.
+In bf16/fp16 the model and its gradients are low precision and the optimizer updates fp32 master
+copies, as DeepSpeed does; fp16 adds dynamic loss scaling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from zero_train.engines.base import tensor_bytes
+from zero_train.engines.checkpoint_files import (
+    copy_weights_into,
+    load_rank_file,
+    rank_file,
+    read_weights,
+    save_rank_file,
+    unique_state_dict,
+    write_model,
+)
+from zero_train.engines.local import LocalEngine
+from zero_train.engines.optim import build_optimizer, set_lr
+from zero_train.engines.precision import MasterWeights, make_loss_scaler
+
+
+class DDPEngine(LocalEngine):
+    """DistributedDataParallel + torch optimizer over fp32 (master) parameters."""
+
+    name = "ddp"
+
+    def __init__(self, *, model_fn, settings, ds_config, dist_info):
+        super().__init__(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
+        device_ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
+        self.ddp_model = DistributedDataParallel(
+            self.model, device_ids=device_ids, process_group=self.process_group
+        )
+        self.master = MasterWeights([p for p in self.model.parameters()], precision=settings.precision)
+        self.loss_scaler = make_loss_scaler(settings)
+        self.optimizer = self._build_optimizer(self.master.master_params)
+
+    def _build_optimizer(self, params) -> torch.optim.Optimizer:
+        return build_optimizer(params, self.settings)
+
+    def _forward_module(self) -> torch.nn.Module:
+        return self.ddp_model
+
+    def _no_sync(self, boundary: bool):
+        return contextlib.nullcontext() if boundary else self.ddp_model.no_sync()
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.loss_scaler is not None:
+            loss = loss * self.loss_scaler.loss_scale
+        loss.backward()
+
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale, None without loss scaling."""
+        return None if self.loss_scaler is None else float(self.loss_scaler.loss_scale)
+
+    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
+        """Gradients are already averaged by DDP (identical on every rank), so no collective here."""
+        inv_scale = 1.0 if self.loss_scaler is None else 1.0 / self.loss_scaler.loss_scale
+        self.master.grads_to_master(inv_scale=inv_scale)
+        grads = [p.grad for p in self.master.master_params if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        if self.loss_scaler is not None:
+            overflow = not bool(torch.isfinite(grad_norm))
+            self.loss_scaler.update_scale(overflow)
+            if overflow:
+                self.master.zero_grad()
+                return float(grad_norm), True
+        if self.settings.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(
+                self.master.master_params, self.settings.grad_clip, grad_norm
+            )
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.master.master_to_model()
+        self.master.zero_grad()
+        return float(grad_norm), False
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The fp32 master weights under the model's names (rank 0; None elsewhere)."""
+        if not self.dist_info.is_main:
+            return None
+        return unique_state_dict(self.model, self._master_by_param())
+
+    def _master_by_param(self) -> dict[int, torch.Tensor]:
+        return {id(p): m for p, m in zip(self.master.model_params, self.master.master_params, strict=True)}
+
+    def _optimizer_state(self) -> dict | None:
+        """The full optimizer state on rank 0 (collective in subclasses that shard it)."""
+        return self.optimizer.state_dict() if self.dist_info.is_main else None
+
+    def save_checkpoint(self, path, *, client_state: dict) -> None:
+        """Rank 0: model/ (fp32 weights) and the optimizer; every rank: its client_state and counters."""
+        optimizer_state = self._optimizer_state()
+        payload = dict(
+            client_state=client_state,
+            counters=self.counters(),
+            loss_scaler=None if self.loss_scaler is None else self.loss_scaler.state_dict(),
+        )
+        if self.dist_info.is_main:
+            write_model(path, self.model, self.full_state_dict())
+            payload["optimizer"] = optimizer_state
+        save_rank_file(path, self.dist_info.rank, payload)
+
+    def load_checkpoint(self, path) -> dict:
+        """Restore weights, optimizer, loss scale and counters; returns this rank's client_state.
+
+        A checkpoint from another world size loads too (the state is not sharded); ranks that did not
+        exist then get rank 0's client_state.
+        """
+        copy_weights_into(self.model, read_weights(path), self._master_by_param())
+        self.master.master_to_model()
+        main = load_rank_file(path, 0)
+        self.optimizer.load_state_dict(main["optimizer"])
+        self.restore_counters(main["counters"])
+        if self.loss_scaler is not None and main.get("loss_scaler"):
+            self.loss_scaler.load_state_dict(main["loss_scaler"])
+        own = (
+            load_rank_file(path, self.dist_info.rank)
+            if rank_file(path, self.dist_info.rank).is_file()
+            else main
+        )
+        return own["client_state"]
+
+    def memory_categories(self) -> dict[str, int]:
+        """Bytes held by this rank: whole model, grads, fp32 masters (mixed precision), Adam moments, DDP buckets."""
+        params = list(self.model.parameters())
+        masters = self.master.master_params if self.master.has_copies else []
+        reducer_buckets = _ddp_bucket_bytes(self.ddp_model)
+        return dict(
+            params=tensor_bytes(params),
+            grads=tensor_bytes(p.grad for p in params) + tensor_bytes(m.grad for m in masters),
+            master_params=tensor_bytes(masters),
+            optimizer_states=_optimizer_state_bytes(self.optimizer),
+            comm_buffers=reducer_buckets,
+        )
+
+
+def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in the optimizer's per-parameter state (Adam: exp_avg, exp_avg_sq, step)."""
+    return tensor_bytes(
+        v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+    )
+
+
+def _ddp_bucket_bytes(ddp_model: DistributedDataParallel) -> int:
+    """DDP's flat gradient buckets, when its reducer exposes them, else 0.
+
+    With gradient_as_bucket_view=False (the default) DDP keeps one flat bucket per ~25 MB of
+    gradients, the same size as the gradients themselves; torch does not expose the buckets through a
+    public API, so they are estimated from the bucket layout the reducer reports.
+    """
+    logging_data = ddp_model._get_ddp_logging_data() if hasattr(ddp_model, "_get_ddp_logging_data") else {}
+    sizes = logging_data.get("bucket_sizes")
+    if isinstance(sizes, str):
+        return sum(int(s) for s in sizes.split(",") if s.strip())
+    if isinstance(sizes, (list, tuple)):
+        return sum(int(s) for s in sizes)
+    return 0

@@ -1,0 +1,122 @@
+"""What the engines that drive a torch optimizer themselves (ddp, zero1, torch-zero) share.
+
+The accumulation bookkeeping follows DeepSpeed's engine: micro-batch losses are divided by grad_accum
+before backward, `step()` must come exactly after grad_accum micro-batches, and the schedule advances
+only on applied steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from zero_train.engines.base import StepResult
+from zero_train.engines.optim import scheduled_lr
+from zero_train.engines.precision import PRECISION_DTYPES
+
+if TYPE_CHECKING:
+    from zero_train.dist import DistInfo
+    from zero_train.ds_config import TrainSettings
+
+
+class LocalEngine:
+    """Base class: builds the model in the settings' dtype and counts micro-steps and steps.
+
+    Subclasses implement `_forward_module`, `_backward`, `_no_sync`, `_apply_step`, `loss_scale`.
+    """
+
+    name = "local"
+
+    def __init__(self, *, model_fn, settings: TrainSettings, ds_config: dict, dist_info: DistInfo):
+        self.settings = settings
+        self.dist_info = dist_info
+        self.process_group = None  # the default (world) group; engines take it explicitly
+        warn_unsupported(settings, engine=self.name)
+        self.model = model_fn().to(device=dist_info.device, dtype=PRECISION_DTYPES[settings.precision])
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.applied_steps = 0
+
+    def forward_backward(self, batch: torch.LongTensor) -> torch.Tensor:
+        """Forward and backward of one micro-batch (labels = inputs, shifted inside the HF model).
+
+        Args:
+            batch: token ids, shape (micro_batch_size, block_size).
+
+        Returns:
+            The micro-batch's mean token loss (detached, unscaled, fp32).
+        """
+        boundary = (self.micro_steps + 1) % self.settings.grad_accum == 0
+        batch = batch.to(self.dist_info.device)
+        with self._no_sync(boundary):
+            loss = self._forward_module()(input_ids=batch, labels=batch).loss
+            self._backward(loss / self.settings.grad_accum)
+        self.micro_steps += 1
+        return loss.detach().float()
+
+    def step(self) -> StepResult:
+        """Reduce, clip, update, advance the schedule and zero the gradients (at the boundary only)."""
+        expected = (self.global_steps + 1) * self.settings.grad_accum
+        if self.micro_steps != expected:
+            raise RuntimeError(
+                f"step() after {self.micro_steps} micro-batches; expected {expected} "
+                f"(grad_accum={self.settings.grad_accum} per step)"
+            )
+        lr = self.lr()
+        grad_norm, skipped = self._apply_step(lr)
+        self.global_steps += 1
+        self.applied_steps += 0 if skipped else 1
+        return StepResult(grad_norm=grad_norm, skipped=skipped, lr=lr, loss_scale=self.loss_scale())
+
+    def lr(self) -> float:
+        """The learning rate the next optimizer step will use."""
+        return scheduled_lr(self.settings, self.applied_steps)
+
+    def counters(self) -> dict[str, int]:
+        """Step counters saved with a checkpoint."""
+        return dict(
+            micro_steps=self.micro_steps, global_steps=self.global_steps, applied_steps=self.applied_steps
+        )
+
+    def restore_counters(self, saved: dict[str, Any]) -> None:
+        """Restore counters written by `counters()`."""
+        self.micro_steps = int(saved["micro_steps"])
+        self.global_steps = int(saved["global_steps"])
+        self.applied_steps = int(saved["applied_steps"])
+
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale, None without loss scaling."""
+        return None
+
+    def _forward_module(self) -> torch.nn.Module:
+        return self.model
+
+    def _no_sync(self, boundary: bool):
+        return contextlib.nullcontext()
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
+        raise NotImplementedError
+
+
+def warn_unsupported(settings: TrainSettings, *, engine: str) -> None:
+    """Warn about settings only the deepspeed engine implements (never ignore a setting silently)."""
+    for field in ("offload_optimizer", "offload_param"):
+        value = getattr(settings, field)
+        if value != "none":
+            warnings.warn(
+                f"engine {engine!r} ignores {field}={value!r} (only the deepspeed engine offloads); "
+                "use --engine deepspeed to offload",
+                stacklevel=3,
+            )
+    if settings.zero_stage not in (0, 1) and engine != "deepspeed":
+        warnings.warn(
+            f"engine {engine!r} ignores zero_stage={settings.zero_stage} from the config; "
+            "use --engine deepspeed for ZeRO-2/3",
+            stacklevel=3,
+        )
