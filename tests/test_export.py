@@ -1,0 +1,156 @@
+"""Export to a Hugging Face folder: from_pretrained must give the trained model's logits exactly."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from zero_train import hf
+from zero_train.cli.export import export_command_parser
+from zero_train.cli.parser import OneLineParser
+from zero_train.errors import UsageError
+from zero_train.export import export_checkpoint, export_model
+
+IDS = torch.randint(0, 8192, (2, 24), generator=torch.Generator().manual_seed(0))
+
+
+def trained_model(preset: str, seed: int = 0):
+    """A preset whose weights are random and untied from their init pattern (one SGD step on noise)."""
+    torch.manual_seed(seed)
+    model = hf.load_model(preset)
+    loss = model(IDS, labels=IDS).loss
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.5 * p.grad
+    return model.eval()
+
+
+def write_checkpoint(save_dir, model, step=40):
+    """A ddp/zero1-style checkpoint, laid out as in notes/CONTRACTS.md (tied tensors stored once)."""
+    ckpt = save_dir / f"step-{step:08d}"
+    (ckpt / "model").mkdir(parents=True)
+    model.config.save_pretrained(ckpt / "model")
+    unique, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            unique[name] = tensor.contiguous()
+    save_file(unique, str(ckpt / "model" / "model.safetensors"), metadata={"format": "pt"})
+    (ckpt / "run.json").write_text(
+        json.dumps({"engine": "ddp", "model": "tiny", "tokenizer": None, "step": step})
+    )
+    (save_dir / "latest").write_text(ckpt.name)
+    return ckpt
+
+
+def logits(model):
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])
+def test_checkpoint_export_loads_with_identical_logits(tmp_path, preset):
+    model = trained_model(preset)
+    write_checkpoint(tmp_path / "save", model)
+    out = export_checkpoint(tmp_path / "save", tmp_path / "hf")  # a save dir: follows `latest`
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert torch.equal(logits(loaded), logits(model))
+    assert hf.count_params(loaded) == hf.count_params(model)
+    assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight  # still tied
+    assert json.loads((out / "config.json").read_text())["architectures"] == [type(model).__name__]
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer("def f(): pass")["input_ids"] == hf.load_tokenizer()("def f(): pass")["input_ids"]
+
+
+def test_export_model_casts_dtype_and_untied_models_keep_both_matrices(tmp_path):
+    config = hf.model_config("tiny")
+    config.tie_word_embeddings = False
+    torch.manual_seed(1)
+    model = hf.build_model(config).eval()
+    export_model(model, config, None, tmp_path / "bf16", dtype=torch.bfloat16)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert loaded.dtype == torch.bfloat16
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight.to(torch.bfloat16))
+    assert hf.count_params(loaded) == hf.count_params(model) == 640_768 + 8192 * 64
+
+
+def test_cli_refuses_to_overwrite_and_never_leaves_partial_folders(tmp_path):
+    parser = OneLineParser(prog="zero-train")
+    export_command_parser(parser.add_subparsers())
+    ckpt = write_checkpoint(tmp_path / "save", trained_model("tiny"))
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    args = parser.parse_args(["export", str(ckpt), str(out)])
+    with pytest.raises(UsageError, match="not empty; pass --force"):
+        args.func(args)
+    assert (out / "keep.txt").read_text() == "user data"
+    args = parser.parse_args(["export", str(ckpt), str(out), "--force"])
+    assert args.func(args) == 0
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    (ckpt / "model" / "model.safetensors").unlink()
+    args = parser.parse_args(["export", str(ckpt), str(tmp_path / "hf2")])
+    with pytest.raises(UsageError, match="neither model/model.safetensors nor deepspeed/"):
+        args.func(args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "save"]  # no partial or temporary folder
+    with pytest.raises(UsageError, match="does not exist"):
+        export_checkpoint(tmp_path / "missing", tmp_path / "hf3")
+
+
+def _deepspeed_checkpoint(rank, world_size, ckpt_dir, stage):
+    """One rank: train the tiny preset 3 steps with DeepSpeed ZeRO-`stage`, save, return its logits."""
+    import os
+    import pathlib
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": stage},
+    }
+    import torch._dynamo  # noqa: F401  imported inside zero.Init, it trips over the patched Tensor.__new__
+    from transformers import GPT2LMHeadModel  # noqa: F401  (same: import the model code before zero.Init)
+
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=stage == 3):  # ZeRO-3: built partitioned
+        model = hf.load_model("tiny")
+    assert stage < 3 or model.transformer.wte.weight.numel() == 0  # really partitioned
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    for _ in range(3):
+        engine.backward(engine(IDS[:, :16], labels=IDS[:, :16]).loss)
+        engine.step()
+    engine.eval()
+    with torch.no_grad():
+        reference = engine(IDS).logits
+    ckpt = pathlib.Path(ckpt_dir)
+    hf.model_config("tiny").save_pretrained(ckpt / "model")
+    (ckpt / "run.json").write_text(json.dumps({"engine": "deepspeed", "tokenizer": None}))
+    engine.save_checkpoint(str(ckpt / "deepspeed"), tag="step-3")
+    return reference.numpy()  # by value: a tensor would be shared through memory the dead child owned
+
+
+@pytest.mark.multiproc
+def test_deepspeed_zero3_checkpoint_exports_with_identical_logits(tmp_path):
+    from zero_train.testing import run_ranks
+
+    ckpt = tmp_path / "step-00000003"
+    (reference,) = run_ranks(_deepspeed_checkpoint, 1, (str(ckpt), 3))
+    reference = torch.from_numpy(reference)
+    out = export_checkpoint(ckpt, tmp_path / "hf")
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight
+    torch.testing.assert_close(logits(loaded), reference, rtol=0, atol=1e-5)
+    assert not torch.allclose(logits(hf.load_model("tiny").eval()), reference)  # training moved the weights

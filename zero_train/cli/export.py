@@ -1,0 +1,52 @@
+"""`zero-train export CHECKPOINT OUT_DIR`: a training checkpoint -> a normal Hugging Face model folder.
+
+zero-train export runs/tiny/ckpt out/tiny-hf             # follows the save dir's `latest`
+zero-train export runs/tiny/ckpt/step-00000040 out/hf --dtype bf16 --force
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def export_command_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `export` with its flags."""
+    parser = subparsers.add_parser(
+        "export",
+        help="export a checkpoint (any engine, ZeRO-3 included) as a Hugging Face model folder",
+        description="Write config.json, model.safetensors and the tokenizer files to OUT_DIR, loadable with "
+        "AutoModelForCausalLM.from_pretrained(OUT_DIR). DeepSpeed checkpoints give the fp32 master weights.",
+    )
+    parser.add_argument(
+        "checkpoint", help="a checkpoint folder (step-XXXXXXXX) or a --save-dir (uses `latest`)"
+    )
+    parser.add_argument("out_dir", help="the folder to write (must be absent or empty unless --force)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder or hub id (default: the one recorded in the checkpoint)",
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="cast the weights (default: as saved)"
+    )
+    parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
+    parser.set_defaults(func=export_command)
+    return parser
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """Export, then print where the folder is and how to load it."""
+    import torch
+
+    from zero_train.export import export_checkpoint
+
+    dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
+    out = export_checkpoint(
+        args.checkpoint, args.out_dir, tokenizer=args.tokenizer, dtype=dtype, force=args.force
+    )
+    files = ", ".join(sorted(p.name for p in out.iterdir()))
+    print(f"exported {args.checkpoint} -> {out} ({files})")
+    print(f"load with: AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0

@@ -1,0 +1,268 @@
+"""Export a trained model as a normal Hugging Face folder: config.json, model.safetensors, tokenizer files.
+
+    export_checkpoint("runs/x/ckpt", "out/hf")              # a checkpoint of any engine, ZeRO-3 included
+    export_model(state_dict, config, tokenizer, "out/hf")    # what the train loop's --export-hf calls (rank 0)
+    AutoModelForCausalLM.from_pretrained("out/hf")           # same logits as the trained model
+
+Weights come from the checkpoint's `model/model.safetensors` (ddp, zero1, torch-zero: full weights written by
+rank 0) or, for the deepspeed engine, from DeepSpeed's own checkpoint through
+`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`, which reassembles the fp32 master
+weights from every rank's optimizer shard (ZeRO-1/2 flat partitions, ZeRO-3 partitioned parameters).
+
+Export writes tensors straight to safetensors (no model is instantiated: under an active ZeRO-3
+HfDeepSpeedConfig, building one would start deepspeed.zero.Init on one rank only). A tied tensor (GPT-2's
+lm_head = wte) is stored once under its first name, as save_pretrained does; from_pretrained re-ties it.
+The folder is written to a temporary sibling and renamed into place, so no partial export is ever left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pathlib
+import shutil
+import uuid
+
+import torch
+
+from zero_train.errors import UsageError
+
+WEIGHTS_NAME = "model.safetensors"
+MODEL_DIR = "model"
+DEEPSPEED_DIR = "deepspeed"
+RUN_FILE = "run.json"
+
+
+def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
+    """UsageError unless `out_dir` is absent, empty, or `force` allows replacing it (call before training).
+
+    Returns:
+        out_dir as a Path.
+    """
+    out = pathlib.Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"export target {str(out)!r} is a file; pass a folder path")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UsageError(
+            f"export folder {str(out)!r} is not empty; pass --force to replace it or choose another"
+        )
+    return out
+
+
+def export_model(
+    model_or_state_dict, config, tokenizer, out_dir, *, dtype: torch.dtype | None = None, force: bool = False
+) -> pathlib.Path:
+    """Write config.json + model.safetensors + tokenizer files to `out_dir` (atomically).
+
+    Args:
+        model_or_state_dict: an (unwrapped, full) torch.nn.Module or its state dict (e.g. an engine's
+            full_state_dict() on rank 0).
+        config: the model's transformers.PretrainedConfig.
+        tokenizer: a tokenizer object, a spec for hf.load_tokenizer (folder, hub id), or None for the
+            offline default.
+        out_dir: target folder; must be absent or empty unless `force`.
+        dtype: cast floating tensors to this dtype (default: keep the saved dtype).
+        force: replace a non-empty out_dir.
+
+    Returns:
+        out_dir as a Path.
+    """
+    out = check_export_dir(out_dir, force=force)
+    if isinstance(tokenizer, (str, type(None))):
+        from zero_train.hf import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+    weights = _unique_tensors(_state_dict_of(model_or_state_dict), dtype=dtype)
+    if len(tokenizer) > config.vocab_size:
+        raise UsageError(
+            f"tokenizer has {len(tokenizer)} tokens but the model embeds {config.vocab_size}; "
+            "export with the tokenizer it was trained with"
+        )
+    with _staging_dir(out) as staging:
+        _write_weights(weights, staging)
+        _write_config(config, _floating_dtype(weights), staging)
+        tokenizer.save_pretrained(str(staging))
+    return out
+
+
+def _state_dict_of(model_or_state_dict) -> dict[str, torch.Tensor]:
+    if isinstance(model_or_state_dict, torch.nn.Module):
+        return model_or_state_dict.state_dict()
+    if not isinstance(model_or_state_dict, dict) or not model_or_state_dict:
+        raise UsageError("export_model needs a model or a non-empty state dict")
+    return model_or_state_dict
+
+
+def _unique_tensors(state_dict: dict, *, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Each shared tensor once (first name wins), detached, contiguous, on CPU, optionally cast."""
+    seen: set[tuple] = set()
+    result = {}
+    for name, tensor in state_dict.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen and tensor.numel() > 0:
+            continue
+        seen.add(key)
+        value = tensor.detach().to("cpu")
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+        result[name] = value.contiguous().clone()
+    return result
+
+
+def _floating_dtype(weights: dict[str, torch.Tensor]) -> torch.dtype:
+    """The dtype holding most floating elements (what config.json reports as the model's dtype)."""
+    counts: dict[torch.dtype, int] = {}
+    for tensor in weights.values():
+        if tensor.is_floating_point():
+            counts[tensor.dtype] = counts.get(tensor.dtype, 0) + tensor.numel()
+    return max(counts, key=counts.get) if counts else torch.float32
+
+
+def _write_weights(weights: dict[str, torch.Tensor], folder: pathlib.Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(weights, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def _write_config(config, dtype: torch.dtype, folder: pathlib.Path) -> None:
+    """config.json with `architectures` (read by pipelines and serving tools) and the weights' dtype."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = config.__class__.from_dict(config.to_dict())  # a copy: the caller's config stays untouched
+    architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    if architecture is not None:
+        config.architectures = [architecture]
+    config.dtype = dtype
+    config.save_pretrained(str(folder))
+
+
+@contextlib.contextmanager
+def _staging_dir(out: pathlib.Path):
+    """Yield an empty sibling folder; on success swap it in for `out`, on failure delete it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        yield staging
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        if out.exists():
+            os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def export_checkpoint(
+    ckpt_dir, out_dir, *, tokenizer=None, dtype: torch.dtype | None = None, force: bool = False
+) -> pathlib.Path:
+    """Export a training checkpoint (any engine, any ZeRO stage) as a Hugging Face folder.
+
+    Args:
+        ckpt_dir: a checkpoint folder (step-XXXXXXXX) or a save dir (its `latest` is followed).
+        out_dir: target folder; must be absent or empty unless `force`.
+        tokenizer: override the tokenizer recorded in the checkpoint's run.json (a folder or hub id).
+        dtype: cast the weights (default: as saved; DeepSpeed checkpoints give the fp32 master weights).
+        force: replace a non-empty out_dir.
+
+    Returns:
+        out_dir as a Path.
+    """
+    check_export_dir(out_dir, force=force)
+    ckpt = _resolve_checkpoint(ckpt_dir)
+    run = _read_run(ckpt)
+    config = _read_config(ckpt, run)
+    weights = _read_weights(ckpt)
+    tokenizer_spec = tokenizer if tokenizer is not None else run.get("tokenizer")
+    return export_model(weights, config, tokenizer_spec, out_dir, dtype=dtype, force=force)
+
+
+def _resolve_checkpoint(path) -> pathlib.Path:
+    """The checkpoint folder, verified against its manifest when zero_train.checkpoint is available."""
+    try:
+        from zero_train.checkpoint import resolve
+    except ImportError:
+        resolve = _follow_latest
+    return pathlib.Path(resolve(pathlib.Path(path).expanduser()))
+
+
+def _follow_latest(path: pathlib.Path) -> pathlib.Path:
+    if not path.is_dir():
+        raise UsageError(f"checkpoint {str(path)!r} does not exist; pass a checkpoint folder or a --save-dir")
+    latest = path / "latest"
+    if latest.is_file() and not (path / MODEL_DIR).is_dir():
+        return path / latest.read_text().strip()
+    return path
+
+
+def _read_run(ckpt: pathlib.Path) -> dict:
+    run_file = ckpt / RUN_FILE
+    if not run_file.is_file():
+        return {}
+    try:
+        return json.loads(run_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UsageError(f"cannot read {run_file}: {err}") from err
+
+
+def _read_config(ckpt: pathlib.Path, run: dict):
+    """model/config.json (written by every engine), else the config dict recorded in run.json."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    if (ckpt / MODEL_DIR / "config.json").is_file():
+        return AutoConfig.from_pretrained(str(ckpt / MODEL_DIR))
+    recorded = run.get("model_config")
+    if isinstance(recorded, dict) and recorded.get("model_type") in CONFIG_MAPPING:
+        return CONFIG_MAPPING[recorded["model_type"]].from_dict(recorded)
+    raise UsageError(
+        f"checkpoint {str(ckpt)!r} has no {MODEL_DIR}/config.json nor a model config in {RUN_FILE}; "
+        "is it a zero_train checkpoint?"
+    )
+
+
+def _read_weights(ckpt: pathlib.Path) -> dict[str, torch.Tensor]:
+    weights_file = ckpt / MODEL_DIR / WEIGHTS_NAME
+    if weights_file.is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(weights_file))
+    if (ckpt / DEEPSPEED_DIR).is_dir():
+        return deepspeed_state_dict(ckpt / DEEPSPEED_DIR)
+    raise UsageError(
+        f"checkpoint {str(ckpt)!r} has neither {MODEL_DIR}/{WEIGHTS_NAME} nor {DEEPSPEED_DIR}/; "
+        "was the save interrupted? (pick a complete one: the save dir's `latest`)"
+    )
+
+
+def deepspeed_state_dict(ds_dir: pathlib.Path) -> dict[str, torch.Tensor]:
+    """The full model weights of a DeepSpeed checkpoint folder (the one holding DeepSpeed's `latest`).
+
+    ZeRO 1/2/3: the fp32 master weights, reassembled by DeepSpeed's own zero_to_fp32 from every rank's
+    optimizer shard. ZeRO 0 (no partitioned optimizer): the module weights of mp_rank_00_model_states.pt.
+    Note: DeepSpeed's files are pickles (torch.load(weights_only=False)); only export checkpoints you trust.
+    """
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    tag = _deepspeed_tag(ds_dir)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # zero_to_fp32 prints progress lines
+            return get_fp32_state_dict_from_zero_checkpoint(str(ds_dir), tag=tag)
+    except ValueError as err:
+        if "is not a zero checkpoint" not in str(err):
+            raise UsageError(f"cannot reassemble DeepSpeed checkpoint {ds_dir / tag}: {err}") from err
+    states = torch.load(ds_dir / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    return states["module"]
+
+
+def _deepspeed_tag(ds_dir: pathlib.Path) -> str:
+    """DeepSpeed's `latest` tag, or the only tag folder present."""
+    if (ds_dir / "latest").is_file():
+        return (ds_dir / "latest").read_text().strip()
+    tags = [p.name for p in ds_dir.iterdir() if p.is_dir()]
+    if len(tags) != 1:
+        raise UsageError(
+            f"{ds_dir} has no `latest` file and {len(tags)} tag folders; cannot tell which to export"
+        )
+    return tags[0]
