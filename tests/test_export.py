@@ -1,6 +1,7 @@
 """Export to a Hugging Face folder: from_pretrained must give the trained model's logits exactly."""
 
 import json
+import pathlib
 
 import pytest
 import torch
@@ -106,12 +107,18 @@ def test_cli_refuses_to_overwrite_and_never_leaves_partial_folders(tmp_path):
         export_checkpoint(tmp_path / "missing", tmp_path / "hf3")
 
 
-def _deepspeed_checkpoint(rank, world_size, ckpt_dir, stage):
-    """One rank: train the tiny preset 3 steps with DeepSpeed ZeRO-`stage`, save, return its logits."""
+def _deepspeed_checkpoints(rank, world_size, save_dir, stages):
+    """One rank: per ZeRO stage, train the tiny preset 3 steps with DeepSpeed, save, return its logits."""
     import os
-    import pathlib
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch._dynamo  # noqa: F401  imported inside zero.Init, it trips over the patched Tensor.__new__
+    from transformers import GPT2LMHeadModel  # noqa: F401  (same: import the model code before zero.Init)
+
+    return [_train_and_save(pathlib.Path(save_dir) / f"zero{stage}", stage).numpy() for stage in stages]
+
+
+def _train_and_save(ckpt, stage):
     import deepspeed
 
     ds_config = {
@@ -121,13 +128,10 @@ def _deepspeed_checkpoint(rank, world_size, ckpt_dir, stage):
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
         "zero_optimization": {"stage": stage},
     }
-    import torch._dynamo  # noqa: F401  imported inside zero.Init, it trips over the patched Tensor.__new__
-    from transformers import GPT2LMHeadModel  # noqa: F401  (same: import the model code before zero.Init)
-
     torch.manual_seed(0)
     with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=stage == 3):  # ZeRO-3: built partitioned
         model = hf.load_model("tiny")
-    assert stage < 3 or model.transformer.wte.weight.numel() == 0  # really partitioned
+    assert (model.transformer.wte.weight.numel() == 0) == (stage == 3)  # really partitioned
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     for _ in range(3):
         engine.backward(engine(IDS[:, :16], labels=IDS[:, :16]).loss)
@@ -135,22 +139,23 @@ def _deepspeed_checkpoint(rank, world_size, ckpt_dir, stage):
     engine.eval()
     with torch.no_grad():
         reference = engine(IDS).logits
-    ckpt = pathlib.Path(ckpt_dir)
     hf.model_config("tiny").save_pretrained(ckpt / "model")
     (ckpt / "run.json").write_text(json.dumps({"engine": "deepspeed", "tokenizer": None}))
     engine.save_checkpoint(str(ckpt / "deepspeed"), tag="step-3")
-    return reference.numpy()  # by value: a tensor would be shared through memory the dead child owned
+    engine.destroy()
+    return reference  # returned as numpy: a tensor would live in memory the exited child owned
 
 
 @pytest.mark.multiproc
-def test_deepspeed_zero3_checkpoint_exports_with_identical_logits(tmp_path):
+def test_deepspeed_zero3_and_zero2_checkpoints_export_with_identical_logits(tmp_path):
     from zero_train.testing import run_ranks
 
-    ckpt = tmp_path / "step-00000003"
-    (reference,) = run_ranks(_deepspeed_checkpoint, 1, (str(ckpt), 3))
-    reference = torch.from_numpy(reference)
-    out = export_checkpoint(ckpt, tmp_path / "hf")
-    loaded = AutoModelForCausalLM.from_pretrained(out)
-    assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight
-    torch.testing.assert_close(logits(loaded), reference, rtol=0, atol=1e-5)
-    assert not torch.allclose(logits(hf.load_model("tiny").eval()), reference)  # training moved the weights
+    stages = (3, 2)
+    (references,) = run_ranks(_deepspeed_checkpoints, 1, (str(tmp_path), stages))
+    untrained = logits(hf.load_model("tiny").eval())
+    for stage, reference in zip(stages, references, strict=True):
+        out = export_checkpoint(tmp_path / f"zero{stage}", tmp_path / f"hf{stage}")
+        loaded = AutoModelForCausalLM.from_pretrained(out)
+        assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight
+        assert torch.equal(logits(loaded), torch.from_numpy(reference))  # fp32 masters == trained weights
+        assert not torch.allclose(untrained, torch.from_numpy(reference))  # training moved the weights
