@@ -127,16 +127,28 @@ def build_engine(
     return engine_class(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
 
 
-def tensor_bytes(tensors) -> int:
-    """Total bytes of the distinct tensors in `tensors` (None entries and repeated storages counted once)."""
-    seen: set[int] = set()
+def tensor_bytes(tensors, seen: set[int] | None = None) -> int:
+    """Total bytes of the storages behind `tensors`, each storage counted once.
+
+    A view (a parameter inside a flat buffer, a partition) counts its whole storage, once; None and
+    empty tensors count nothing.
+
+    Args:
+        tensors: an iterable of tensors (or None).
+        seen: storage addresses already counted elsewhere (updated), to avoid double counting
+            across categories.
+
+    Returns:
+        The bytes.
+    """
+    seen = set() if seen is None else seen
     total = 0
     for tensor in tensors:
         if tensor is None or tensor.numel() == 0:
             continue
-        key = tensor.untyped_storage().data_ptr()
-        if key in seen:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in seen:
             continue
-        seen.add(key)
-        total += tensor.untyped_storage().nbytes()
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
     return total

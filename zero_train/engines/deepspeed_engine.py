@@ -1,0 +1,162 @@
+"""DeepSpeed ZeRO stage 0-3 behind the Engine protocol (the only engine module that imports deepspeed).
+
+    engine = DeepSpeedEngine(model_fn=..., settings=..., ds_config=resolve_auto(cfg, settings), dist_info=...)
+
+DeepSpeed does everything itself from the resolved config: precision, optimizer (`torch_adam`), loss
+scaling, accumulation (its backward divides the loss by grad_accum), clipping, scheduler. For ZeRO-3 the
+model is built while a transformers `HfDeepSpeedConfig` is alive, so `from_config` runs inside
+`deepspeed.zero.Init` and no rank ever holds the whole model. Checkpoints are DeepSpeed's own format.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import deepspeed
+import torch
+from deepspeed.utils import safe_get_full_fp32_param
+
+from zero_train.engines.base import StepResult
+from zero_train.engines.checkpoint_files import load_rank_file, rank_file, save_rank_file, write_model
+from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
+
+DEEPSPEED_DIR = "deepspeed"
+CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
+
+
+class DeepSpeedEngine:
+    """deepspeed.initialize over an HF model; ZeRO stage and everything else from the config."""
+
+    name = "deepspeed"
+
+    def __init__(self, *, model_fn, settings, ds_config: dict, dist_info):
+        self.settings = settings
+        self.dist_info = dist_info
+        self.ds_config = ds_config
+        self.hf_ds_config = None
+        # deepspeed.comm must wrap our process group before zero.Init reads the world size
+        deepspeed.init_distributed(dist_backend=dist_info.backend)
+        if settings.zero_stage == 3:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            # must stay referenced while the model is built (transformers keeps only a weak reference)
+            self.hf_ds_config = HfDeepSpeedConfig(ds_config)
+        model = model_fn()
+        self.ds_engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
+        )
+        self.model = self.ds_engine.module
+        self.micro_steps = 0
+
+    def forward_backward(self, batch: torch.LongTensor) -> torch.Tensor:
+        """Forward and DeepSpeed backward of one micro-batch (DeepSpeed divides by grad_accum).
+
+        Returns:
+            The micro-batch's mean token loss (detached, unscaled, fp32).
+        """
+        boundary = self.ds_engine.is_gradient_accumulation_boundary()
+        batch = batch.to(self.ds_engine.device)
+        loss = self.ds_engine(input_ids=batch, labels=batch).loss
+        self.ds_engine.backward(loss)
+        if not boundary:
+            self.ds_engine.step()  # DeepSpeed counts micro-steps in step(); off the boundary it only counts
+        self.micro_steps += 1
+        return loss.detach().float()
+
+    def step(self) -> StepResult:
+        """The boundary step: DeepSpeed reduces (ZeRO-1/2: at the boundary), clips, steps and schedules."""
+        if self.micro_steps % self.settings.grad_accum != 0 or not self.micro_steps:
+            raise RuntimeError(
+                f"step() after {self.micro_steps} micro-batches; expected a multiple of "
+                f"grad_accum={self.settings.grad_accum}"
+            )
+        assert self.ds_engine.is_gradient_accumulation_boundary()
+        lr = self.lr()
+        skipped_before = self.ds_engine.skipped_steps
+        self.ds_engine.step()
+        grad_norm = self.ds_engine.get_global_grad_norm()
+        loss_scale = None
+        if self.settings.precision == "fp16":
+            loss_scale = float(
+                getattr(self.optimizer, "cur_scale", getattr(self.optimizer, "loss_scale", 0.0))
+            )
+        return StepResult(
+            grad_norm=None if grad_norm is None else float(grad_norm),
+            skipped=self.ds_engine.skipped_steps > skipped_before,
+            lr=lr,
+            loss_scale=loss_scale,
+        )
+
+    def lr(self) -> float:
+        """The learning rate the next optimizer step will use (DeepSpeed's scheduler already set it)."""
+        return float(self.ds_engine.get_lr()[0])
+
+    def save_checkpoint(self, path, *, client_state: dict) -> None:
+        """DeepSpeed's save_checkpoint into `<path>/deepspeed`; model/config.json; per-rank client state."""
+        path = pathlib.Path(path)
+        self.ds_engine.save_checkpoint(
+            str(path / DEEPSPEED_DIR), tag=CHECKPOINT_TAG, client_state={}, save_latest=False
+        )
+        if self.dist_info.is_main:
+            write_model(path, self.model, None)
+        save_rank_file(
+            path, self.dist_info.rank, dict(client_state=client_state, micro_steps=self.micro_steps)
+        )
+
+    def load_checkpoint(self, path) -> dict:
+        """DeepSpeed's load_checkpoint (model, optimizer, scheduler, loss scale); returns this rank's client_state."""
+        path = pathlib.Path(path)
+        ds_dir = path / DEEPSPEED_DIR / CHECKPOINT_TAG
+        if not ds_dir.is_dir():
+            from zero_train.errors import UsageError
+
+            raise UsageError(
+                f"checkpoint {path} has no {DEEPSPEED_DIR}/{CHECKPOINT_TAG}; "
+                "it was not saved by the deepspeed engine"
+            )
+        load_path, _ = self.ds_engine.load_checkpoint(
+            str(path / DEEPSPEED_DIR),
+            tag=CHECKPOINT_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        assert load_path is not None, f"DeepSpeed could not load {ds_dir}"
+        own_rank = self.dist_info.rank if rank_file(path, self.dist_info.rank).is_file() else 0
+        saved = load_rank_file(path, own_rank)
+        self.micro_steps = int(saved["micro_steps"])
+        return saved["client_state"]
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """fp32 weights gathered from DeepSpeed's fp32 partitions (collective), on rank 0.
+
+        ZeRO-1/2/3 with an optimizer hold the authoritative fp32 copy in their partitions (in fp32
+        training too); `safe_get_full_fp32_param` all-reduces one parameter at a time, so no rank
+        ever holds more than the result plus one parameter. Without a ZeRO optimizer the module's
+        own (whole) parameters are the weights.
+        """
+        result: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, param in self.model.named_parameters():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            full = safe_get_full_fp32_param(param)
+            if full is None:
+                full = param.detach().float()
+            if self.dist_info.is_main:
+                result[name] = full.detach().to("cpu", copy=True).contiguous()
+        if not self.dist_info.is_main:
+            return None
+        for name, buffer in self.model.named_buffers():
+            result[name] = buffer.detach().to("cpu", copy=True).contiguous()
+        return _in_state_dict_order(self.model, result)
+
+    def memory_categories(self) -> dict[str, int]:
+        """Bytes per category read from DeepSpeed's optimizer partitions and buffers."""
+        return deepspeed_memory_categories(self.ds_engine)
+
+
+def _in_state_dict_order(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` reordered like model.state_dict(); persistent buffers only; a tied duplicate dropped."""
+    ordered = {name: tensors[name] for name in model.state_dict() if name in tensors}
+    return ordered

@@ -1,0 +1,90 @@
+"""Where a DeepSpeed engine's bytes are, read from its optimizer's own partitions and buffers.
+
+Attribute names are DeepSpeed 0.19's (runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py,
+runtime/bf16_optimizer.py); a missing attribute counts zero, so other versions degrade to a larger
+"other" in the memory report rather than to an error. Each storage is counted once, in the first
+category that names it, in the order params, master_params, grads, optimizer_states, comm_buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from zero_train.engines.base import tensor_bytes
+
+# fp32 master partitions: ZeRO-1/2, ZeRO-3, BF16_Optimizer (bf16 + ZeRO-1 with fp32 grad accumulation)
+MASTER_ATTRIBUTES = (
+    "single_partition_of_fp32_groups",
+    "fp32_partitioned_groups_flat",
+    "fp32_groups_flat_partition",
+)
+# reduced / accumulated gradient partitions and flat gradient buffers
+GRAD_ATTRIBUTES = (
+    "averaged_gradients",  # ZeRO-1/2 (views or flat partitions), ZeRO-3 (views of the flat buffer)
+    "grads_in_partition",  # ZeRO-2 contiguous gradient partition
+    "grad_partitions_flat_buffer",  # ZeRO-3
+    "fp32_groups_gradients_flat",  # BF16_Optimizer
+    "fp32_groups_gradient_flat_partition",
+)
+# whole low-precision flat copies of the parameters
+PARAM_ATTRIBUTES = ("bit16_groups_flat", "fp16_partitioned_groups_flat", "bf16_groups_flat")
+
+
+def _tensors(value) -> Iterator[torch.Tensor]:
+    """Every tensor inside `value` (a tensor, or lists/tuples/dicts of them, nested)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _attributes(obj, names) -> Iterator[torch.Tensor]:
+    for name in names:
+        yield from _tensors(getattr(obj, name, None))
+
+
+def _ipg_buffers(zero_optimizer) -> Iterator[torch.Tensor]:
+    """The reduction bucket buffers ("ipg" = independent partition gradients), per comm dtype."""
+    buckets = getattr(zero_optimizer, "ipg_buckets", None) or {}
+    for bucket in buckets.values():
+        yield from _tensors(getattr(bucket, "buffer", None))
+
+
+def deepspeed_memory_categories(ds_engine) -> dict[str, int]:
+    """Bytes this rank holds per category, for a DeepSpeed engine at any ZeRO stage.
+
+    Args:
+        ds_engine: the object deepspeed.initialize returned.
+
+    Returns:
+        params, grads, master_params, optimizer_states, comm_buffers (bytes).
+    """
+    zero_optimizer = ds_engine.optimizer
+    inner = getattr(zero_optimizer, "optimizer", zero_optimizer)  # the torch optimizer DeepSpeed wraps
+    model_params = list(ds_engine.module.parameters())
+    masters = list(_attributes(zero_optimizer, MASTER_ATTRIBUTES))
+    seen: set[int] = set()
+    params = tensor_bytes(model_params, seen)
+    params += tensor_bytes((getattr(p, "ds_tensor", None) for p in model_params), seen)  # ZeRO-3 partitions
+    params += tensor_bytes(_attributes(zero_optimizer, PARAM_ATTRIBUTES), seen)
+    master_params = tensor_bytes(masters, seen)
+    grads = tensor_bytes(_attributes(zero_optimizer, GRAD_ATTRIBUTES), seen)
+    grads += tensor_bytes((p.grad for p in model_params), seen)
+    grads += tensor_bytes((m.grad for m in masters), seen)
+    optimizer_states = tensor_bytes(
+        (v for state in getattr(inner, "state", {}).values() for v in _tensors(state)), seen
+    )
+    comm_buffers = tensor_bytes(_ipg_buffers(zero_optimizer), seen)
+    return dict(
+        params=params,
+        grads=grads,
+        master_params=master_params,
+        optimizer_states=optimizer_states,
+        comm_buffers=comm_buffers,
+    )
