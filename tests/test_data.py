@@ -84,6 +84,8 @@ def test_local_tabular_files_with_a_text_column(tmp_path, kind):
 def test_bad_datasets_are_usage_errors(tmp_path, tokenizer):
     with pytest.raises(UsageError, match="does not exist"):
         data.load_text_dataset(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(UsageError, match="cannot load dataset 'someone/corpus:cfg' .*OFFLINE"):
+        data.load_text_dataset("someone/corpus:cfg")  # tests run with HF_DATASETS_OFFLINE=1
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(UsageError, match="is empty"):
         data.load_text_dataset(str(tmp_path / "empty.txt"))

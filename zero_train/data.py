@@ -36,7 +36,7 @@ def load_text_dataset(spec: str | None = None, *, seed: int = 0, eval_fraction: 
     Args:
         spec: None or "stdlib" (the offline default, see zero_train.offline); a local file or folder of
             .txt (one document per paragraph, i.e. blank-line separated), .json/.jsonl/.csv/.parquet (a
-            "text" column); or a hub id (needs network or the local HF cache).
+            "text" column); or a hub id, optionally `id:config` (needs network or the local HF cache).
         seed: the held-out split is a seeded shuffle, identical on every rank and every run.
         eval_fraction: share of documents held out when the source has no "validation" split.
 
@@ -115,8 +115,10 @@ def _load_local(path: pathlib.Path) -> datasets.Dataset:
 
 
 def _load_hub(spec: str) -> dict[str, datasets.Dataset]:
+    """A hub dataset, `owner/name` or `owner/name:config` (e.g. `Salesforce/wikitext:wikitext-2-raw-v1`)."""
+    name, _, config_name = spec.partition(":")
     try:
-        loaded = datasets.load_dataset(spec)
+        loaded = datasets.load_dataset(name, config_name or None)
     except Exception as err:  # the hub raises many types (connection, not found, offline, bad config)
         offline = os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") or os.environ.get(
             "HF_HUB_OFFLINE", "0"
