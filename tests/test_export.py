@@ -141,16 +141,19 @@ def _train_and_save(ckpt, stage):
         reference = engine(IDS).logits
     hf.model_config("tiny").save_pretrained(ckpt / "model")
     (ckpt / "run.json").write_text(json.dumps({"engine": "deepspeed", "tokenizer": None}))
-    engine.save_checkpoint(str(ckpt / "deepspeed"), tag="step-3")
+    if stage == 3:  # as zero_train's deepspeed engine saves: one tag, no `latest`
+        engine.save_checkpoint(str(ckpt / "deepspeed"), tag="state", save_latest=False)
+    else:
+        engine.save_checkpoint(str(ckpt / "deepspeed"), tag="global_step3")
     engine.destroy()
     return reference  # returned as numpy: a tensor would live in memory the exited child owned
 
 
 @pytest.mark.multiproc
-def test_deepspeed_zero3_and_zero2_checkpoints_export_with_identical_logits(tmp_path):
+def test_deepspeed_zero3_zero2_zero0_checkpoints_export_with_identical_logits(tmp_path):
     from zero_train.testing import run_ranks
 
-    stages = (3, 2)
+    stages = (3, 2, 0)
     (references,) = run_ranks(_deepspeed_checkpoints, 1, (str(tmp_path), stages))
     untrained = logits(hf.load_model("tiny").eval())
     for stage, reference in zip(stages, references, strict=True):

@@ -240,20 +240,26 @@ def deepspeed_state_dict(ds_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     """The full model weights of a DeepSpeed checkpoint folder (the one holding DeepSpeed's `latest`).
 
     ZeRO 1/2/3: the fp32 master weights, reassembled by DeepSpeed's own zero_to_fp32 from every rank's
-    optimizer shard. ZeRO 0 (no partitioned optimizer): the module weights of mp_rank_00_model_states.pt.
+    optimizer shard. ZeRO 0 (no partitioned optimizer): the module weights of mp_rank_00_model_states.pt
+    (in the training dtype).
     Note: DeepSpeed's files are pickles (torch.load(weights_only=False)); only export checkpoints you trust.
     """
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     tag = _deepspeed_tag(ds_dir)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # zero_to_fp32 prints progress lines
-            return get_fp32_state_dict_from_zero_checkpoint(str(ds_dir), tag=tag)
-    except ValueError as err:
-        if "is not a zero checkpoint" not in str(err):
-            raise UsageError(f"cannot reassemble DeepSpeed checkpoint {ds_dir / tag}: {err}") from err
-    states = torch.load(ds_dir / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
-    return states["module"]
+    if any((ds_dir / tag).glob("*_optim_states.pt")):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # zero_to_fp32 prints progress lines
+                return get_fp32_state_dict_from_zero_checkpoint(str(ds_dir), tag=tag)
+        except ValueError as err:  # bf16 at stage 0 (BF16_Optimizer) is "not a zero checkpoint"
+            if "is not a zero checkpoint" not in str(err):
+                raise UsageError(f"cannot reassemble DeepSpeed checkpoint {ds_dir / tag}: {err}") from err
+    model_states = ds_dir / tag / "mp_rank_00_model_states.pt"
+    if not model_states.is_file():
+        raise UsageError(
+            f"{ds_dir / tag} has no mp_rank_00_model_states.pt; is the DeepSpeed checkpoint complete?"
+        )
+    return torch.load(model_states, map_location="cpu", weights_only=False)["module"]
 
 
 def _deepspeed_tag(ds_dir: pathlib.Path) -> str:
