@@ -103,3 +103,13 @@ def test_missing_folder_and_unknown_hub_model_are_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="is a file"):
         (tmp_path / "f.bin").write_bytes(b"x")
         hf.model_config(str(tmp_path / "f.bin"))
+
+
+def test_uncached_hub_tokenizer_and_broken_folder_are_usage_errors(tmp_path):
+    with pytest.raises(
+        UsageError, match="tokenizer 'someone/tokenizer': it is not cached and HF_HUB_OFFLINE"
+    ):
+        hf.load_tokenizer("someone/tokenizer")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(UsageError, match="cannot load model from folder"):
+        hf.model_config(str(tmp_path))

@@ -14,6 +14,7 @@ holds all of it.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import pathlib
@@ -207,8 +208,7 @@ def _looks_like_path(name: str) -> bool:
         name.startswith((".", "/", "~"))
         or name.count("/") > 1
         or name.endswith("/")
-        or os.sep != "/"
-        and os.sep in name
+        or (os.sep != "/" and os.sep in name)
     )
 
 
@@ -231,35 +231,26 @@ def did_you_mean(name: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-class _hub_errors_as_usage:
-    """Context manager: turn 'not found / not cached / offline' from the hub into one UsageError."""
+@contextlib.contextmanager
+def _hub_errors_as_usage(name: str, what: str):
+    """Turn 'not found / not cached / offline' from the hub (or a broken folder) into one UsageError."""
+    from huggingface_hub.errors import HFValidationError
 
-    def __init__(self, name: str, what: str):
-        self.name, self.what = name, what
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        from huggingface_hub.errors import HFValidationError
-
-        if exc is None or not isinstance(exc, (OSError, HFValidationError)):
-            return False
-        if pathlib.Path(self.name).expanduser().is_dir():
-            raise UsageError(
-                f"cannot load {self.what} from folder {self.name!r}: {_first_line(exc)}"
-            ) from exc
+    try:
+        yield
+    except (OSError, HFValidationError) as exc:
+        if pathlib.Path(name).expanduser().is_dir():
+            raise UsageError(f"cannot load {what} from folder {name!r}: {_first_line(exc)}") from exc
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
-        fix = (
-            (
+        if offline:
+            fix = (
                 "it is not cached and HF_HUB_OFFLINE=1 forbids downloading; run once with network "
-                f"(unset HF_HUB_OFFLINE) or `huggingface-cli download {self.name}`"
+                f"(unset HF_HUB_OFFLINE) or `huggingface-cli download {name}`"
             )
-            if offline
-            else ("it is not a local folder and the hub could not provide it")
-        )
-        presets = "" if self.what == "tokenizer" else f"; presets: {', '.join(PRESETS)}"
-        raise UsageError(f"{self.what} {self.name!r}{did_you_mean(self.name)}: {fix}{presets}") from exc
+        else:
+            fix = "it is not a local folder and the hub could not provide it"
+        presets = "" if what == "tokenizer" else f"; presets: {', '.join(PRESETS)}"
+        raise UsageError(f"{what} {name!r}{did_you_mean(name)}: {fix}{presets}") from exc
 
 
 def _first_line(exc: BaseException) -> str:
