@@ -95,6 +95,17 @@ def test_bad_datasets_are_usage_errors(tmp_path, tokenizer):
     (tmp_path / "notext.jsonl").write_text('{"content": "a"}\n{"content": "b"}\n')
     with pytest.raises(UsageError, match="no 'text' column .*content"):
         data.load_text_dataset(str(tmp_path / "notext.jsonl"))
+    (tmp_path / "broken.jsonl").write_text('{"text": "fine"}\n{not json\n')
+    with pytest.raises(UsageError, match="cannot read dataset .*broken.jsonl.* as json"):
+        data.load_text_dataset(str(tmp_path / "broken.jsonl"))
+    (tmp_path / "notes.md").write_text("# title\n")
+    with pytest.raises(UsageError, match="unsupported file type .md"):
+        data.load_text_dataset(str(tmp_path / "notes.md"))
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.txt").write_text("a\n\nb")
+    (tmp_path / "mixed" / "b.csv").write_text("text\nc\n")
+    with pytest.raises(UsageError, match="mixes csv and text files"):
+        data.load_text_dataset(str(tmp_path / "mixed"))
     (tmp_path / "nothing").mkdir()
     with pytest.raises(UsageError, match="has no txt"):
         data.load_text_dataset(str(tmp_path / "nothing"))

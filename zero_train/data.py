@@ -93,10 +93,14 @@ def _local_files(path: pathlib.Path) -> tuple[str, list[str]]:
     kinds = sorted({LOCAL_BUILDERS.get(p.suffix.lower(), p.suffix or "no suffix") for p in files})
     if not files:
         raise UsageError(f"folder {str(path)!r} has no {'/'.join(s[1:] for s in LOCAL_BUILDERS)} files")
-    if len(kinds) > 1 or kinds[0] not in LOCAL_BUILDERS.values():
+    if kinds[0] not in LOCAL_BUILDERS.values():
         raise UsageError(
-            f"dataset {str(path)!r}: cannot read {', '.join(kinds)} together; pass files of one "
-            f"kind ({'/'.join(s[1:] for s in LOCAL_BUILDERS)})"
+            f"dataset {str(path)!r}: unsupported file type {kinds[0]}; use "
+            f"{'/'.join(s[1:] for s in LOCAL_BUILDERS)}"
+        )
+    if len(kinds) > 1:
+        raise UsageError(
+            f"dataset {str(path)!r} mixes {' and '.join(kinds)} files; keep files of one kind per folder"
         )
     empty = [p for p in files if p.stat().st_size == 0]
     if len(empty) == len(files):
