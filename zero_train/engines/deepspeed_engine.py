@@ -19,6 +19,7 @@ from deepspeed.utils import safe_get_full_fp32_param
 from zero_train.engines.base import StepResult
 from zero_train.engines.checkpoint_files import load_rank_file, rank_file, save_rank_file, write_model
 from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
+from zero_train.engines.optim import build_optimizer
 
 DEEPSPEED_DIR = "deepspeed"
 CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
@@ -42,8 +43,11 @@ class DeepSpeedEngine:
             # must stay referenced while the model is built (transformers keeps only a weak reference)
             self.hf_ds_config = HfDeepSpeedConfig(ds_config)
         model = model_fn()
+        params = [p for p in model.parameters() if p.requires_grad]
+        # a config without an "optimizer" section would make DeepSpeed train with no optimizer at all
+        client_optimizer = None if "optimizer" in ds_config else build_optimizer(params, settings)
         self.ds_engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
+            model=model, model_parameters=params, optimizer=client_optimizer, config=ds_config
         )
         self.model = self.ds_engine.module
         self.micro_steps = 0
