@@ -279,7 +279,13 @@ def prepare_datasets(
     )
     if error[0] is not None:
         raise UsageError(error[0])
-    return packed if is_first else build()
+    if is_first:
+        return packed
+    datasets.disable_progress_bars()  # the other ranks only read rank 0's cache: no repeated bars
+    try:
+        return build()
+    finally:
+        datasets.enable_progress_bars()
 
 
 def num_tokens(packed: datasets.Dataset) -> int:
