@@ -107,6 +107,21 @@ def test_cli_refuses_to_overwrite_and_never_leaves_partial_folders(tmp_path):
         export_checkpoint(tmp_path / "missing", tmp_path / "hf3")
 
 
+def test_weights_of_another_model_are_refused_before_anything_is_written(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "save", trained_model("tiny"))
+    hf.model_config("llama-tiny").save_pretrained(ckpt / "model")  # config of another architecture
+    with pytest.raises(
+        UsageError, match="do not fit the model config: 21 missing_keys .* 28 unexpected_keys"
+    ):
+        export_checkpoint(ckpt, tmp_path / "hf")
+    narrower = hf.model_config("tiny")
+    narrower.n_inner = 128
+    narrower.save_pretrained(ckpt / "model")  # same architecture, other shapes
+    with pytest.raises(UsageError, match="6 mismatched_shapes .*mlp.c_fc.bias"):
+        export_checkpoint(ckpt, tmp_path / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["save"]
+
+
 def _deepspeed_checkpoints(rank, world_size, save_dir, stages):
     """One rank: per ZeRO stage, train the tiny preset 3 steps with DeepSpeed, save, return its logits."""
     import os

@@ -52,7 +52,14 @@ def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
 
 
 def export_model(
-    model_or_state_dict, config, tokenizer, out_dir, *, dtype: torch.dtype | None = None, force: bool = False
+    model_or_state_dict,
+    config,
+    tokenizer,
+    out_dir,
+    *,
+    dtype: torch.dtype | None = None,
+    force: bool = False,
+    verify: bool = False,
 ) -> pathlib.Path:
     """Write config.json + model.safetensors + tokenizer files to `out_dir` (atomically).
 
@@ -65,6 +72,8 @@ def export_model(
         out_dir: target folder; must be absent or empty unless `force`.
         dtype: cast floating tensors to this dtype (default: keep the saved dtype).
         force: replace a non-empty out_dir.
+        verify: before publishing the folder, load it with AutoModelForCausalLM.from_pretrained and
+            check every weight (not under an active ZeRO-3 HfDeepSpeedConfig: loading would partition).
 
     Returns:
         out_dir as a Path.
@@ -84,7 +93,44 @@ def export_model(
         _write_weights(weights, staging)
         _write_config(config, _floating_dtype(weights), staging)
         tokenizer.save_pretrained(str(staging))
+        if verify:
+            _verify_folder(staging, weights)
     return out
+
+
+def _verify_folder(folder: pathlib.Path, weights: dict[str, torch.Tensor]) -> None:
+    """UsageError unless from_pretrained(folder) loads every weight, unchanged, with nothing left over."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers prints its own load report; ours is one line
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(folder), output_loading_info=True, ignore_mismatched_sizes=True
+        )
+    except (RuntimeError, ValueError, OSError) as err:
+        raise UsageError(f"the weights do not fit the model config ({_first_line(err)})") from err
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    problems = {key: sorted(map(str, info.get(key) or [])) for key in ("missing_keys", "unexpected_keys")}
+    problems["mismatched_shapes"] = sorted(str(item[0]) for item in info.get("mismatched_keys") or [])
+    loaded = model.state_dict()
+    comparable = [n for n in weights if n in loaded and loaded[n].shape == weights[n].shape]
+    problems["changed"] = sorted(n for n in comparable if not torch.equal(loaded[n], weights[n]))
+    problems = {key: names for key, names in problems.items() if names}
+    if problems:
+        detail = "; ".join(
+            f"{len(names)} {key} ({', '.join(names[:2])}, ...)" for key, names in problems.items()
+        )
+        raise UsageError(
+            f"the weights do not fit the model config: {detail}; was the checkpoint saved by another model?"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _state_dict_of(model_or_state_dict) -> dict[str, torch.Tensor]:
@@ -176,7 +222,7 @@ def export_checkpoint(
     config = _read_config(ckpt, run)
     weights = _read_weights(ckpt)
     tokenizer_spec = tokenizer if tokenizer is not None else run.get("tokenizer")
-    return export_model(weights, config, tokenizer_spec, out_dir, dtype=dtype, force=force)
+    return export_model(weights, config, tokenizer_spec, out_dir, dtype=dtype, force=force, verify=True)
 
 
 def _resolve_checkpoint(path) -> pathlib.Path:
