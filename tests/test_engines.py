@@ -186,6 +186,15 @@ def _deepspeed_ranks(rank: int, world_size: int, tmp: str) -> dict:
     for run in runs.values():
         run["diff_to_ddp"] = _max_diff(reference, run["final"])
 
+    bf16 = {name: _build(name, rank, world_size, stage=1, precision="bf16") for name in ("ddp", "deepspeed")}
+    bf16_histories = {name: _train(engine, rank, total_steps) for name, engine in bf16.items()}
+    runs["bf16"] = dict(
+        ddp_history=bf16_histories["ddp"],
+        ds1_history=bf16_histories["deepspeed"],
+        ddp_memory=bf16["ddp"].memory_categories(),
+        diff_to_ddp=_max_diff(bf16["ddp"].full_state_dict(), bf16["deepspeed"].full_state_dict()),
+    )
+
     zero3 = _build("deepspeed", rank, world_size, stage=3)
     initial = zero3.full_state_dict()  # the weights zero.Init created, gathered from the fp32 partitions
     zero3_history = _train(zero3, rank, total_steps)
@@ -371,3 +380,20 @@ def test_build_engine_rejects_unknown_name_and_wrong_world_size():
         build_engine("fsdp", model_fn=_model_fn(), settings=settings, ds_config=ds_config, dist_info=single)
     with pytest.raises(UsageError, match="world size 2 but 1"):
         build_engine("ddp", model_fn=_model_fn(), settings=settings, ds_config=ds_config, dist_info=single)
+
+
+@pytest.mark.multiproc
+def test_bf16_ddp_keeps_fp32_masters_and_matches_deepspeed_zero1(deepspeed_runs):
+    """Both reduce bf16 gradients and update fp32 masters; ZeRO-1 only shards the update (the ZeRO-2 path
+    reduce-scatters every micro-batch and accumulates in bf16, so it rounds differently)."""
+    for rank_runs in deepspeed_runs:
+        run = rank_runs["bf16"]
+        for (loss, norm, lr, _), (ddp_loss, ddp_norm, ddp_lr, _) in zip(
+            run["ds1_history"], run["ddp_history"], strict=True
+        ):
+            assert (loss, lr) == pytest.approx((ddp_loss, ddp_lr), rel=1e-5)
+            assert norm == pytest.approx(ddp_norm, rel=1e-5)
+        num_params = rank_runs["ds1"]["num_params"]
+        memory = run["ddp_memory"]
+        assert (memory["params"], memory["master_params"]) == (2 * num_params, 4 * num_params)
+    assert deepspeed_runs[0]["bf16"]["diff_to_ddp"] < DEEPSPEED_PARAM_TOLERANCE
