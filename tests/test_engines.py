@@ -26,6 +26,7 @@ pytest.importorskip("zero_train.ds_config", reason="zero_train.ds_config (CONFIG
 VOCAB = 256
 STEPS_BEFORE_SAVE = 2
 STEPS_AFTER_SAVE = 2
+FP16_SKIPPED_STEPS = 3  # overflowing steps from a loss scale of 2**20 (hysteresis 2), measured
 
 BASE_CONFIG = {
     "train_batch_size": "auto",
@@ -51,7 +52,7 @@ BASE_CONFIG = {
 }
 
 
-def _settings(stage: int, precision: str, world_size: int):
+def _settings(stage: int, precision: str, world_size: int, scale_power: int = 16):
     from zero_train.ds_config import resolve_auto, train_settings
 
     cfg = copy.deepcopy(BASE_CONFIG)
@@ -61,7 +62,7 @@ def _settings(stage: int, precision: str, world_size: int):
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 16}
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": scale_power}
     settings = train_settings(cfg, world_size=world_size)
     return settings, resolve_auto(cfg, settings)
 
@@ -79,11 +80,13 @@ def _model_fn(initial_weights: dict | None = None):
     return build
 
 
-def _build(name: str, rank: int, world_size: int, *, stage=1, precision="fp32", initial_weights=None):
+def _build(
+    name: str, rank: int, world_size: int, *, stage=1, precision="fp32", initial_weights=None, scale_power=16
+):
     from zero_train.dist import DistInfo
     from zero_train.engines import build_engine
 
-    settings, ds_config = _settings(stage, precision, world_size)
+    settings, ds_config = _settings(stage, precision, world_size, scale_power)
     dist_info = DistInfo(
         rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"), backend="gloo"
     )
@@ -169,6 +172,24 @@ def _local_engines_ranks(rank: int, world_size: int, tmp: str) -> dict:
     reference = runs["ddp"]["final"]
     for run in runs.values():
         run["diff_to_ddp"] = _max_diff(reference, run["final"])
+    # fp16 from a loss scale of 2**20: the first steps overflow and must be skipped (DeepSpeed can't run
+    # fp16 on CPU, so its rules are checked through its DynamicLossScaler in the parent)
+    fp16 = {
+        name: _build(name, rank, world_size, precision="fp16", scale_power=20) for name in ("ddp", "zero1")
+    }
+    runs["fp16"] = {}
+    for name, engine in fp16.items():
+        initial = engine.full_state_dict()
+        history = _train(engine, rank, range(FP16_SKIPPED_STEPS))
+        unchanged = _max_diff(initial, engine.full_state_dict())
+        history += _train(engine, rank, range(FP16_SKIPPED_STEPS, 6))
+        runs["fp16"][name] = dict(
+            history=history,
+            unchanged_while_skipping=unchanged,
+            loss_scales=engine.loss_scale(),
+            final=engine.full_state_dict(),
+        )
+    runs["fp16"]["diff"] = _max_diff(runs["fp16"]["ddp"].pop("final"), runs["fp16"]["zero1"].pop("final"))
     return {name: _without_tensors(run) for name, run in runs.items()}
 
 
@@ -231,7 +252,8 @@ def _broadcast_state(state: dict | None) -> dict:
 
 @pytest.fixture(scope="module")
 def local_runs(tmp_path_factory):
-    pytest.importorskip("zero_train.sharding", reason="zero_train.sharding (ZERO1) not committed yet")
+    if not hasattr(pytest.importorskip("zero_train.sharding"), "Zero1Optimizer"):
+        pytest.skip("zero_train.sharding.Zero1Optimizer (ZERO1) not committed yet")
     return run_ranks(_local_engines_ranks, 2, (str(tmp_path_factory.mktemp("local")),))
 
 
@@ -397,3 +419,30 @@ def test_bf16_ddp_keeps_fp32_masters_and_matches_deepspeed_zero1(deepspeed_runs)
         memory = run["ddp_memory"]
         assert (memory["params"], memory["master_params"]) == (2 * num_params, 4 * num_params)
     assert deepspeed_runs[0]["bf16"]["diff_to_ddp"] < DEEPSPEED_PARAM_TOLERANCE
+
+
+@pytest.mark.multiproc
+def test_fp16_overflow_skips_steps_and_schedule_like_deepspeed(local_runs, monkeypatch):
+    from deepspeed.runtime.fp16 import loss_scaler as ds_loss_scaler
+    from zero_train.ds_config import lr_at
+
+    monkeypatch.setattr(ds_loss_scaler.dist, "get_rank", lambda: 0)
+    settings, _ = _settings(1, "fp16", world_size=2, scale_power=20)
+    for rank_runs in local_runs:
+        run = rank_runs["fp16"]["ddp"]
+        skipped = [was_skipped for *_, was_skipped in run["history"]]
+        assert skipped == [True] * FP16_SKIPPED_STEPS + [False] * (len(skipped) - FP16_SKIPPED_STEPS)
+        assert all(not math.isfinite(norm) for _, norm, _, _ in run["history"][:FP16_SKIPPED_STEPS])
+        expected_lrs = [lr_at(settings, max(0, step - FP16_SKIPPED_STEPS)) for step in range(len(skipped))]
+        assert [lr for _, _, lr, _ in run["history"]] == expected_lrs  # the schedule waits for applied steps
+        reference = ds_loss_scaler.DynamicLossScaler(
+            init_scale=2.0**20,
+            scale_window=settings.fp16_loss_scale_window,
+            min_scale=settings.fp16_min_loss_scale,
+            delayed_shift=settings.fp16_hysteresis,
+            consecutive_hysteresis=False,
+        )
+        for was_skipped in skipped:
+            reference.update_scale(was_skipped)
+        assert run["loss_scales"] == reference.cur_scale
+    assert local_runs[0]["fp16"]["ddp"]["unchanged_while_skipping"] == 0.0
