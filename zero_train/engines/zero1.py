@@ -1,0 +1,105 @@
+"""Our hand-written ZeRO-1: a plain model, `zero_train.sharding.Zero1Optimizer` does the rest.
+
+No DDP wrapper: gradients accumulate locally over the micro-batches and the sharder averages them
+once, at the accumulation boundary (`reduce_gradients`), then clips by the global norm, updates the
+fp32 master shard this rank owns with its shard of the optimizer state, and all-gathers the
+updated parameters (ZeRO paper, P_os: 4 Psi + K Psi / Nd bytes per rank in mixed precision).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from zero_train.engines.checkpoint_files import (
+    copy_weights_into,
+    load_rank_file,
+    read_weights,
+    save_rank_file,
+    unique_state_dict,
+    write_model,
+)
+from zero_train.engines.local import LocalEngine
+from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
+from zero_train.engines.precision import make_loss_scaler
+
+
+class Zero1Engine(LocalEngine):
+    """Plain model + Zero1Optimizer (optimizer state and fp32 masters sharded over the ranks)."""
+
+    name = "zero1"
+
+    def __init__(self, *, model_fn, settings, ds_config, dist_info):
+        from zero_train.sharding import Zero1Optimizer
+
+        super().__init__(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
+        optimizer_class, kwargs = optimizer_spec(settings)
+        kwargs["lr"] = scheduled_lr(settings, 0)
+        self.optimizer = Zero1Optimizer(
+            list(self.model.parameters()),
+            optimizer_class,
+            process_group=self.process_group,
+            master_dtype=torch.float32,
+            loss_scaler=make_loss_scaler(settings),
+            **kwargs,
+        )
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.optimizer.scale_loss(loss).backward()
+
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale, None without loss scaling."""
+        scaler = getattr(self.optimizer, "loss_scaler", None)
+        return None if scaler is None else float(scaler.loss_scale)
+
+    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
+        """Average (one collective per bucket), clip by the global norm, update the owned shard, gather."""
+        self.optimizer.reduce_gradients()
+        max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else math.inf
+        grad_norm = self.optimizer.clip_grad_norm_(max_norm)
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        skipped = bool(self.optimizer.last_step_skipped)
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm), skipped
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The model's weights on rank 0 (fp32: exact; bf16/fp16: the fp32 masters, gathered)."""
+        masters = self._gathered_masters()
+        if not self.dist_info.is_main:
+            return None
+        return unique_state_dict(self.model, masters)
+
+    def _gathered_masters(self) -> dict[int, torch.Tensor] | None:
+        """id(param) -> full fp32 master (collective), when the model is not itself fp32."""
+        if self.settings.precision == "fp32":
+            return None
+        full = self.optimizer.full_master_params()  # collective; list in parameter order
+        return {id(p): m for p, m in zip(self.model.parameters(), full, strict=True)}
+
+    def save_checkpoint(self, path, *, client_state: dict) -> None:
+        """Rank 0: model/ (full fp32 weights); every rank: its optimizer shard, counters, client_state."""
+        state = self.full_state_dict()
+        if self.dist_info.is_main:
+            write_model(path, self.model, state)
+        payload = dict(
+            client_state=client_state,
+            counters=self.counters(),
+            world_size=self.dist_info.world_size,
+            optimizer=self.optimizer.state_dict(),
+        )
+        save_rank_file(path, self.dist_info.rank, payload)
+
+    def load_checkpoint(self, path) -> dict:
+        """Restore weights, this rank's optimizer shard and counters; returns this rank's client_state."""
+        weights = read_weights(path)
+        copy_weights_into(self.model, {k: v.to(self.model.dtype) for k, v in weights.items()})
+        own = load_rank_file(path, self.dist_info.rank)
+        self.optimizer.load_state_dict(own["optimizer"])
+        self.restore_counters(own["counters"])
+        return own["client_state"]
+
+    def memory_categories(self) -> dict[str, int]:
+        """The sharder's own account (params, grads, master_params, optimizer_states, comm_buffers)."""
+        return dict(self.optimizer.memory_bytes())
