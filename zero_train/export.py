@@ -221,7 +221,11 @@ def export_checkpoint(
     run = _read_run(ckpt)
     config = _read_config(ckpt, run)
     weights = _read_weights(ckpt)
-    tokenizer_spec = tokenizer if tokenizer is not None else run.get("tokenizer")
+    tokenizer_spec = tokenizer if tokenizer is not None else run.get("tokenizer")  # None: offline default
+    if tokenizer_spec is not None and not isinstance(tokenizer_spec, str):
+        raise UsageError(
+            f"{RUN_FILE} records tokenizer {tokenizer_spec!r}; pass --tokenizer FOLDER_OR_HUB_ID"
+        )
     return export_model(weights, config, tokenizer_spec, out_dir, dtype=dtype, force=force, verify=True)
 
 
