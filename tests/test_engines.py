@@ -165,17 +165,17 @@ def _without_tensors(run: dict) -> dict:
     return {k: v for k, v in run.items() if k != "final"}
 
 
-def _local_engines_ranks(rank: int, world_size: int, tmp: str) -> dict:
-    runs = {
-        name: _run_with_checkpoint(name, rank, world_size, tmp) for name in ("ddp", "zero1", "torch-zero")
-    }
+def _local_engines_ranks(rank: int, world_size: int, tmp: str, names: tuple[str, ...]) -> dict:
+    runs = {name: _run_with_checkpoint(name, rank, world_size, tmp) for name in names}
     reference = runs["ddp"]["final"]
     for run in runs.values():
         run["diff_to_ddp"] = _max_diff(reference, run["final"])
     # fp16 from a loss scale of 2**20: the first steps overflow and must be skipped (DeepSpeed can't run
     # fp16 on CPU, so its rules are checked through its DynamicLossScaler in the parent)
     fp16 = {
-        name: _build(name, rank, world_size, precision="fp16", scale_power=20) for name in ("ddp", "zero1")
+        name: _build(name, rank, world_size, precision="fp16", scale_power=20)
+        for name in names
+        if name != "torch-zero"
     }
     runs["fp16"] = {}
     for name, engine in fp16.items():
@@ -189,7 +189,8 @@ def _local_engines_ranks(rank: int, world_size: int, tmp: str) -> dict:
             loss_scales=engine.loss_scale(),
             final=engine.full_state_dict(),
         )
-    runs["fp16"]["diff"] = _max_diff(runs["fp16"]["ddp"].pop("final"), runs["fp16"]["zero1"].pop("final"))
+    finals = {name: runs["fp16"][name].pop("final") for name in fp16}
+    runs["fp16"]["zero1_diff"] = _max_diff(finals["ddp"], finals["zero1"]) if "zero1" in finals else None
     return {name: _without_tensors(run) for name, run in runs.items()}
 
 
@@ -252,9 +253,17 @@ def _broadcast_state(state: dict | None) -> dict:
 
 @pytest.fixture(scope="module")
 def local_runs(tmp_path_factory):
-    if not hasattr(pytest.importorskip("zero_train.sharding"), "Zero1Optimizer"):
-        pytest.skip("zero_train.sharding.Zero1Optimizer (ZERO1) not committed yet")
-    return run_ranks(_local_engines_ranks, 2, (str(tmp_path_factory.mktemp("local")),))
+    import importlib
+
+    names = ("ddp", "torch-zero")
+    if hasattr(importlib.import_module("zero_train.sharding"), "Zero1Optimizer"):
+        names += ("zero1",)
+    return run_ranks(_local_engines_ranks, 2, (str(tmp_path_factory.mktemp("local")), names))
+
+
+def _require(runs: list[dict], name: str) -> None:
+    if name not in runs[0]:
+        pytest.skip(f"engine {name!r} unavailable (zero_train.sharding.Zero1Optimizer not committed yet)")
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +274,7 @@ def deepspeed_runs(tmp_path_factory):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", ["zero1", "torch-zero"])
 def test_sharded_engines_match_ddp_bit_for_bit_in_fp32(local_runs, name):
+    _require(local_runs, name)
     for rank_runs in local_runs:
         assert rank_runs[name]["history"] == rank_runs["ddp"]["history"]  # losses, grad norms, lrs
     assert local_runs[0][name]["diff_to_ddp"] == 0.0
@@ -281,6 +291,7 @@ def test_clipping_and_schedule_are_exercised(local_runs):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", ["ddp", "zero1", "torch-zero"])
 def test_local_engine_checkpoint_round_trip_is_exact(local_runs, name):
+    _require(local_runs, name)
     for rank, rank_runs in enumerate(local_runs):
         run = rank_runs[name]
         assert run["resumed_history"] == run["history"][STEPS_BEFORE_SAVE:]
@@ -305,6 +316,12 @@ def test_memory_categories_match_known_sizes(local_runs):
         rank_runs["torch-zero"]["memory_after_step"]["optimizer_states"] for rank_runs in local_runs
     ]
     assert sum(torch_zero) == adam_bytes and max(torch_zero) < adam_bytes
+
+
+@pytest.mark.multiproc
+def test_zero1_memory_categories_are_sharded(local_runs):
+    _require(local_runs, "zero1")
+    num_params, num_tensors = local_runs[0]["ddp"]["num_params"], local_runs[0]["ddp"]["num_tensors"]
     zero1 = [rank_runs["zero1"]["memory_after_step"] for rank_runs in local_runs]
     assert abs(sum(m["optimizer_states"] for m in zero1) - 8 * num_params) <= 4 * num_tensors * 2
     for memory in zero1:
@@ -424,6 +441,7 @@ def test_bf16_ddp_keeps_fp32_masters_and_matches_deepspeed_zero1(deepspeed_runs)
 @pytest.mark.multiproc
 def test_fp16_overflow_skips_steps_and_schedule_like_deepspeed(local_runs, monkeypatch):
     from deepspeed.runtime.fp16 import loss_scaler as ds_loss_scaler
+
     from zero_train.ds_config import lr_at
 
     monkeypatch.setattr(ds_loss_scaler.dist, "get_rank", lambda: 0)
@@ -446,3 +464,12 @@ def test_fp16_overflow_skips_steps_and_schedule_like_deepspeed(local_runs, monke
             reference.update_scale(was_skipped)
         assert run["loss_scales"] == reference.cur_scale
     assert local_runs[0]["fp16"]["ddp"]["unchanged_while_skipping"] == 0.0
+
+
+@pytest.mark.multiproc
+def test_zero1_fp16_matches_ddp_fp16(local_runs):
+    _require(local_runs, "zero1")
+    for rank_runs in local_runs:
+        assert rank_runs["fp16"]["zero1"]["history"] == rank_runs["fp16"]["ddp"]["history"]
+        assert rank_runs["fp16"]["zero1"]["loss_scales"] == rank_runs["fp16"]["ddp"]["loss_scales"]
+    assert local_runs[0]["fp16"]["zero1_diff"] == 0.0
