@@ -85,9 +85,12 @@ class DynamicLossScaler:
         scale_window: overflow-free steps before doubling.
         hysteresis: overflows tolerated (without halving) before the scale drops.
         min_scale: the scale never goes below this.
+        dynamic: False for DeepSpeed's static `loss_scale` > 0 (overflowing steps are still skipped).
     """
 
-    def __init__(self, *, init_scale: float, scale_window: int, hysteresis: int, min_scale: float):
+    def __init__(
+        self, *, init_scale: float, scale_window: int, hysteresis: int, min_scale: float, dynamic: bool = True
+    ):
         self.loss_scale = float(init_scale)
         self.scale_window = scale_window
         self.hysteresis = hysteresis
@@ -95,9 +98,12 @@ class DynamicLossScaler:
         self.cur_hysteresis = hysteresis
         self.cur_iter = 0
         self.last_overflow_iter = -1
+        self.dynamic = dynamic
 
     def update_scale(self, overflow: bool) -> None:
         """Record one step's outcome and adjust the scale."""
+        if not self.dynamic:
+            return
         if overflow:
             if self.hysteresis == 1 or self.cur_hysteresis == 1:
                 self.loss_scale = max(self.loss_scale / 2.0, self.min_scale)
@@ -129,9 +135,17 @@ class DynamicLossScaler:
 
 
 def make_loss_scaler(settings) -> DynamicLossScaler | None:
-    """The dynamic loss scaler for fp16 settings, None for fp32/bf16."""
+    """The loss scaler for fp16 settings (static if fp16.loss_scale > 0, as in DeepSpeed), None otherwise."""
     if settings.precision != "fp16":
         return None
+    if settings.fp16_loss_scale > 0:
+        return DynamicLossScaler(
+            init_scale=settings.fp16_loss_scale,
+            scale_window=1,
+            hysteresis=1,
+            min_scale=settings.fp16_loss_scale,
+            dynamic=False,
+        )
     return DynamicLossScaler(
         init_scale=2.0**settings.fp16_initial_scale_power,
         scale_window=settings.fp16_loss_scale_window,
