@@ -473,3 +473,30 @@ def test_zero1_fp16_matches_ddp_fp16(local_runs):
         assert rank_runs["fp16"]["zero1"]["history"] == rank_runs["fp16"]["ddp"]["history"]
         assert rank_runs["fp16"]["zero1"]["loss_scales"] == rank_runs["fp16"]["ddp"]["loss_scales"]
     assert local_runs[0]["fp16"]["zero1_diff"] == 0.0
+
+
+class _PlantedPayload:
+    """Pickles into a call of os.system: what a tampered checkpoint would carry."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo should-never-run",))
+
+
+def test_deepspeed_checkpoint_with_a_planted_pickle_is_refused(tmp_path):
+    from zero_train.engines.deepspeed_engine import refuse_unexpected_pickles
+    from zero_train.errors import UsageError
+
+    torch.save(
+        {"module": {"w": torch.zeros(2)}, "ds_version": "0.19.8"}, tmp_path / "mp_rank_00_model_states.pt"
+    )
+    refuse_unexpected_pickles(tmp_path)  # tensors and plain containers pass
+    torch.save(
+        {"optimizer_state_dict": _PlantedPayload()}, tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    )
+    with pytest.raises(UsageError, match="refusing to load .*zero_pp_rank_0.*system"):
+        refuse_unexpected_pickles(tmp_path)
+    (tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"\x00garbage")
+    with pytest.raises(UsageError, match="cannot read DeepSpeed checkpoint file"):
+        refuse_unexpected_pickles(tmp_path)

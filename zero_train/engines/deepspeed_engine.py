@@ -22,6 +22,14 @@ from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
 from zero_train.engines.optim import build_optimizer
 
 DEEPSPEED_DIR = "deepspeed"
+# the only non-tensor classes DeepSpeed 0.19 pickles into its checkpoint files (found by scanning ZeRO-1/2/3
+# fp32/bf16 checkpoints with torch.serialization.get_unsafe_globals_in_checkpoint)
+DEEPSPEED_PICKLE_GLOBALS = {
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+}
 CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
 
 
@@ -118,6 +126,7 @@ class DeepSpeedEngine:
                 f"checkpoint {path} has no {DEEPSPEED_DIR}/{CHECKPOINT_TAG}; "
                 "it was not saved by the deepspeed engine"
             )
+        refuse_unexpected_pickles(ds_dir)
         load_path, _ = self.ds_engine.load_checkpoint(
             str(path / DEEPSPEED_DIR),
             tag=CHECKPOINT_TAG,
@@ -158,6 +167,33 @@ class DeepSpeedEngine:
     def memory_categories(self) -> dict[str, int]:
         """Bytes per category read from DeepSpeed's optimizer partitions and buffers."""
         return deepspeed_memory_categories(self.ds_engine)
+
+
+def refuse_unexpected_pickles(ds_dir: pathlib.Path) -> None:
+    """Refuse DeepSpeed checkpoint files that reference anything but tensors and DeepSpeed's own records.
+
+    DeepSpeed loads its files with torch.load(weights_only=False); scanning the pickles' globals first
+    (cheap: no tensor is read) keeps a planted pickle from running code.
+
+    Raises:
+        UsageError: naming the file and the unexpected global.
+    """
+    from zero_train.errors import UsageError
+
+    for file in sorted(ds_dir.glob("*.pt")):
+        try:
+            unexpected = (
+                set(torch.serialization.get_unsafe_globals_in_checkpoint(file)) - DEEPSPEED_PICKLE_GLOBALS
+            )
+        except Exception as err:  # not a zip/pickle at all: truncated or garbage
+            raise UsageError(
+                f"cannot read DeepSpeed checkpoint file {file}: {str(err).splitlines()[0]}"
+            ) from err
+        if unexpected:
+            raise UsageError(
+                f"refusing to load {file}: it references {sorted(unexpected)[0]!r}, which a "
+                "DeepSpeed checkpoint never contains (tampered or not a checkpoint)"
+            )
 
 
 def _in_state_dict_order(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
