@@ -1,0 +1,228 @@
+"""`zero-train config`: generate a DeepSpeed config from flags, or `zero-train config check FILE`.
+
+    zero-train config --stage 3 --precision bf16 --offload-optimizer cpu \\
+        --micro-batch-size 4 --grad-accum 2 --world-size 8           # JSON with train_batch_size 64
+    zero-train config --stage 2 --model small -o ds.json             # buckets from the model's hidden size
+    zero-train config --stage 2 --hf-auto                            # "auto" where the HF Trainer fills values
+    zero-train config check ds.json --world-size 8                   # validate any DeepSpeed JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zero_train.cli.parser import OneLineParser, positive_float, positive_int
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (0 switches a feature off, e.g. --grad-clip 0)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0 (accepts 1e5-style exponents that are whole)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if not (value >= 0 and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text}")
+    return int(value)
+
+
+def size_int(text: str) -> int:
+    """argparse type: a whole number >= 1, also written like 5e8."""
+    value = non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
+    return value
+
+
+def betas_pair(text: str) -> tuple[float, float]:
+    """argparse type: two numbers in [0, 1), e.g. 0.9,0.95."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        pair = tuple(float(part) for part in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers like 0.9,0.999, got {text!r}") from None
+    if len(pair) != 2 or not all(0 <= beta < 1 for beta in pair):
+        raise argparse.ArgumentTypeError(f"expected two numbers in [0, 1) like 0.9,0.999, got {text!r}")
+    return pair
+
+
+def config_command_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `config` (generate) and its `check` subcommand."""
+    parser = subparsers.add_parser(
+        "config",
+        help="generate a DeepSpeed ZeRO config (or: config check FILE)",
+        description="Generate the minimal DeepSpeed JSON for a ZeRO stage; `config check FILE` validates one.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    _add_generate_flags(parser)
+    parser.set_defaults(func=config_command)
+    actions = parser.add_subparsers(dest="action", metavar="{check}", parser_class=OneLineParser)
+    check = actions.add_parser("check", help="validate a DeepSpeed JSON config (exit 2 if invalid)")
+    check.add_argument("file", help="the DeepSpeed JSON config")
+    check.add_argument("--world-size", type=positive_int, help="check the batch algebra for this many ranks")
+    check.set_defaults(func=config_check_command)
+    return parser
+
+
+def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
+    zero = parser.add_argument_group("ZeRO")
+    zero.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=2, help="ZeRO stage (default 2)")
+    zero.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="default fp32 (--hf-auto: auto)")
+    zero.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"), default="none")
+    zero.add_argument("--offload-param", choices=("none", "cpu", "nvme"), default="none", help="stage 3 only")
+    zero.add_argument("--nvme-path", help="directory for nvme offload")
+    batch = parser.add_argument_group("batch (train_batch_size = micro * accum * world size)")
+    batch.add_argument("--micro-batch-size", type=positive_int, help="per rank per micro-step (default 1)")
+    batch.add_argument("--grad-accum", type=positive_int, help="micro-steps per optimizer step (default 1)")
+    batch.add_argument("--world-size", type=positive_int, help="ranks; writes train_batch_size")
+    batch.add_argument(
+        "--global-batch-size", type=positive_int, help="train_batch_size; derives the world size"
+    )
+    optim = parser.add_argument_group("optimizer and schedule")
+    optim.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), default="adamw")
+    optim.add_argument("--lr", type=positive_float, help="peak learning rate (default 3e-4)")
+    optim.add_argument("--weight-decay", type=non_negative_float)
+    optim.add_argument("--betas", type=betas_pair, help="Adam betas, e.g. 0.9,0.95")
+    optim.add_argument("--eps", type=positive_float, help="Adam epsilon (default 1e-8)")
+    optim.add_argument("--momentum", type=non_negative_float, help="SGD momentum")
+    optim.add_argument(
+        "--fused-adam", action="store_true", help="DeepSpeed FusedAdam (GPU) instead of torch Adam"
+    )
+    optim.add_argument(
+        "--scheduler", choices=("constant", "warmup_constant", "warmup_linear", "warmup_cosine")
+    )
+    optim.add_argument("--warmup-steps", type=positive_int)
+    optim.add_argument("--warmup-type", choices=("linear", "log"), default="linear")
+    optim.add_argument("--max-steps", type=positive_int, help="total optimizer steps (decay horizon)")
+    optim.add_argument("--min-lr-ratio", type=non_negative_float, help="cosine floor as a fraction of lr")
+    optim.add_argument(
+        "--grad-clip", type=non_negative_float, help="max gradient norm, 0 = off (default 1.0)"
+    )
+    _add_comm_and_fp16_flags(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument("--model", help="a preset or an HF config folder: bucket sizes from its hidden size")
+    out.add_argument("--hf-auto", action="store_true", help='"auto" where the HF Trainer fills values')
+    out.add_argument("-o", "--output", help="write the JSON here (default stdout)")
+
+
+def _add_comm_and_fp16_flags(parser: argparse.ArgumentParser) -> None:
+    comm = parser.add_argument_group(
+        "communication and ZeRO-3 knobs (defaults: DeepSpeed's, or from --model)"
+    )
+    comm.add_argument("--reduce-bucket-size", type=size_int)
+    comm.add_argument("--allgather-bucket-size", type=size_int, help="stages 1-2")
+    comm.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction)
+    comm.add_argument("--contiguous-gradients", action=argparse.BooleanOptionalAction)
+    comm.add_argument("--prefetch-bucket-size", type=non_negative_int, help="stage 3")
+    comm.add_argument("--param-persistence-threshold", type=non_negative_int, help="stage 3")
+    comm.add_argument("--max-live-parameters", type=non_negative_int, help="stage 3")
+    comm.add_argument(
+        "--gather-16bit-weights-on-model-save", action=argparse.BooleanOptionalAction, help="stage 3"
+    )
+    fp16 = parser.add_argument_group("fp16 loss scaling")
+    fp16.add_argument("--loss-scale", type=non_negative_float, help="static scale; 0 = dynamic (default)")
+    fp16.add_argument("--initial-scale-power", type=non_negative_int, help="dynamic scale starts at 2**N")
+    fp16.add_argument("--loss-scale-window", type=positive_int)
+    fp16.add_argument("--hysteresis", type=positive_int)
+    fp16.add_argument("--min-loss-scale", type=positive_float)
+
+
+def request_from_args(args: argparse.Namespace):
+    """The ConfigRequest the flags describe (the model's hidden size looked up for --model)."""
+    from zero_train.ds_config.generate import ConfigRequest
+
+    return ConfigRequest(
+        stage=args.stage,
+        precision=args.precision,
+        offload_optimizer=args.offload_optimizer,
+        offload_param=args.offload_param,
+        nvme_path=args.nvme_path,
+        micro_batch_size=args.micro_batch_size,
+        grad_accum=args.grad_accum,
+        world_size=args.world_size,
+        global_batch_size=args.global_batch_size,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        betas=args.betas,
+        eps=args.eps,
+        momentum=args.momentum,
+        torch_adam=not args.fused_adam,
+        scheduler=args.scheduler,
+        warmup_steps=args.warmup_steps,
+        warmup_type=args.warmup_type,
+        total_steps=args.max_steps,
+        min_lr_ratio=args.min_lr_ratio,
+        grad_clip=args.grad_clip,
+        hidden_size=model_hidden_size(args.model) if args.model else None,
+        reduce_bucket_size=args.reduce_bucket_size,
+        allgather_bucket_size=args.allgather_bucket_size,
+        overlap_comm=args.overlap_comm,
+        contiguous_gradients=args.contiguous_gradients,
+        prefetch_bucket_size=args.prefetch_bucket_size,
+        param_persistence_threshold=args.param_persistence_threshold,
+        max_live_parameters=args.max_live_parameters,
+        gather_16bit_weights=args.gather_16bit_weights_on_model_save,
+        loss_scale=args.loss_scale,
+        initial_scale_power=args.initial_scale_power,
+        loss_scale_window=args.loss_scale_window,
+        hysteresis=args.hysteresis,
+        min_loss_scale=args.min_loss_scale,
+        hf_auto=args.hf_auto,
+    )
+
+
+def model_hidden_size(name_or_path: str) -> int:
+    """The hidden size of a preset or HF config folder, found the way the HF DeepSpeed integration does."""
+    from zero_train.errors import UsageError
+    from zero_train.hf import model_config
+
+    config = model_config(name_or_path)
+    for holder in (config, getattr(config, "text_config", None)):
+        if holder is None:
+            continue
+        if getattr(holder, "hidden_size", None):
+            return int(holder.hidden_size)
+        if getattr(holder, "hidden_sizes", None):
+            return int(max(holder.hidden_sizes))
+    raise UsageError(f"model {name_or_path!r} has no hidden_size; give --reduce-bucket-size etc. by hand")
+
+
+def config_command(args: argparse.Namespace) -> int:
+    """Generate the config and print it (or write it to -o)."""
+    from zero_train.ds_config import config_text, write_config
+    from zero_train.ds_config.generate import generate_config
+
+    cfg = generate_config(request_from_args(args))
+    if args.output:
+        write_config(cfg, args.output)
+    else:
+        sys.stdout.write(config_text(cfg))
+    return 0
+
+
+def config_check_command(args: argparse.Namespace) -> int:
+    """Validate a config: a summary and exit 0, or every problem and exit 2."""
+    from zero_train.ds_config import load_config
+    from zero_train.ds_config.check import check_config
+
+    report = check_config(load_config(args.file), world_size=args.world_size)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    report.raise_if_invalid(args.file)
+    print(f"{args.file}: valid DeepSpeed config")
+    for line in report.summary:
+        print(f"  {line}")
+    return 0
