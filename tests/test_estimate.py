@@ -1,0 +1,113 @@
+"""`zero-train estimate` and the theory behind it: the paper's numbers, DeepSpeed's estimator, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from zero_train.cli.main import main
+from zero_train.memory import theory
+
+PAPER_GB = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.88}  # ZeRO paper, 7.5B params, 64 ranks (Figure 1 / Table 1)
+
+
+def run_estimate(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", *argv])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stage", theory.STAGES)
+def test_paper_formula_reproduces_the_papers_example(stage):
+    gigabytes = theory.paper_bytes(7_500_000_000, 64, stage, precision="bf16") / 1e9
+    assert round(gigabytes, 3 - len(str(int(gigabytes)))) == pytest.approx(PAPER_GB[stage])
+
+
+def test_pure_fp32_is_16_bytes_per_param_and_zero1_shards_the_moments():
+    assert theory.paper_bytes(1000, 1, 0, precision="fp32") == 16_000
+    assert theory.paper_bytes(1000, 4, 1, precision="fp32") == 8_000 + 8_000 / 4
+
+
+def test_cli_table_shows_the_paper_numbers(capsys):
+    out = run_estimate(capsys, "--params", "7.5e9", "--world-size", "64")
+    rows = [line.split() for line in out.splitlines() if line.startswith(("DDP", "ZeRO-"))]
+    paper_column = [row[3] if row[0] == "DDP" else row[1] for row in rows]
+    assert paper_column == ["120", "31.4", "16.6", "1.88"]
+
+
+def test_json_has_the_same_numbers_and_calls_deepspeeds_estimator(capsys):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    result = json.loads(run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--json"))
+    by_stage = {row["stage"]: row for row in result["stages"]}
+    for stage, gigabytes in PAPER_GB.items():
+        assert by_stage[stage]["paper_bytes"] / 1e9 == pytest.approx(gigabytes, rel=5e-3)
+    assert by_stage[0]["deepspeed_bytes"] is None and by_stage[1]["deepspeed_bytes"] is None
+    expected2 = estimate_zero2_model_states_mem_needs(7_500_000_000, num_gpus_per_node=64, cpu_offload=False)[
+        1
+    ]
+    expected3 = estimate_zero3_model_states_mem_needs(
+        7_500_000_000, 0, num_gpus_per_node=64, cpu_offload=False, cpu_offload_params=False
+    )[1]
+    assert by_stage[2]["deepspeed_bytes"] == expected2 == 2 * 7_500_000_000 + 18 * 7_500_000_000 // 64
+    assert by_stage[3]["deepspeed_bytes"] == expected3
+
+
+def test_gpu_memory_picks_the_lowest_stage_that_fits(capsys):
+    result = json.loads(
+        run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "20", "--json")
+    )
+    assert [row["fits"] for row in result["stages"]] == [False, False, True, True]
+    assert result["recommended_stage"] == 2
+    assert "recommended: ZeRO-2" in run_estimate(
+        capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "20"
+    )
+
+
+def test_model_counts_params_buffers_and_activations(capsys, tmp_path):
+    from zero_train.hf import count_params, load_model
+
+    config = tmp_path / "ds.json"
+    config.write_text(
+        json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000}, "bf16": {"enabled": True}})
+    )
+    argv = ["--model", "tiny", "--world-size", "2", "--config", str(config), "--block-size", "64", "--json"]
+    result = json.loads(run_estimate(capsys, *argv))
+    assert result["num_params"] == count_params(load_model("tiny"))
+    assert result["precision"] == "bf16"
+    stage2 = result["stages"][2]["ours_categories"]
+    assert stage2["comm_buffers"] == 1000 * 2
+    assert stage2["activations"] > 0
+    assert (
+        result["stages"][3]["deepspeed_bytes"]
+        > result["stages"][2]["deepspeed_bytes"] - 2 * result["num_params"]
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--world-size", "2"],  # neither --model nor --params
+        ["--params", "-5", "--world-size", "2"],
+        ["--params", "1e6", "--world-size", "0"],
+        ["--params", "1e6", "--model", "tiny", "--world-size", "2"],
+        ["--model", "no-such-model-xyz", "--world-size", "2"],
+        ["--params", "1e6", "--world-size", "2", "--config", "/nonexistent/ds.json"],
+        ["--model", "tiny", "--world-size", "2", "--block-size", "100000"],
+    ],
+)
+def test_bad_inputs_exit_2_with_one_line(argv):
+    proc = subprocess.run(
+        [sys.executable, "-m", "zero_train.cli.main", "estimate", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr

@@ -1,0 +1,6 @@
+"""Memory: measuring (CPU/CUDA allocator), probing training runs, run records, and theory (paper, DeepSpeed, ours).
+
+from zero_train.memory.measure import allocated_bytes, peak_bytes, reset_peak
+from zero_train.memory.probe import MemoryProbe
+from zero_train.memory.theory import paper_bytes, deepspeed_estimate, our_categories
+"""
