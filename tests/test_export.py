@@ -177,3 +177,64 @@ def test_deepspeed_zero3_zero2_zero0_checkpoints_export_with_identical_logits(tm
         assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight
         assert torch.equal(logits(loaded), torch.from_numpy(reference))  # fp32 masters == trained weights
         assert not torch.allclose(untrained, torch.from_numpy(reference))  # training moved the weights
+
+
+def _engine_checkpoints(rank, world_size, save_root):
+    """Every rank: train the tiny preset on the offline data with the real engines, save, return logits."""
+    import torch.distributed as dist
+
+    from zero_train import data
+    from zero_train.dist import DistInfo
+    from zero_train.ds_config import resolve_auto, train_settings
+    from zero_train.engines import build_engine
+
+    dist_info = DistInfo(
+        rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"), backend="gloo"
+    )
+    packed = data.prepare_datasets(None, hf.load_tokenizer(), block_size=32, seed=0)
+    references = {}
+    for name, stage in (("ddp", 0), ("deepspeed", 3)):
+        cfg = {
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 1,
+            "steps_per_print": 10**9,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        }
+        settings = train_settings(cfg, world_size=world_size)
+        torch.manual_seed(0)
+        engine = build_engine(
+            name,
+            model_fn=lambda: hf.load_model("tiny"),
+            settings=settings,
+            ds_config=resolve_auto(cfg, settings),
+            dist_info=dist_info,
+        )
+        batches = data.rank_batches(
+            packed["train"], rank=rank, world_size=world_size, micro_batch_size=2, seed=0
+        )
+        for _ in range(2):
+            engine.forward_backward(next(batches))
+            engine.step()
+        ckpt = pathlib.Path(save_root) / name / "step-00000002"
+        if rank == 0:
+            ckpt.mkdir(parents=True)
+            (ckpt / "run.json").write_text(json.dumps({"engine": name, "tokenizer": None}))
+        dist.barrier()
+        engine.save_checkpoint(ckpt, client_state={})
+        dist.barrier()
+        engine.model.eval()
+        with torch.no_grad():
+            references[name] = engine.model(IDS).logits.numpy()
+    return references
+
+
+@pytest.mark.multiproc
+def test_real_engine_checkpoints_ddp_and_deepspeed_zero3_export_with_identical_logits(tmp_path):
+    from zero_train.testing import run_ranks
+
+    references, _ = run_ranks(_engine_checkpoints, 2, (str(tmp_path),))
+    for name, reference in references.items():
+        out = export_checkpoint(tmp_path / name / "step-00000002", tmp_path / f"hf-{name}")
+        loaded = AutoModelForCausalLM.from_pretrained(out)
+        assert torch.equal(logits(loaded), torch.from_numpy(reference)), name

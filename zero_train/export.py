@@ -242,8 +242,15 @@ def _follow_latest(path: pathlib.Path) -> pathlib.Path:
     if not path.is_dir():
         raise UsageError(f"checkpoint {str(path)!r} does not exist; pass a checkpoint folder or a --save-dir")
     latest = path / "latest"
-    if latest.is_file() and not (path / MODEL_DIR).is_dir():
+    if (path / MODEL_DIR).is_dir() or (path / DEEPSPEED_DIR).is_dir():
+        return path
+    if latest.is_file():
         return path / latest.read_text().strip()
+    steps = sorted(p.name for p in path.glob("step-*") if p.is_dir())
+    if steps:
+        raise UsageError(
+            f"{str(path)!r} has no `latest` file; pass one of its checkpoints, e.g. {path / steps[-1]}"
+        )
     return path
 
 
