@@ -68,6 +68,7 @@ def test_checkpoint_export_loads_with_identical_logits(tmp_path, preset):
     assert hf.count_params(loaded) == hf.count_params(model)
     assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight  # still tied
     assert json.loads((out / "config.json").read_text())["architectures"] == [type(model).__name__]
+    assert all(path.stat().st_mode & 0o777 == 0o644 for path in out.iterdir())  # shareable
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer("def f(): pass")["input_ids"] == hf.load_tokenizer()("def f(): pass")["input_ids"]
 

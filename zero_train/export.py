@@ -93,6 +93,8 @@ def export_model(
         _write_weights(weights, staging)
         _write_config(config, _floating_dtype(weights), staging)
         tokenizer.save_pretrained(str(staging))
+        for path in staging.iterdir():
+            path.chmod(0o644)  # safetensors writes 0600; an export is meant to be shared
         if verify:
             _verify_folder(staging, weights)
     return out
@@ -103,8 +105,9 @@ def _verify_folder(folder: pathlib.Path, weights: dict[str, torch.Tensor]) -> No
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # transformers prints its own load report; ours is one line
+    hf_logging.disable_progress_bar()
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(folder), output_loading_info=True, ignore_mismatched_sizes=True
@@ -113,6 +116,8 @@ def _verify_folder(folder: pathlib.Path, weights: dict[str, torch.Tensor]) -> No
         raise UsageError(f"the weights do not fit the model config ({_first_line(err)})") from err
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     problems = {key: sorted(map(str, info.get(key) or [])) for key in ("missing_keys", "unexpected_keys")}
     problems["mismatched_shapes"] = sorted(str(item[0]) for item in info.get("mismatched_keys") or [])
     loaded = model.state_dict()
