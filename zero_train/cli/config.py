@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zero_train.cli.parser import OneLineParser, positive_float, positive_int
+from zero_train.cli.parser import positive_float, positive_int
 
 
 def non_negative_float(text: str) -> float:
@@ -66,13 +66,14 @@ def config_command_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
     )
+    parser.add_argument(
+        "words",
+        nargs="*",
+        metavar="check FILE",
+        help="validate FILE instead of generating (uses --world-size too)",
+    )
     _add_generate_flags(parser)
-    parser.set_defaults(func=config_command)
-    actions = parser.add_subparsers(dest="action", metavar="{check}", parser_class=OneLineParser)
-    check = actions.add_parser("check", help="validate a DeepSpeed JSON config (exit 2 if invalid)")
-    check.add_argument("file", help="the DeepSpeed JSON config")
-    check.add_argument("--world-size", type=positive_int, help="check the batch algebra for this many ranks")
-    check.set_defaults(func=config_check_command)
+    parser.set_defaults(func=config_command, config_parser=parser)
     return parser
 
 
@@ -205,6 +206,8 @@ def config_command(args: argparse.Namespace) -> int:
     from zero_train.ds_config import config_text, write_config
     from zero_train.ds_config.generate import generate_config
 
+    if args.words:
+        return config_check_command(args)
     cfg = generate_config(request_from_args(args))
     if args.output:
         write_config(cfg, args.output)
@@ -213,16 +216,43 @@ def config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_file_from_args(args: argparse.Namespace) -> str:
+    """The FILE of `config check FILE`; any generator flag next to it is an error (it would be ignored)."""
+    from zero_train.errors import UsageError
+
+    if args.words[0] != "check":
+        raise UsageError(
+            f"unknown config action {args.words[0]!r}; use `zero-train config check FILE` or only flags"
+        )
+    if len(args.words) != 2:
+        raise UsageError(
+            "`zero-train config check` takes exactly one FILE, e.g. zero-train config check ds.json"
+        )
+    parser = args.config_parser
+    for action in parser._actions:
+        if (
+            action.dest in ("help", "words", "world_size", "func", "config_parser")
+            or not action.option_strings
+        ):
+            continue
+        if getattr(args, action.dest) != parser.get_default(action.dest):
+            raise UsageError(
+                f"{action.option_strings[-1]} does not apply to `config check` (only --world-size does)"
+            )
+    return args.words[1]
+
+
 def config_check_command(args: argparse.Namespace) -> int:
     """Validate a config: a summary and exit 0, or every problem and exit 2."""
     from zero_train.ds_config import load_config
     from zero_train.ds_config.check import check_config
 
-    report = check_config(load_config(args.file), world_size=args.world_size)
+    path = check_file_from_args(args)
+    report = check_config(load_config(path), world_size=args.world_size)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    report.raise_if_invalid(args.file)
-    print(f"{args.file}: valid DeepSpeed config")
+    report.raise_if_invalid(path)
+    print(f"{path}: valid DeepSpeed config")
     for line in report.summary:
         print(f"  {line}")
     return 0

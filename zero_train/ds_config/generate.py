@@ -214,16 +214,15 @@ def batch_section(req: ConfigRequest) -> dict:
     if isinstance(micro, int) and isinstance(accum, int):
         per_rank = micro * accum
         if req.global_batch_size is not None:
+            if req.world_size is not None and req.global_batch_size != per_rank * req.world_size:
+                raise UsageError(
+                    f"--global-batch-size {req.global_batch_size} != --micro-batch-size {micro} * --grad-accum "
+                    f"{accum} * --world-size {req.world_size} = {per_rank * req.world_size}; drop one of them"
+                )
             if req.global_batch_size % per_rank:
                 raise UsageError(
                     f"--global-batch-size {req.global_batch_size} is not a multiple of --micro-batch-size {micro} "
                     f"* --grad-accum {accum} = {per_rank}; choose a multiple of {per_rank}"
-                )
-            derived = req.global_batch_size // per_rank
-            if req.world_size is not None and req.world_size != derived:
-                raise UsageError(
-                    f"--global-batch-size {req.global_batch_size} != --micro-batch-size {micro} * --grad-accum "
-                    f"{accum} * --world-size {req.world_size} = {per_rank * req.world_size}; drop one of them"
                 )
             out["train_batch_size"] = req.global_batch_size
         elif req.world_size is not None:
