@@ -254,3 +254,9 @@ def test_every_field_documented():
         "zero_stage",
         "precision",
     ]
+
+
+def test_warmup_without_scheduler_warns():
+    with pytest.warns(UserWarning, match="warmup_steps=5 is not used"):
+        settings = train_settings({"train_micro_batch_size_per_gpu": 1}, world_size=1, warmup_steps=5)
+    assert settings.scheduler == "constant"

@@ -167,6 +167,12 @@ def train_settings(
         precision=precision,
         hidden_size=hidden_size,
     )
+    if warmup_steps is not None and "scheduler" not in cfg:
+        warnings.warn(
+            f"warmup_steps={warmup_steps} is not used: the config has no scheduler section (constant lr); "
+            "generate one with `zero-train config --warmup-steps N --max-steps M`",
+            stacklevel=2,
+        )
     filled = fill_auto(cfg, {k: v for k, v in given.items() if v is not None}, world_size=world_size)
     return settings_from_config(filled, world_size=world_size, hidden_size=hidden_size)
 
