@@ -1,0 +1,240 @@
+"""`zero-train profile`: the memory comparison matrix, one real training run per (engine, world size).
+
+zero-train profile --model tiny --world-sizes 1,2 --engines ddp,zero1,torch-zero,ds1,ds2,ds3 --out runs/profile
+zero-train report runs/profile                       # report.md, plots, summary.json
+
+Each cell is `scripts/train.py` under the deepspeed launcher (`deepspeed --num_gpus N`, or torchrun),
+with a DeepSpeed config generated for the cell (zero_train.ds_config) and `--memory-report`:
+
+    DIR/configs/<cell>.json     the generated DeepSpeed config
+    DIR/cells/<cell>.json       the run record (schema: zero_train.memory.record), "error" set on failure
+    DIR/logs/<cell>.log         the launcher's stdout + stderr
+
+A failing cell is recorded with its error (the last error line of its log) and the matrix continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+from zero_train.cli.parser import int_list, name_list, positive_float, positive_int
+from zero_train.errors import UsageError
+
+# profile engine name -> (scripts/train.py --engine, ZeRO stage of its generated config)
+CELL_ENGINES = {
+    "ddp": ("ddp", 0),
+    "zero1": ("zero1", 1),
+    "torch-zero": ("torch-zero", 1),
+    "ds1": ("deepspeed", 1),
+    "ds2": ("deepspeed", 2),
+    "ds3": ("deepspeed", 3),
+}
+TRAIN_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
+
+
+def profile_command_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `profile` with its flags."""
+    parser = subparsers.add_parser(
+        "profile",
+        help="run the memory comparison matrix (engines x world sizes), one run record per cell",
+        description="For every engine and world size, run scripts/train.py under the launcher with "
+        "--memory-report and collect the run records in OUT/cells/ (read them with `zero-train report OUT`).",
+    )
+    parser.add_argument("--model", required=True, help="a preset (tiny, gpt2-25m, ...) or a local HF folder")
+    parser.add_argument("--world-sizes", type=int_list, default=[1, 2], help="comma-separated, e.g. 1,2,4")
+    parser.add_argument(
+        "--engines",
+        type=name_list,
+        default=list(CELL_ENGINES),
+        help=f"comma-separated of {','.join(CELL_ENGINES)}",
+    )
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    parser.add_argument("--steps", type=positive_int, default=3, help="optimizer steps per cell (default 3)")
+    parser.add_argument("--micro-batch-size", type=positive_int, default=2)
+    parser.add_argument("--block-size", type=positive_int, default=64)
+    parser.add_argument("--dataset", default=None, help="passed to scripts/train.py (default: its own)")
+    parser.add_argument("--launcher", choices=("deepspeed", "torchrun"), default="deepspeed")
+    parser.add_argument("--timeout", type=positive_float, default=900, help="seconds per cell (default 900)")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.set_defaults(func=profile_command)
+    return parser
+
+
+def cell_name(engine: str, world_size: int, precision: str) -> str:
+    """The file stem of one cell, e.g. `ds2-w2-fp32`."""
+    return f"{engine}-w{world_size}-{precision}"
+
+
+def cell_config(engine: str, world_size: int, args: argparse.Namespace, hidden_size: int | None) -> dict:
+    """The DeepSpeed config of one cell, from zero_train.ds_config's generator."""
+    from zero_train.ds_config.generate import ConfigRequest, generate_config
+
+    request = ConfigRequest(
+        stage=CELL_ENGINES[engine][1],
+        precision=args.precision,
+        micro_batch_size=args.micro_batch_size,
+        grad_accum=1,
+        world_size=world_size,
+        hidden_size=hidden_size,
+    )
+    return generate_config(request)
+
+
+def launch_command(engine: str, world_size: int, config_path, record_path, args, port: int) -> list[str]:
+    """The launcher command line of one cell."""
+    bin_dir = pathlib.Path(sys.executable).parent
+    if args.launcher == "deepspeed":
+        launcher = [str(bin_dir / "deepspeed"), "--num_gpus", str(world_size), "--master_port", str(port)]
+    else:
+        launcher = [
+            str(bin_dir / "torchrun"),
+            "--nproc_per_node",
+            str(world_size),
+            "--master_port",
+            str(port),
+        ]
+    train = [
+        str(TRAIN_SCRIPT),
+        "--deepspeed_config", str(config_path),
+        "--engine", CELL_ENGINES[engine][0],
+        "--model", args.model,
+        "--block-size", str(args.block_size),
+        "--micro-batch-size", str(args.micro_batch_size),
+        "--grad-accum", "1",
+        "--max-steps", str(args.steps),
+        "--memory-report", str(record_path),
+    ]  # fmt: skip
+    if args.dataset:
+        train += ["--dataset", args.dataset]
+    return launcher + train
+
+
+def last_error_line(log_text: str) -> str:
+    """The line that best says why a run failed: the last `error:` line, else the last non-empty one."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "error:" in line.lower() or line.split(":")[0].endswith(("Error", "Exception")):
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathlib.Path, meta: dict) -> dict:
+    """Run one cell; return its run record (read from the launcher's report, or an error record).
+
+    Args:
+        engine, world_size: the cell.
+        args: the parsed profile flags.
+        out: the profile directory.
+        meta: record fields shared by all cells (model, num_params, hidden_size, precision, ...).
+    """
+    from zero_train.ds_config import write_config
+    from zero_train.memory.record import error_record, load_record, write_record
+    from zero_train.testing import free_port
+
+    name = cell_name(engine, world_size, args.precision)
+    config_path, record_path = out / "configs" / f"{name}.json", out / "cells" / f"{name}.json"
+    log_path = out / "logs" / f"{name}.log"
+    record_path.unlink(missing_ok=True)
+    meta = dict(meta)
+    hidden_size = meta.pop("hidden_size", None)
+    cell_meta = dict(meta, engine=engine, zero_stage=CELL_ENGINES[engine][1], world_size=world_size)
+    try:
+        config = cell_config(engine, world_size, args, hidden_size)
+    except UsageError as err:  # e.g. a precision this stage cannot take: the cell fails, the matrix goes on
+        record = error_record(f"config: {err}", **cell_meta)
+        write_record(record, record_path)
+        return record
+    write_config(config, config_path)
+    command = launch_command(engine, world_size, config_path, record_path, args, free_port())
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        log.write(" ".join(command) + "\n")
+        log.flush()
+        try:
+            code = subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.timeout
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    error = None
+    if code is None:
+        error = f"timed out after {args.timeout:g} s (see {log_path})"
+    elif code != 0 or not record_path.exists():
+        error = f"exit code {code}: {last_error_line(log_path.read_text())}"
+    record = error_record(error, ds_config=config, **cell_meta) if error else load_record(record_path)
+    record["engine"] = engine  # the launcher knows "deepspeed"; the matrix names the stage
+    record["zero_stage"] = CELL_ENGINES[engine][1]
+    write_record(record, record_path)
+    return record
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    unknown = [name for name in args.engines if name not in CELL_ENGINES]
+    if unknown:
+        raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(CELL_ENGINES)}")
+    if not TRAIN_SCRIPT.exists():
+        raise UsageError(f"{TRAIN_SCRIPT} is missing; run profile from a zero_train checkout")
+    launcher = pathlib.Path(sys.executable).parent / args.launcher
+    if not launcher.exists() and shutil.which(args.launcher) is None:
+        raise UsageError(
+            f"launcher {args.launcher!r} not found next to {sys.executable}; install it or use --launcher"
+        )
+
+
+def _model_meta(args: argparse.Namespace) -> dict:
+    from zero_train.hf import check_block_size, model_config
+    from zero_train.memory.theory import model_shape
+
+    config = model_config(args.model)
+    check_block_size(config, args.block_size)
+    shape = model_shape(config)
+    return dict(
+        model=args.model,
+        num_params=shape.num_params,
+        hidden_size=shape.hidden_size or None,
+        precision=args.precision,
+        micro_batch_size=args.micro_batch_size,
+        grad_accum=1,
+        block_size=args.block_size,
+        device="cpu",
+    )
+
+
+def _summary_line(record: dict) -> str:
+    name = cell_name(record["engine"], record["world_size"], record["precision"])
+    if record["error"]:
+        return f"  {name:<24} FAILED  {record['error']}"
+    rank0 = record["ranks"][0]
+    categories = rank0["categories"]
+    states = sum(categories[c] for c in ("params", "grads", "master_params", "optimizer_states"))
+    per_param = states / record["num_params"] if record["num_params"] else float("nan")
+    return (
+        f"  {name:<24} ok      model states {per_param:5.2f} bytes/param, "
+        f"rank-0 peak {rank0['peak_bytes'] / 1e6:8.1f} MB"
+    )
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """Run every cell with a progress bar; print one line per cell; exit 1 only if every cell failed."""
+    from tqdm import tqdm
+
+    _check_args(args)
+    meta = _model_meta(args)
+    out = pathlib.Path(args.out)
+    for sub in ("configs", "cells", "logs"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    cells = [(engine, world_size) for world_size in args.world_sizes for engine in args.engines]
+    records = []
+    progress = tqdm(cells, desc="profile", unit="cell", file=sys.stderr)
+    for engine, world_size in progress:
+        progress.set_postfix_str(cell_name(engine, world_size, args.precision))
+        records.append(run_cell(engine, world_size, args, out, meta))
+    print(f"{len(records)} cells -> {out / 'cells'} (next: zero-train report {out})")
+    for record in records:
+        print(_summary_line(record))
+    return 0 if any(record["error"] is None for record in records) else 1
