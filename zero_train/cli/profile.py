@@ -59,6 +59,11 @@ def profile_command_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--block-size", type=positive_int, default=64)
     parser.add_argument("--dataset", default=None, help="passed to scripts/train.py (default: its own)")
     parser.add_argument("--launcher", choices=("deepspeed", "torchrun"), default="deepspeed")
+    parser.add_argument(
+        "--train-script",
+        default=str(TRAIN_SCRIPT),
+        help="a script taking scripts/train.py's flags (default: it)",
+    )
     parser.add_argument("--timeout", type=positive_float, default=900, help="seconds per cell (default 900)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(func=profile_command)
@@ -99,7 +104,7 @@ def launch_command(engine: str, world_size: int, config_path, record_path, args,
             str(port),
         ]
     train = [
-        str(TRAIN_SCRIPT),
+        str(args.train_script),
         "--deepspeed_config", str(config_path),
         "--engine", CELL_ENGINES[engine][0],
         "--model", args.model,
@@ -177,8 +182,10 @@ def _check_args(args: argparse.Namespace) -> None:
     unknown = [name for name in args.engines if name not in CELL_ENGINES]
     if unknown:
         raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(CELL_ENGINES)}")
-    if not TRAIN_SCRIPT.exists():
-        raise UsageError(f"{TRAIN_SCRIPT} is missing; run profile from a zero_train checkout")
+    if not pathlib.Path(args.train_script).exists():
+        raise UsageError(
+            f"{args.train_script} is missing; run profile from a zero_train checkout or give --train-script"
+        )
     launcher = pathlib.Path(sys.executable).parent / args.launcher
     if not launcher.exists() and shutil.which(args.launcher) is None:
         raise UsageError(
