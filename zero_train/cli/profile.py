@@ -174,6 +174,7 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
     record = error_record(error, ds_config=config, **cell_meta) if error else load_record(record_path)
     record["engine"] = engine  # the launcher knows "deepspeed"; the matrix names the stage
     record["zero_stage"] = CELL_ENGINES[engine][1]
+    record["num_params"] = meta["num_params"]  # counted on the full model (ZeRO-3 ranks see partitions)
     write_record(record, record_path)
     return record
 

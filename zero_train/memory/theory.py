@@ -129,21 +129,26 @@ def deepspeed_estimate(
     return None
 
 
-def activation_bytes(shape: ModelShape, *, micro_batch_size: int, block_size: int, precision: str) -> int:
-    """Activations kept for backward, at the end of forward, for one micro-batch (0 if shape unknown).
+ACTIVATION_VALUES_PER_TOKEN_CHANNEL = 31
+"""Values autograd saves per (token, hidden channel) per transformer block: measured here with
+saved-tensor hooks on Hugging Face GPT-2 (SDPA attention, gelu_new, no dropout). Korthikanti et al.
+2022 ("Reducing Activation Recomputation", eq. 1) give 34 bytes of 16-bit values and masks plus the
+5as/h attention-score term that fused attention does not store."""
 
-    Per transformer block: s*b*h*(34 + 5*a*s/h) bytes in 16-bit (Korthikanti et al. 2022, "Reducing
-    Activation Recomputation", eq. 1; its 1-byte dropout masks included), scaled by 2 for fp32. Plus
-    the logits (b*s*V in the model dtype) and the loss's fp32 log-softmax (b*s*V*4).
+
+def activation_bytes(shape: ModelShape, *, micro_batch_size: int, block_size: int, precision: str) -> int:
+    """Activations saved for backward in one micro-batch's forward (0 if the shape is unknown).
+
+    Per block: b*s*h*ACTIVATION_VALUES_PER_TOKEN_CHANNEL values in the model dtype; plus the loss's
+    fp32 log-softmax over the vocabulary (b*s*V*4 bytes), which dominates small models.
     """
-    if not (shape.num_layers and shape.hidden_size and shape.num_heads):
+    if not (shape.num_layers and shape.hidden_size):
         return 0
-    s, b, h, a = block_size, micro_batch_size, shape.hidden_size, shape.num_heads
-    scale = 2 if precision == "fp32" else 1
-    per_layer = s * b * h * (34 + 5 * a * s / h) * scale
-    logits = b * s * shape.vocab_size * (4 if precision == "fp32" else 2)
-    log_softmax = b * s * shape.vocab_size * 4
-    return int(shape.num_layers * per_layer + logits + log_softmax)
+    tokens = micro_batch_size * block_size
+    value_bytes = 4 if precision == "fp32" else 2
+    per_block = tokens * shape.hidden_size * ACTIVATION_VALUES_PER_TOKEN_CHANNEL * value_bytes
+    log_softmax = tokens * shape.vocab_size * 4
+    return int(shape.num_layers * per_block + log_softmax)
 
 
 def buffer_bytes(shape: ModelShape, stage: int, *, precision: str, ds_config: dict | None) -> int:
@@ -213,3 +218,42 @@ def model_shape(config) -> ModelShape:
         num_heads=getattr(config, "num_attention_heads", 0) or 0,
         vocab_size=getattr(config, "vocab_size", 0) or 0,
     )
+
+
+ENGINE_STAGES = {"ddp": 0, "zero1": 1, "torch-zero": 1, "ds1": 1, "ds2": 2, "ds3": 3}
+
+
+def engine_categories(
+    engine: str,
+    shape: ModelShape,
+    world_size: int,
+    *,
+    precision: str,
+    micro_batch_size: int,
+    block_size: int,
+    ds_config: dict | None = None,
+) -> dict[str, int]:
+    """Our model for one engine of the profile matrix, as it really holds its tensors.
+
+    ddp, zero1, torch-zero: the paper's categories for their stage; ddp and torch-zero (which wraps
+    DDP) add DDP's flat gradient buckets (one gradient-sized copy). ds1/ds2/ds3: `our_categories`,
+    plus the fp32 master partition DeepSpeed keeps even in fp32 (stage_1_and_2 clones the partition).
+
+    Returns:
+        params, grads, master_params, optimizer_states, comm_buffers, activations (bytes).
+    """
+    if engine not in ENGINE_STAGES:
+        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINE_STAGES)}")
+    stage = ENGINE_STAGES[engine]
+    kwargs = dict(precision=precision, micro_batch_size=micro_batch_size, block_size=block_size)
+    if engine.startswith("ds"):
+        categories = our_categories(shape, world_size, stage, ds_config=ds_config, **kwargs)
+        if precision == "fp32":
+            categories["master_params"] += int(4 * shape.num_params / world_size)
+        return categories
+    states = paper_categories(shape.num_params, world_size, stage, precision=precision)
+    categories = {name: int(value) for name, value in states.items()}
+    ddp_buckets = engine in ("ddp", "torch-zero")
+    categories["comm_buffers"] = shape.num_params * precision_bytes(precision)["grads"] if ddp_buckets else 0
+    categories["activations"] = activation_bytes(shape, **kwargs)
+    return categories
