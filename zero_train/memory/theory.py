@@ -11,8 +11,9 @@ Three answers to "how many bytes does one rank need at ZeRO stage s on N ranks":
     `estimate_zero{2,3}_model_states_mem_needs`, the functions their `*_all_live` / `*_all_cold`
     printers call). They assume mixed precision, count 18 bytes/param for the sharded part (fp32
     gradients too) and ZeRO-3's largest layer gathered; DeepSpeed has NO ZeRO-1 (or stage-0) estimator.
-(c) ours: the model states as the engines really hold them (mixed precision DeepSpeed keeps an fp32
-    gradient partition next to the 16-bit grads, like (b)), plus what (a) and (b) ignore:
+(c) ours: the model states as the engines really hold them at the step boundary (`engine_categories`
+    adds what was measured here: DeepSpeed's fp32 master partition even in fp32, ZeRO-2's full-size
+    gradients on CPU), plus what (a) and (b) ignore:
     communication buckets read from the DeepSpeed config (DDP: its flat gradient buckets) and
     activations for micro-batch x block size on the model's shape.
 """
@@ -156,8 +157,9 @@ def buffer_bytes(shape: ModelShape, stage: int, *, precision: str, ds_config: di
 
     stage 0 (torch DDP): flat bucket copies of all gradients (gradient_as_bucket_view=False).
     stages 1-3 (DeepSpeed, contiguous_gradients): one reduce bucket of reduce_bucket_size elements
-    in the gradient dtype, whatever the model size (hence DeepSpeed's large overhead on small models);
-    stage 3 also gathers the largest layer's 16-bit/fp32 params for compute.
+    in the gradient dtype, whatever the model size (hence DeepSpeed's large overhead on small models
+    with its default 5e8). ZeRO-3's gathered layers are transient (freed before the step): they show
+    in the forward peak, not here.
     """
     grad_bytes = precision_bytes(precision)["grads"]
     if stage == 0:
@@ -165,10 +167,7 @@ def buffer_bytes(shape: ModelShape, stage: int, *, precision: str, ds_config: di
     zero = (ds_config or {}).get("zero_optimization", {})
     bucket = zero.get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET_SIZE)
     bucket = DEFAULT_REDUCE_BUCKET_SIZE if not isinstance(bucket, (int, float)) else int(bucket)
-    total = bucket * grad_bytes if zero.get("contiguous_gradients", True) else 0
-    if stage == 3:
-        total += shape.largest_layer_params * precision_bytes(precision)["params"]
-    return int(total)
+    return int(bucket * grad_bytes) if zero.get("contiguous_gradients", True) else 0
 
 
 def our_categories(
@@ -181,14 +180,12 @@ def our_categories(
     block_size: int,
     ds_config: dict | None = None,
 ) -> dict[str, int]:
-    """Our per-rank model: paper categories + fp32 grad partition (mixed precision) + buffers + activations.
+    """Our per-rank model for a DeepSpeed stage: paper categories + buffers + activations.
 
     Returns:
         params, grads, master_params, optimizer_states, comm_buffers, activations (bytes).
     """
     states = paper_categories(shape.num_params, world_size, stage, precision=precision)
-    if precision != "fp32" and stage >= 1:  # DeepSpeed's fp32 gradient partition for the master step
-        states["grads"] += 4 * shape.num_params / world_size
     categories = {name: int(value) for name, value in states.items()}
     categories["comm_buffers"] = buffer_bytes(shape, stage, precision=precision, ds_config=ds_config)
     categories["activations"] = activation_bytes(
@@ -237,7 +234,9 @@ def engine_categories(
 
     ddp, zero1, torch-zero: the paper's categories for their stage; ddp and torch-zero (which wraps
     DDP) add DDP's flat gradient buckets (one gradient-sized copy). ds1/ds2/ds3: `our_categories`,
-    plus the fp32 master partition DeepSpeed keeps even in fp32 (stage_1_and_2 clones the partition).
+    plus two things measured with DeepSpeed 0.19 on CPU: it keeps an fp32 master partition even in
+    fp32 (stage_1_and_2 / stage3 clone the partition), and at the step boundary ZeRO-2 still holds
+    full-size gradients, like ZeRO-1.
 
     Returns:
         params, grads, master_params, optimizer_states, comm_buffers, activations (bytes).
@@ -250,6 +249,8 @@ def engine_categories(
         categories = our_categories(shape, world_size, stage, ds_config=ds_config, **kwargs)
         if precision == "fp32":
             categories["master_params"] += int(4 * shape.num_params / world_size)
+        if stage == 2:
+            categories["grads"] = shape.num_params * precision_bytes(precision)["grads"]
         return categories
     states = paper_categories(shape.num_params, world_size, stage, precision=precision)
     categories = {name: int(value) for name, value in states.items()}
