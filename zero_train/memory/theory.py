@@ -12,8 +12,8 @@ Three answers to "how many bytes does one rank need at ZeRO stage s on N ranks":
     printers call). They assume mixed precision, count 18 bytes/param for the sharded part (fp32
     gradients too) and ZeRO-3's largest layer gathered; DeepSpeed has NO ZeRO-1 (or stage-0) estimator.
 (c) ours: the model states as the engines really hold them at the step boundary (`engine_categories`
-    adds what was measured here: DeepSpeed's fp32 master partition even in fp32, ZeRO-2's full-size
-    gradients on CPU), plus what (a) and (b) ignore:
+    adds what was measured here: DeepSpeed's fp32 master partition even in fp32, ZeRO-1's gradients
+    already partitioned at the step), plus what (a) and (b) ignore:
     communication buckets read from the DeepSpeed config (DDP: its flat gradient buckets) and
     activations for micro-batch x block size on the model's shape.
 """
@@ -235,8 +235,8 @@ def engine_categories(
     ddp, zero1, torch-zero: the paper's categories for their stage; ddp and torch-zero (which wraps
     DDP) add DDP's flat gradient buckets (one gradient-sized copy). ds1/ds2/ds3: `our_categories`,
     plus two things measured with DeepSpeed 0.19 on CPU: it keeps an fp32 master partition even in
-    fp32 (stage_1_and_2 / stage3 clone the partition), and at the step boundary ZeRO-2 still holds
-    full-size gradients, like ZeRO-1.
+    fp32 (stage_1_and_2 / stage3 clone the partition), and at the step boundary ZeRO-1 holds only its
+    reduced gradient partition, like ZeRO-2 (the paper counts ZeRO-1's gradients whole).
 
     Returns:
         params, grads, master_params, optimizer_states, comm_buffers, activations (bytes).
@@ -249,8 +249,8 @@ def engine_categories(
         categories = our_categories(shape, world_size, stage, ds_config=ds_config, **kwargs)
         if precision == "fp32":
             categories["master_params"] += int(4 * shape.num_params / world_size)
-        if stage == 2:
-            categories["grads"] = shape.num_params * precision_bytes(precision)["grads"]
+        if stage == 1:  # at the step boundary ZeRO-1 holds only its reduced gradient partition
+            categories["grads"] = int(shape.num_params * precision_bytes(precision)["grads"] / world_size)
         return categories
     states = paper_categories(shape.num_params, world_size, stage, precision=precision)
     categories = {name: int(value) for name, value in states.items()}
