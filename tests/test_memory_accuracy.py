@@ -134,3 +134,21 @@ def test_attribution_matches_the_allocator_growth(records, name, precision):
         assert categories["activations"] > 0
         phases = {phase["name"]: phase for phase in rank["phases"]}
         assert phases["forward"]["peak_bytes"] - rank["baseline_bytes"] >= attributed - categories["grads"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", ENGINES)
+def test_our_model_within_10_percent_of_the_attributed_bytes(records, name, precision):
+    import transformers
+
+    from zero_train.memory.theory import engine_categories, model_shape
+
+    world_size, by_cell = records
+    record = by_cell[(name, precision)]
+    shape = model_shape(transformers.GPT2Config(**SHAPE))
+    assert shape.num_params == record["num_params"]
+    ours = engine_categories(name, shape, world_size, precision=precision, micro_batch_size=2, block_size=32)
+    for rank in record["ranks"]:
+        attributed = {k: v for k, v in rank["categories"].items() if k != "other"}
+        assert sum(ours.values()) == pytest.approx(sum(attributed.values()), rel=0.10), (ours, attributed)
