@@ -60,13 +60,18 @@ def test_json_has_the_same_numbers_and_calls_deepspeeds_estimator(capsys):
 
 def test_gpu_memory_picks_the_lowest_stage_that_fits(capsys):
     result = json.loads(
-        run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "20", "--json")
+        run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "10", "--json")
     )
-    assert [row["fits"] for row in result["stages"]] == [False, False, True, True]
-    assert result["recommended_stage"] == 2
-    assert "recommended: ZeRO-2" in run_estimate(
-        capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "20"
+    # ours: 16-bit params whole (15 GB) at stages 0-2, + DeepSpeed's 1 GB default reduce bucket
+    assert [row["fits"] for row in result["stages"]] == [False, False, False, True]
+    assert result["recommended_stage"] == 3
+    assert "recommended: ZeRO-3" in run_estimate(
+        capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "10"
     )
+    roomy = json.loads(
+        run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "18", "--json")
+    )
+    assert roomy["recommended_stage"] == 1
 
 
 def test_model_counts_params_buffers_and_activations(capsys, tmp_path):

@@ -15,6 +15,7 @@ from zero_train.cli.parser import positive_float, positive_int
 from zero_train.errors import UsageError
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+STAGE_ENGINES = {0: "ddp", 1: "ds1", 2: "ds2", 3: "ds3"}  # "ours" models torch DDP and DeepSpeed's stages
 
 
 def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -97,8 +98,8 @@ def build_estimate(args: argparse.Namespace) -> dict:
     capacity = int(args.gpu_memory * theory.GB) if args.gpu_memory else None
     stages = []
     for stage in theory.STAGES:
-        ours = theory.our_categories(
-            shape, args.world_size, stage, precision=precision,
+        ours = theory.engine_categories(
+            STAGE_ENGINES[stage], shape, args.world_size, precision=precision,
             micro_batch_size=args.micro_batch_size, block_size=block_size, ds_config=ds_config,
         )  # fmt: skip
         stages.append(
