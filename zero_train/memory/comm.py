@@ -1,0 +1,188 @@
+"""CommLedger: bytes this rank puts into torch.distributed collectives (DeepSpeed and DDP included).
+
+What is measured: every collective issued through a ``ProcessGroup`` method from Python. The ledger
+patches the methods of ``torch._C._distributed_c10d.ProcessGroup`` (allreduce, broadcast, reduce,
+allgather, all_gather_single, reduce_scatter, reduce_scatter_single, their coalesced forms, send, recv),
+so it sees ``torch.distributed.*`` calls, DeepSpeed's ``deepspeed.comm`` (which binds
+``torch.distributed.all_gather_into_tensor`` / ``reduce_scatter_tensor`` at init: those still end in the
+ProcessGroup methods) and ``ZeroRedundancyOptimizer``.
+
+DDP's C++ reducer calls the C++ ProcessGroup directly, which no Python patch sees. While a ledger is
+open, every ``DistributedDataParallel`` constructed gets torch's stock ``allreduce_hook`` as its comm
+hook (same arithmetic as the built-in reducer: divide by world size, all-reduce the bucket), which
+issues its all-reduce from Python, so DDP's bucket traffic is measured too.
+
+Payload convention (the logical size of the collective, the unit of the ZeRO paper):
+all_reduce = tensor bytes; reduce_scatter = full input bytes; all_gather = full output bytes;
+broadcast/reduce = tensor bytes; send/recv = tensor bytes. ``wire_bytes`` estimates what a ring
+algorithm sends per rank: all_reduce 2(N-1)/N, reduce_scatter and all_gather (N-1)/N of the payload.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "send_recv")
+
+# ProcessGroup method -> (collective, function(args) -> payload bytes)
+
+
+def _bytes(tensors) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    return sum(_bytes(t) for t in tensors)
+
+
+def _first(args):
+    return _bytes(args[0])
+
+
+def _second(args):
+    return _bytes(args[1])
+
+
+_METHODS = {
+    "allreduce": ("all_reduce", _first),
+    "allreduce_coalesced": ("all_reduce", _first),
+    "broadcast": ("broadcast", _first),
+    "reduce": ("reduce", _first),
+    "allgather": ("all_gather", _first),
+    "all_gather_single": ("all_gather", _first),
+    "_allgather_base": ("all_gather", _first),
+    "allgather_coalesced": ("all_gather", _first),
+    "allgather_into_tensor_coalesced": ("all_gather", _first),
+    "all_gather_single_coalesced": ("all_gather", _first),
+    "reduce_scatter": ("reduce_scatter", _second),
+    "reduce_scatter_single": ("reduce_scatter", _second),
+    "_reduce_scatter_base": ("reduce_scatter", _second),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", _second),
+    "reduce_scatter_single_coalesced": ("reduce_scatter", _second),
+    "send": ("send_recv", _first),
+    "recv": ("send_recv", _first),
+}
+
+_LOCK = threading.Lock()
+_ACTIVE: list[CommLedger] = []
+_ORIGINALS: dict[str, object] = {}
+
+
+def _wrap(method_name: str, original):
+    collective, payload = _METHODS[method_name]
+
+    def counted(self, *args, **kwargs):
+        if _ACTIVE:
+            nbytes = payload(args)
+            world = self.size()
+            for ledger in list(_ACTIVE):
+                ledger._add(collective, nbytes, world)
+        return original(self, *args, **kwargs)
+
+    return counted
+
+
+def _install() -> None:
+    from torch._C._distributed_c10d import ProcessGroup
+    from torch.nn.parallel import DistributedDataParallel
+
+    for name in _METHODS:
+        if name not in ProcessGroup.__dict__:
+            continue
+        _ORIGINALS[name] = ProcessGroup.__dict__[name]
+        setattr(ProcessGroup, name, _wrap(name, getattr(ProcessGroup, name)))
+    original_init = DistributedDataParallel.__init__
+    _ORIGINALS["ddp_init"] = original_init
+
+    def ddp_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self.register_comm_hook(None, allreduce_hook)
+
+    DistributedDataParallel.__init__ = ddp_init
+
+
+def _uninstall() -> None:
+    from torch._C._distributed_c10d import ProcessGroup
+    from torch.nn.parallel import DistributedDataParallel
+
+    DistributedDataParallel.__init__ = _ORIGINALS.pop("ddp_init")
+    for name, original in _ORIGINALS.items():
+        setattr(ProcessGroup, name, original)
+    _ORIGINALS.clear()
+
+
+def wire_factor(collective: str, world_size: int) -> float:
+    """Bytes a rank sends on the wire per payload byte for a ring algorithm.
+
+    Args:
+        collective: a name in COLLECTIVES.
+        world_size: ranks in the group.
+    Returns:
+        2(N-1)/N for all_reduce, (N-1)/N for reduce_scatter/all_gather/broadcast/reduce, 1 for send_recv.
+    """
+    if world_size <= 1:
+        return 0.0
+    ring = (world_size - 1) / world_size
+    return {"all_reduce": 2 * ring, "send_recv": 1.0}.get(collective, ring)
+
+
+class CommLedger:
+    """Context manager counting payload bytes per collective on this rank (nests; thread-safe install)."""
+
+    def __init__(self) -> None:
+        self._payload = dict.fromkeys(COLLECTIVES, 0)
+        self._wire = dict.fromkeys(COLLECTIVES, 0.0)
+        self.calls = dict.fromkeys(COLLECTIVES, 0)
+
+    def __enter__(self) -> CommLedger:
+        with _LOCK:
+            if not _ACTIVE:
+                _install()
+            _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with _LOCK:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+            if not _ACTIVE and _ORIGINALS:
+                _uninstall()
+
+    def _add(self, collective: str, nbytes: int, world_size: int) -> None:
+        self._payload[collective] += nbytes
+        self._wire[collective] += nbytes * wire_factor(collective, world_size)
+        self.calls[collective] += 1
+
+    def reset(self) -> None:
+        """Forget everything counted so far."""
+        for key in COLLECTIVES:
+            self._payload[key] = 0
+            self._wire[key] = 0.0
+            self.calls[key] = 0
+
+    def totals(self) -> dict[str, int]:
+        """Payload bytes per collective plus "total" (keys of CONTRACTS.md, plus reduce/send_recv)."""
+        result = {key: int(value) for key, value in self._payload.items()}
+        result["total"] = sum(result.values())
+        return result
+
+    def wire_bytes(self) -> dict[str, int]:
+        """Estimated bytes this rank sends on the wire (ring algorithms), per collective plus "total"."""
+        result = {key: int(value) for key, value in self._wire.items()}
+        result["total"] = sum(result.values())
+        return result
+
+
+def paper_volume_bytes(stage: int, num_params: int, bytes_per_element: int) -> int:
+    """The ZeRO paper's per-step communication volume: 2 Psi for DDP/ZeRO-1/2, 3 Psi for ZeRO-3.
+
+    Args:
+        stage: ZeRO stage 0..3 (0 = DDP).
+        num_params: Psi.
+        bytes_per_element: bytes of the communicated dtype (4 fp32, 2 bf16/fp16).
+    Returns:
+        bytes.
+    """
+    return (3 if stage == 3 else 2) * num_params * bytes_per_element
