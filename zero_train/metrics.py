@@ -1,0 +1,118 @@
+"""What a training run reports: the fixed step line, the JSONL metrics file, per-rank memory, a progress bar.
+
+    step     10/100 | loss 6.1234 | lr 9.00e-04 | grad_norm 1.234 | tok/s   5321 | mem r0 12.3/15.0 MiB ...
+
+Memory is the allocator's (zero_train.memory.measure: CUDA allocator stats, glibc mallinfo2 on CPU), per
+rank, current/peak, gathered to every rank with one small all_gather.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import torch
+
+MIB = 2**20
+
+
+def memory_per_rank(device: torch.device, world_size: int, *, extra: tuple | list = ()) -> list[dict]:
+    """[{"allocated_bytes", "peak_bytes"}] for every rank (collective when world_size > 1).
+
+    Uses zero_train.memory.measure; returns zeros if it is unavailable (the loop never depends on it).
+
+    Args:
+        device: this rank's device.
+        world_size: ranks in the default group.
+        extra: more numbers to gather in the same collective (e.g. the loss); each rank's come back
+            under "extra".
+    """
+    try:
+        from zero_train.memory import measure
+
+        local = [measure.allocated_bytes(device), measure.peak_bytes(device)]
+    except ImportError:
+        local = [0, 0]
+    mine = torch.tensor(
+        local + [float(x) for x in extra], dtype=torch.float64, device=device
+    )  # exact < 2**53
+    if world_size > 1:
+        import torch.distributed as dist
+
+        gathered = [torch.zeros_like(mine) for _ in range(world_size)]
+        dist.all_gather(gathered, mine)
+    else:
+        gathered = [mine]
+    rows = [row.tolist() for row in gathered]
+    result = [dict(allocated_bytes=int(row[0]), peak_bytes=int(row[1])) for row in rows]
+    if extra:
+        for entry, row in zip(result, rows, strict=True):
+            entry["extra"] = row[2:]
+    return result
+
+
+def format_step_line(record: dict, max_steps: int) -> str:
+    """The one fixed per-step line (rank 0): step, loss, lr, grad norm, tokens/s, memory per rank."""
+    grad_norm = record["grad_norm"]
+    norm_text = "n/a" if grad_norm is None else f"{grad_norm:.3f}"
+    memory = " ".join(
+        f"r{rank} {m['allocated_bytes'] / MIB:.1f}/{m['peak_bytes'] / MIB:.1f}"
+        for rank, m in enumerate(record["memory"])
+    )
+    skipped = " | skipped" if record.get("skipped") else ""
+    width = len(str(max_steps))
+    return (
+        f"step {record['step']:>{width}}/{max_steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
+        f"grad_norm {norm_text} | tok/s {record['tokens_per_s']:7.0f} | mem MiB {memory}{skipped}"
+    )
+
+
+def format_eval_line(record: dict) -> str:
+    """The evaluation line: held-out loss and perplexity."""
+    return (
+        f"eval step {record['step']} | eval_loss {record['eval_loss']:.4f} | ppl {record['perplexity']:.2f}"
+    )
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), inf when it would overflow."""
+    return math.exp(loss) if loss < 700 else float("inf")
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to `path` (rank 0 only; a no-op elsewhere or without a path).
+
+    Args:
+        path: the JSONL file, or None.
+        enabled: False on ranks other than 0.
+        append: keep existing lines (a resumed run continues its file).
+    """
+
+    def __init__(self, path: str | None, *, enabled: bool, append: bool = False) -> None:
+        self.file = None
+        if path and enabled:
+            target = pathlib.Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.file = target.open("a" if append else "w", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        """Write one record and flush (so a crash keeps every finished step)."""
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def progress_bar(*, total: int, initial: int, enabled: bool):
+    """A tqdm bar over optimizer steps on rank 0 (stderr), or None."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=False)

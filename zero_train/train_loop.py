@@ -1,0 +1,377 @@
+"""The engine-agnostic training loop behind scripts/train.py.
+
+    summary = run_training(parse_args(argv))    # {"final_loss", "steps", "tokens_per_s", ...}
+
+One optimizer step = settings.grad_accum micro-batches through engine.forward_backward, then engine.step().
+Each rank reads its own rows of a seeded, per-epoch shuffle (zero_train.data.rank_batches), so the data
+position is just the number of micro-steps consumed; a checkpoint stores it with every rank's RNG state,
+and a resumed fp32 run repeats the uninterrupted run's losses exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch.distributed as dist
+
+from zero_train.errors import UsageError
+from zero_train.log import get_logger
+from zero_train.metrics import (
+    MetricsWriter,
+    format_eval_line,
+    format_step_line,
+    memory_per_rank,
+    perplexity,
+    progress_bar,
+)
+from zero_train.train_setup import RunPlan, model_builder, num_params, plan_run
+from zero_train.train_state import capture_rng, restore_rng, resume_path, save_checkpoint
+
+
+def run_training(args: argparse.Namespace) -> dict:
+    """Train as the flags say; returns a summary (on every rank).
+
+    Args:
+        args: from zero_train.train_args.parse_args.
+
+    Returns:
+        dict with final_loss, eval_loss, perplexity, steps, start_step, tokens_per_s, checkpoint, export.
+    """
+    from zero_train.dist import init_distributed, read_env
+
+    _, world_size, _ = read_env()
+    plan = plan_run(args, world_size=world_size)  # every UsageError so far: before any collective
+    if world_size == 1 and "MASTER_PORT" not in os.environ:
+        from zero_train.testing import free_port
+
+        os.environ["MASTER_PORT"] = str(free_port())  # two single-process runs must not collide on 29500
+    dist_info = init_distributed()
+    log = get_logger(dist_info.rank)
+    log.info(
+        f"zero_train: engine {args.engine} | model {args.model} | world size {dist_info.world_size} | "
+        f"config {plan.config_source} | stage {plan.settings.zero_stage} | {plan.settings.precision} | "
+        f"micro batch {plan.settings.micro_batch_size} x accum {plan.settings.grad_accum} x world "
+        f"{dist_info.world_size} = {plan.settings.train_batch_size} sequences of {args.block_size}"
+    )
+    return Trainer(args, plan, dist_info).run()
+
+
+class Trainer:
+    """One run: data, engine, loop, evaluation, checkpoints, export and memory report."""
+
+    def __init__(self, args: argparse.Namespace, plan: RunPlan, dist_info) -> None:
+        from zero_train.data import prepare_datasets, steps_per_epoch
+
+        self.args, self.plan, self.dist_info, self.settings = args, plan, dist_info, plan.settings
+        self.log = get_logger(dist_info.rank)
+        self.data = prepare_datasets(args.dataset, plan.tokenizer, block_size=args.block_size, seed=args.seed)
+        if (
+            steps_per_epoch(
+                self.data["train"],
+                world_size=dist_info.world_size,
+                micro_batch_size=self.settings.micro_batch_size,
+            )
+            == 0
+        ):
+            raise UsageError(
+                f"the training split has {len(self.data['train'])} blocks of {args.block_size} tokens, fewer "
+                f"than one global micro-batch ({self.settings.micro_batch_size} x {dist_info.world_size} "
+                "ranks); use more data, a smaller --block-size or --micro-batch-size"
+            )
+        self.probe = self._make_probe()
+        self.engine = self._build_engine()
+        self.guard = _nonfinite_guard(args.on_nonfinite)
+        self.tokens_per_step = (
+            self.settings.micro_batch_size * self.settings.grad_accum * dist_info.world_size * args.block_size
+        )
+        self.step_times: list[float] = []
+        self.last_loss = math.nan
+        self.last_eval: dict | None = None
+        self.checkpoint = None
+
+    def _make_probe(self):
+        if not self.args.memory_report:
+            return None
+        from zero_train.memory.probe import MemoryProbe
+
+        return MemoryProbe(self.dist_info)
+
+    def _phase(self, name: str):
+        return self.probe.phase(name) if self.probe is not None else contextlib.nullcontext()
+
+    def _build_engine(self):
+        from zero_train.engines import build_engine
+
+        with self._phase("engine_initialized"):
+            engine = build_engine(
+                self.args.engine,
+                model_fn=model_builder(self.args, self.plan, self.probe),
+                settings=self.settings,
+                ds_config=self.plan.ds_config,
+                dist_info=self.dist_info,
+            )
+        if self.probe is not None:
+            self.probe.attach(engine)
+        return engine
+
+    def run(self) -> dict:
+        """Resume if asked, train to --max-steps, evaluate, checkpoint, export; returns the summary."""
+        start_step, micro_steps = self._resume()
+        batches = self._batches(micro_steps)
+        writer = MetricsWriter(self.args.metrics_file, enabled=self.dist_info.is_main, append=start_step > 0)
+        bar = progress_bar(
+            total=self.args.max_steps,
+            initial=start_step,
+            enabled=self.dist_info.is_main and not self.args.no_progress,
+        )
+        try:
+            for step in range(start_step + 1, self.args.max_steps + 1):
+                record = self._train_step(step, batches)
+                writer.write(record)
+                self._report(record, bar)
+                self._after_step(step, writer)
+        finally:
+            writer.close()
+            if bar is not None:
+                bar.close()
+        return self._finish(start_step)
+
+    def _batches(self, micro_steps: int):
+        from zero_train.data import rank_batches
+
+        return rank_batches(
+            self.data["train"],
+            rank=self.dist_info.rank,
+            world_size=self.dist_info.world_size,
+            micro_batch_size=self.settings.micro_batch_size,
+            seed=self.args.seed,
+            start_step=micro_steps,
+        )
+
+    def _train_step(self, step: int, batches) -> dict:
+        started = time.perf_counter()
+        losses = []
+        for _ in range(self.settings.grad_accum):
+            batch = next(batches)
+            with self._phase("forward"):
+                losses.append(float(self.engine.forward_backward(batch)))
+        with self._phase("step"):
+            result = self.engine.step()
+        if self.probe is not None:
+            self.probe.on_step_end(self.engine, step)
+        elapsed = time.perf_counter() - started
+        loss, memory = _gather_loss_and_memory(sum(losses) / len(losses), self.dist_info)
+        self.guard.check(step=step, loss=loss, grad_norm=result.grad_norm, skipped=result.skipped)
+        self.step_times.append(elapsed)
+        self.last_loss = loss
+        return dict(
+            step=step,
+            loss=loss,
+            lr=result.lr,
+            grad_norm=result.grad_norm,
+            tokens_per_s=self.tokens_per_step / elapsed,
+            step_time_s=elapsed,
+            skipped=result.skipped,
+            loss_scale=result.loss_scale,
+            memory=memory,
+        )
+
+    def _report(self, record: dict, bar) -> None:
+        if not self.dist_info.is_main:
+            return
+        if record["step"] % self.args.log_every == 0 or record["step"] == self.args.max_steps:
+            line = format_step_line(record, self.args.max_steps)
+            if bar is not None:
+                bar.write(line, file=sys.stdout)
+            else:
+                print(line, flush=True)
+        if bar is not None:
+            bar.update(1)
+
+    def _after_step(self, step: int, writer: MetricsWriter) -> None:
+        if self.args.eval_every and step % self.args.eval_every == 0 and step != self.args.max_steps:
+            self._evaluate(step, writer)
+        if self.args.save_every and step % self.args.save_every == 0 and step != self.args.max_steps:
+            self._save(step)
+
+    def _evaluate(self, step: int, writer: MetricsWriter | None = None) -> None:
+        from zero_train.train_eval import evaluate
+
+        eval_loss = evaluate(
+            self.engine,
+            self.data["validation"],
+            dist_info=self.dist_info,
+            micro_batch_size=self.settings.micro_batch_size,
+            max_batches=self.args.eval_batches,
+        )
+        if eval_loss is None:
+            return
+        self.last_eval = dict(step=step, eval_loss=eval_loss, perplexity=perplexity(eval_loss))
+        self.log.info(format_eval_line(self.last_eval))
+        if writer is not None:
+            writer.write(self.last_eval)
+
+    def _save(self, step: int) -> None:
+        client_state = dict(
+            step=step,
+            micro_steps=step * self.settings.grad_accum,
+            global_micro_batch=self.settings.micro_batch_size * self.dist_info.world_size,
+            rng=capture_rng(),
+        )
+        run_info = dict(
+            engine=self.args.engine,
+            model=self.args.model,
+            model_config=self.engine.model.config.to_dict(),
+            tokenizer=self.args.tokenizer,
+            dataset=self.args.dataset,
+            block_size=self.args.block_size,
+            seed=self.args.seed,
+            world_size=self.dist_info.world_size,
+            settings={name: getattr(self.settings, name) for name in self.settings.__slots__},
+        )
+        self.checkpoint = save_checkpoint(
+            self.engine,
+            save_dir=self.args.save_dir,
+            step=step,
+            client_state=client_state,
+            run_info=run_info,
+            dist_info=self.dist_info,
+        )
+        self.log.info(f"checkpoint step {step}: {self.checkpoint}")
+
+    def _resume(self) -> tuple[int, int]:
+        """(steps done, micro-steps consumed) from --resume, (0, 0) for a fresh start."""
+        ckpt = resume_path(self.args.resume, self.args.save_dir)
+        if ckpt is None:
+            if self.args.resume == "auto":
+                self.log.info(f"resume auto: no checkpoint in {self.args.save_dir} yet, starting fresh")
+            return 0, 0
+        client_state = self.engine.load_checkpoint(ckpt)
+        restore_rng(client_state["rng"])
+        step, micro_steps = int(client_state["step"]), int(client_state["micro_steps"])
+        global_batch = self.settings.micro_batch_size * self.dist_info.world_size
+        if int(client_state["global_micro_batch"]) != global_batch:
+            micro_steps = micro_steps * int(client_state["global_micro_batch"]) // global_batch
+            self.log.warning(
+                f"resume: the global micro-batch changed ({client_state['global_micro_batch']} -> "
+                f"{global_batch} sequences); continuing at the nearest data position"
+            )
+        if step >= self.args.max_steps:
+            raise UsageError(
+                f"checkpoint {ckpt} is at step {step}, not before --max-steps "
+                f"{self.args.max_steps}; raise --max-steps to train further"
+            )
+        self.log.info(f"resumed from {ckpt} at step {step}")
+        return step, micro_steps
+
+    def _finish(self, start_step: int) -> dict:
+        steps_done = self.args.max_steps
+        self._evaluate(steps_done)
+        if self.args.save_dir:
+            self._save(steps_done)
+        export = self._export()
+        self._write_memory_report()
+        median = statistics.median(self.step_times) if self.step_times else math.nan
+        summary = dict(
+            final_loss=self.last_loss,
+            eval_loss=self.last_eval["eval_loss"] if self.last_eval else None,
+            perplexity=self.last_eval["perplexity"] if self.last_eval else None,
+            steps=steps_done,
+            start_step=start_step,
+            tokens_per_s=self.tokens_per_step / median if median > 0 else math.nan,
+            checkpoint=str(self.checkpoint) if self.checkpoint else None,
+            export=export,
+        )
+        self.log.info(
+            f"done: {steps_done} steps | final loss {summary['final_loss']:.4f} | "
+            f"tokens/s {summary['tokens_per_s']:.0f} (median step)"
+        )
+        return summary
+
+    def _export(self) -> str | None:
+        if not self.args.export_hf:
+            return None
+        state_dict = self.engine.full_state_dict()  # collective
+        if self.dist_info.is_main:
+            from zero_train.export import export_model
+
+            export_model(state_dict, self.engine.model.config, self.plan.tokenizer, self.args.export_hf)
+            self.log.info(f"exported Hugging Face model to {self.args.export_hf}")
+        if self.dist_info.world_size > 1:
+            dist.barrier()
+        return self.args.export_hf
+
+    def _write_memory_report(self) -> None:
+        if self.probe is None:
+            return
+        from zero_train.memory.record import write_record
+
+        meta = dict(
+            engine=_profile_engine_name(self.args.engine, self.settings.zero_stage),
+            zero_stage=self.settings.zero_stage,
+            model=self.args.model,
+            num_params=num_params(self.engine.model),
+            precision=self.settings.precision,
+            world_size=self.dist_info.world_size,
+            micro_batch_size=self.settings.micro_batch_size,
+            grad_accum=self.settings.grad_accum,
+            block_size=self.args.block_size,
+            device=self.dist_info.device.type,
+            ds_config=self.plan.ds_config,
+        )
+        record = self.probe.finish(
+            self.engine, meta=meta, step_times_s=self.step_times, tokens_per_step=self.tokens_per_step
+        )
+        if record is not None:
+            write_record(record, self.args.memory_report)
+            self.log.info(f"memory report: {self.args.memory_report}")
+
+
+def _profile_engine_name(engine: str, zero_stage: int) -> str:
+    """The run record's engine name: ddp, zero1, torch-zero, or ds0..ds3 for DeepSpeed's stages."""
+    return f"ds{zero_stage}" if engine == "deepspeed" else engine
+
+
+def _gather_loss_and_memory(loss: float, dist_info) -> tuple[float, list[dict[str, int]]]:
+    """The mean loss over ranks and every rank's allocated/peak bytes (one small collective)."""
+    memory = memory_per_rank(dist_info.device, dist_info.world_size, extra=[loss])
+    mean_loss = sum(entry.pop("extra")[0] for entry in memory) / len(memory)
+    return mean_loss, memory
+
+
+def _nonfinite_guard(policy: str):
+    """zero_train.numerics.NonFiniteGuard, or a minimal stand-in until that module exists."""
+    try:
+        from zero_train.numerics import NonFiniteGuard
+    except ImportError:
+        return _StopOnNonFinite(policy)
+    return NonFiniteGuard(policy)
+
+
+class _StopOnNonFinite:
+    """Stops the run (exit 1, one line) on a non-finite loss or grad norm of an applied step."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+
+    def check(self, *, step: int, loss: float, grad_norm: float | None, skipped: bool) -> None:
+        bad = [
+            name
+            for name, value in (("loss", loss), ("grad_norm", grad_norm))
+            if value is not None and not math.isfinite(value)
+        ]
+        if not bad or skipped or self.policy == "skip":
+            return
+        print(
+            f"error: step {step}: non-finite {' and '.join(bad)} (lr too high, fp16 overflow or bad data); "
+            "lower --lr, use bf16, or pass --on-nonfinite skip",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(1)

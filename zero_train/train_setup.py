@@ -1,0 +1,164 @@
+"""Everything a run needs before its first step, checked before any collective that could hang.
+
+Order matters: the flags, the DeepSpeed config, the tokenizer, the model config, the block size and the
+batch algebra are checked on every rank from local information only (each rank prints the same one line
+and exits 2); only then is torch.distributed initialised and the dataset prepared (rank 0 builds it and
+sends its error, if any, to every rank: zero_train.data.prepare_datasets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Any
+
+from zero_train.errors import UsageError
+from zero_train.train_args import TRAIN_DEFAULTS
+
+DEFAULT_CONFIG_STAGE = {"deepspeed": 2, "zero1": 1, "torch-zero": 1, "ddp": 0}
+# train_settings argument -> the config keys it fills (only the "auto" ones need a value from us)
+AUTO_FILLED_BY = {
+    "micro_batch_size": ("train_micro_batch_size_per_gpu",),
+    "lr": ("optimizer.params.lr", "scheduler.params.warmup_max_lr"),
+    "warmup_steps": ("scheduler.params.warmup_num_steps",),
+    "total_steps": ("scheduler.params.total_num_steps",),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class RunPlan:
+    """What the flags resolved to (before any process group exists)."""
+
+    ds_config: dict
+    """The DeepSpeed config with every "auto" filled (what deepspeed.initialize gets)."""
+    settings: Any
+    """zero_train.ds_config.TrainSettings every engine trains with."""
+    tokenizer: Any
+    """The transformers tokenizer."""
+    model_config: Any
+    """The transformers PretrainedConfig of --model."""
+    config_source: str
+    """The config file, or a description of the generated default."""
+
+
+def check_flag_combinations(args: argparse.Namespace) -> None:
+    """UsageError for flags that only make sense together, and for an export target that is not empty."""
+    if args.save_every and not args.save_dir:
+        raise UsageError("--save-every needs --save-dir (where to write checkpoints)")
+    if args.resume == "auto" and not args.save_dir:
+        raise UsageError("--resume auto needs --save-dir (where to look for the latest checkpoint)")
+    if args.save_dir and pathlib.Path(args.save_dir).exists() and not pathlib.Path(args.save_dir).is_dir():
+        raise UsageError(f"--save-dir {args.save_dir!r} is a file; pass a folder")
+    if args.export_hf:
+        from zero_train.export import check_export_dir
+
+        check_export_dir(args.export_hf)
+    if args.local_rank is not None and "LOCAL_RANK" not in os.environ:
+        os.environ["LOCAL_RANK"] = str(args.local_rank)
+
+
+def plan_run(args: argparse.Namespace, *, world_size: int) -> RunPlan:
+    """Resolve config, settings, tokenizer and model config from the flags (no collectives).
+
+    Args:
+        args: parsed scripts/train.py flags.
+        world_size: from the launcher's environment (zero_train.dist.read_env).
+
+    Returns:
+        The RunPlan; UsageError on anything the user can fix.
+    """
+    from zero_train.ds_config import load_config, resolve_auto, train_settings
+    from zero_train.hf import check_block_size, load_tokenizer, model_config
+
+    check_flag_combinations(args)
+    if args.deepspeed_config:
+        cfg, source = load_config(args.deepspeed_config), args.deepspeed_config
+    else:
+        cfg, source = (
+            default_config(args.engine),
+            f"generated default (ZeRO stage {DEFAULT_CONFIG_STAGE[args.engine]})",
+        )
+    tokenizer = load_tokenizer(args.tokenizer)
+    config = model_config(args.model, vocab_size=len(tokenizer))
+    check_block_size(config, args.block_size)
+    settings = train_settings(
+        cfg,
+        world_size=world_size,
+        hidden_size=getattr(config, "hidden_size", None),
+        **given_values(args, cfg),
+    )
+    return RunPlan(
+        ds_config=resolve_auto(cfg, settings),
+        settings=settings,
+        tokenizer=tokenizer,
+        model_config=config,
+        config_source=source,
+    )
+
+
+def default_config(engine: str) -> dict:
+    """The config of a run without --deepspeed_config: AdamW, warmup + cosine, every value "auto"."""
+    from zero_train.ds_config.generate import ConfigRequest, generate_config
+
+    request = ConfigRequest(stage=DEFAULT_CONFIG_STAGE[engine], hf_auto=True, scheduler="warmup_cosine")
+    return generate_config(request)
+
+
+def given_values(args: argparse.Namespace, cfg: dict) -> dict:
+    """train_settings keyword arguments: the flags given, plus defaults for "auto" values no flag fills."""
+    given = dict(
+        micro_batch_size=args.micro_batch_size,
+        grad_accum=args.grad_accum,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps,
+        grad_clip=args.grad_clip,
+        precision=args.precision,
+        total_steps=None,
+    )
+    fallbacks = dict(TRAIN_DEFAULTS, warmup_steps=max(1, args.max_steps // 10), total_steps=args.max_steps)
+    for name, keys in AUTO_FILLED_BY.items():
+        if given[name] is None and any(_get(cfg, key) == "auto" for key in keys):
+            given[name] = fallbacks[name]
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _get(cfg: dict, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def model_builder(args: argparse.Namespace, plan: RunPlan, probe=None):
+    """The model_fn engines call: seeded, so every rank (and every engine) starts from the same weights."""
+    import contextlib
+
+    import torch
+
+    from zero_train.hf import PRESETS, build_model, load_model
+
+    def build():
+        torch.manual_seed(args.seed)
+        phase = probe.phase("model_built") if probe is not None else contextlib.nullcontext()
+        with phase:
+            if args.model in PRESETS:
+                return build_model(plan.model_config)
+            return load_model(args.model, vocab_size=len(plan.tokenizer))
+
+    return build
+
+
+def num_params(model) -> int:
+    """Parameters of the full model (ZeRO-3 ranks hold partitions: DeepSpeed keeps the full size in ds_numel)."""
+    seen: set[int] = set()
+    total = 0
+    for param in model.parameters():
+        if id(param) not in seen:
+            seen.add(id(param))
+            total += int(getattr(param, "ds_numel", param.numel()))
+    return total
