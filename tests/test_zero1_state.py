@@ -1,0 +1,178 @@
+"""Zero1Optimizer state dicts: shard round trip, consolidation, re-sharding 2 -> 3 and 2 -> 1, memory per rank.
+
+One run at world size 2 trains 3 steps, saves every rank's shard, the consolidated dict and the
+weights, trains 3 more steps, and checks that a fresh optimizer loaded from its own shard continues
+bit for bit. Then world size 3 (spawned) and world size 1 (in this process) load the merged shards and
+continue; their reference is the PLAIN inner optimizer loaded with the consolidated dict, stepping on
+the same averaged gradients: equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zero1_helpers import TiedNet, batch, ring_average, two_groups
+
+from zero_train.errors import UsageError
+from zero_train.sharding import Zero1Optimizer, consolidate_shards
+from zero_train.testing import run_ranks
+
+LR = 3e-2
+SAVED_AT, CONTINUE = 3, range(3, 6)
+
+
+def _make(dtype: torch.dtype, seed: int = 0) -> tuple[TiedNet, Zero1Optimizer]:
+    model = TiedNet(seed).to(dtype)
+    return model, Zero1Optimizer(
+        two_groups(model, LR), torch.optim.AdamW, lr=LR, weight_decay=0.1, foreach=False
+    )
+
+
+def _train(model: TiedNet, optimizer: Zero1Optimizer, rank: int, steps) -> None:
+    for step in steps:
+        model(batch(rank, step, 0)).backward()
+        optimizer.reduce_gradients()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _max_diff(a: TiedNet, b: TiedNet) -> float:
+    return max(
+        float((x.detach().float() - y.detach().float()).abs().max())
+        for x, y in zip(a.parameters(), b.parameters(), strict=True)
+    )
+
+
+def _state_bytes(state: dict) -> list[int]:
+    return [
+        sum(v.numel() * v.element_size() for v in s.values() if isinstance(v, torch.Tensor))
+        for s in state.values()
+    ]
+
+
+def _plain_continue(weights: dict, consolidated: dict, world_size: int, owners: tuple[int, ...]) -> TiedNet:
+    """The unsharded reference: plain AdamW loaded with the consolidated state, ring-averaged gradients."""
+    reference = TiedNet(seed=5)
+    reference.load_state_dict(weights)
+    plain = torch.optim.AdamW(two_groups(reference, LR), lr=LR, weight_decay=0.1, foreach=False)
+    plain.load_state_dict(consolidated)
+    trainable = [p for p in reference.parameters() if p.requires_grad]
+    for step in CONTINUE:
+        grads_by_rank = []
+        for rank in range(world_size):
+            reference.zero_grad()
+            reference(batch(rank, step, 0)).backward()
+            grads_by_rank.append([p.grad.clone() for p in trainable])
+        for i, param in enumerate(trainable):
+            param.grad = ring_average([g[i] for g in grads_by_rank], owners[i])
+        plain.step()
+    return reference
+
+
+def _save_and_round_trip(rank: int, world_size: int, tmp: str) -> dict:
+    results = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model, optimizer = _make(dtype)
+        _train(model, optimizer, rank, range(SAVED_AT))
+        torch.save(optimizer.state_dict(), f"{tmp}/{name}-shard{rank}.pt")
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+        consolidated = optimizer.consolidated_state_dict(to=0)  # collective: all shards are saved after it
+        if rank == 0:
+            torch.save(weights, f"{tmp}/{name}-weights.pt")
+            torch.save(consolidated, f"{tmp}/{name}-consolidated.pt")
+        results[f"{name}_memory"] = optimizer.memory_bytes()
+        results[f"{name}_region"] = optimizer.layout.region_size
+        _train(model, optimizer, rank, CONTINUE)
+
+        fresh_model, fresh = _make(dtype, seed=1)
+        fresh_model.load_state_dict(weights)
+        fresh.load_state_dict(torch.load(f"{tmp}/{name}-shard{rank}.pt"))
+        _train(fresh_model, fresh, rank, CONTINUE)
+        results[f"{name}_round_trip_diff"] = _max_diff(model, fresh_model)
+        masters = zip(optimizer.full_master_params(), fresh.full_master_params(), strict=True)
+        results[f"{name}_master_diff"] = max(float((a - b).abs().max()) for a, b in masters)
+        if name == "fp32" and rank == 0:
+            reference = _plain_continue(weights, consolidated, world_size, optimizer.layout.owners)
+            results["plain_diff"] = _max_diff(model, reference)
+            results["unsharded_state_bytes"] = _state_bytes(consolidated["state"])
+    try:
+        fresh.load_state_dict(torch.load(f"{tmp}/bf16-shard{1 - rank}.pt"))
+    except UsageError as error:
+        results["wrong_shard_error"] = str(error)
+    return results
+
+
+def _reshard(rank: int, world_size: int, tmp: str) -> dict:
+    shards = [torch.load(f"{tmp}/fp32-shard{r}.pt") for r in range(2)]
+    weights = torch.load(f"{tmp}/fp32-weights.pt")
+    model, optimizer = _make(torch.float32, seed=1)
+    model.load_state_dict(weights)
+    try:
+        optimizer.load_state_dict(shards[0])
+        shard_error = None
+    except UsageError as error:
+        shard_error = str(error)
+    optimizer.load_state_dict(consolidate_shards(shards))
+    memory = optimizer.memory_bytes()
+    _train(model, optimizer, rank, CONTINUE)
+    reference = _plain_continue(
+        weights, torch.load(f"{tmp}/fp32-consolidated.pt"), world_size, optimizer.layout.owners
+    )
+    return dict(diff=_max_diff(model, reference), shard_error=shard_error, memory=memory)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("zero1_state"))
+    return tmp, run_ranks(_save_and_round_trip, 2, (tmp,))
+
+
+@pytest.mark.multiproc
+def test_shard_round_trip_continues_bit_for_bit(saved):
+    for results in saved[1]:
+        for name in ("fp32", "bf16"):
+            assert results[f"{name}_round_trip_diff"] == 0.0
+            assert results[f"{name}_master_diff"] == 0.0  # bf16: the fp32 masters travel in the shard
+
+
+@pytest.mark.multiproc
+def test_consolidated_state_loads_into_plain_adamw_and_continues_identically(saved):
+    assert saved[1][0]["plain_diff"] == 0.0
+
+
+@pytest.mark.multiproc
+def test_loading_another_ranks_shard_names_the_fix(saved):
+    for results in saved[1]:
+        assert "consolidate_shards" in results["wrong_shard_error"]
+
+
+@pytest.mark.multiproc
+def test_optimizer_state_is_split_across_ranks(saved):
+    per_param = saved[1][0]["unsharded_state_bytes"]
+    total, largest = sum(per_param), max(per_param)
+    for name in ("fp32", "bf16"):
+        states = [r[f"{name}_memory"]["optimizer_states"] for r in saved[1]]
+        assert sum(states) == total  # every parameter's state exists exactly once
+        for state in states:
+            assert abs(state - total / 2) <= largest  # within one tensor of total / N
+    for results in saved[1]:
+        bf16 = results["bf16_memory"]
+        assert bf16["master_params"] == 4 * results["bf16_region"]  # fp32 masters of the owned region only
+        assert results["fp32_memory"]["master_params"] == 0
+
+
+@pytest.mark.multiproc
+def test_reshard_to_three_ranks_continues_identically(saved):
+    tmp = saved[0]
+    runs = run_ranks(_reshard, 3, (tmp,))
+    assert runs[0]["diff"] == 0.0
+    assert all("rank 0 of 2" in run["shard_error"] for run in runs[1:])
+    total = sum(saved[1][0]["unsharded_state_bytes"])
+    assert sum(run["memory"]["optimizer_states"] for run in runs) == total
+
+
+def test_reshard_to_one_rank_continues_identically(saved):
+    result = _reshard(0, 1, saved[0])
+    assert result["diff"] == 0.0
+    assert "rank 0 of 2" in result["shard_error"]
+    assert result["memory"]["optimizer_states"] == sum(saved[1][0]["unsharded_state_bytes"])
