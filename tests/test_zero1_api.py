@@ -142,7 +142,27 @@ def _add_group_and_fp16(rank: int, world_size: int) -> dict:
         sorted(set(optimizer.layout.owners[2:])),
     ]
     results["fp16"] = _fp16_skips(rank, world_size)
+    results["pieces_diff"] = _small_receive_buffer_diff(rank)
     return results
+
+
+def _small_receive_buffer_diff(rank: int) -> float:
+    """The gloo ring moves a region in pieces of its receive buffer: tiny pieces give the same result."""
+    from zero_train.sharding import collectives
+
+    finals = []
+    for piece in (collectives.RECV_BUFFER_ELEMENTS, 7):
+        collectives.RECV_BUFFER_ELEMENTS, default = piece, collectives.RECV_BUFFER_ELEMENTS
+        model = TiedNet()
+        optimizer = Zero1Optimizer(model.parameters(), torch.optim.AdamW, lr=1e-2, foreach=False)
+        collectives.RECV_BUFFER_ELEMENTS = default
+        assert optimizer._recv_buffer.numel() == min(piece, optimizer.layout.region_size)
+        for step in range(3):
+            model(batch(rank, step, 0)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        finals.append([p.detach().clone() for p in model.parameters()])
+    return max(float((a - b).abs().max()) for a, b in zip(*finals, strict=True))
 
 
 def _fp16_skips(rank: int, world_size: int) -> dict:
@@ -212,6 +232,11 @@ def test_comm_bytes_per_step_match_what_the_ledger_counts(two_ranks):
         assert results["ledger_wire"]["all_reduce"] == reported["all_reduce"]  # the per-tensor norm vector
         assert reported["reduce_scatter"] == reported["all_gather"] == results["balance"]["max_bytes"]
         assert ledger["reduce_scatter"] == ledger["all_gather"] == 0
+
+
+@pytest.mark.multiproc
+def test_ring_in_small_pieces_gives_the_same_result(two_ranks):
+    assert all(results["pieces_diff"] == 0.0 for results in two_ranks)
 
 
 @pytest.mark.multiproc

@@ -49,7 +49,8 @@ def reduce_scatter_(flat: torch.Tensor, recv_buffer: torch.Tensor | None, proces
 
     Args:
         flat: buffer of world_size equal regions (modified in place).
-        recv_buffer: scratch of one region (gloo only; may be None elsewhere).
+        recv_buffer: scratch for the incoming messages (gloo only; may be None elsewhere); a region
+            travels in pieces of its size, so it may be smaller than a region.
         process_group: the data-parallel group (None: default).
     """
     rank, world_size = group_rank_and_size(process_group)
@@ -59,15 +60,18 @@ def reduce_scatter_(flat: torch.Tensor, recv_buffer: torch.Tensor | None, proces
     if not uses_p2p_rings(process_group):
         dist.reduce_scatter_tensor(regions[rank], flat, group=process_group)
         return
-    assert recv_buffer is not None and recv_buffer.numel() == regions.shape[1]
+    assert recv_buffer is not None
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    piece = recv_buffer.numel()  # a region travels in pieces of the receive buffer's size
     for step in range(world_size - 1):
         send_index = (rank - step - 1) % world_size
         recv_index = (rank - step - 2) % world_size
-        _exchange(
-            regions[send_index], recv_buffer, to_rank=right, from_rank=left, process_group=process_group
-        )
-        regions[recv_index].add_(recv_buffer)
+        for start in range(0, regions.shape[1], piece):
+            stop = min(start + piece, regions.shape[1])
+            received = recv_buffer[: stop - start]
+            send = regions[send_index, start:stop]
+            _exchange(send, received, to_rank=right, from_rank=left, process_group=process_group)
+            regions[recv_index, start:stop].add_(received)
 
 
 def all_gather_(flat: torch.Tensor, process_group=None) -> None:
@@ -101,6 +105,10 @@ def all_reduce_sum_(tensor: torch.Tensor, process_group=None) -> None:
     """Sum a small tensor (norms, overflow flags) over the ranks, in place."""
     if group_rank_and_size(process_group)[1] > 1:
         dist.all_reduce(tensor, group=process_group)
+
+
+RECV_BUFFER_ELEMENTS = 1 << 22
+"""Largest receive buffer of the gloo reduce-scatter ring (16 MB in fp32), so it costs O(1), not Psi/N."""
 
 
 def ring_bytes(region_size: int, element_size: int, world_size: int) -> int:

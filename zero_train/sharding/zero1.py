@@ -126,7 +126,8 @@ class Zero1Optimizer(torch.optim.Optimizer):
                 grad_slot.copy_(param.grad)
                 param.grad = grad_slot
         gloo = self.world_size > 1 and collectives.uses_p2p_rings(self.process_group)
-        self._recv_buffer = torch.empty(self.layout.region_size, dtype=dtype, device=device) if gloo else None
+        recv_size = min(self.layout.region_size, collectives.RECV_BUFFER_ELEMENTS)
+        self._recv_buffer = torch.empty(recv_size, dtype=dtype, device=device) if gloo else None
         start, stop = self.layout.region(self.rank)
         self.has_master_copies = dtype != self.master_dtype
         region = self._param_buffer[start:stop]
