@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import sys
 
 import torch
 
@@ -110,8 +111,8 @@ class MetricsWriter:
 
 
 def progress_bar(*, total: int, initial: int, enabled: bool):
-    """A tqdm bar over optimizer steps on rank 0 (stderr), or None."""
-    if not enabled:
+    """A tqdm bar over optimizer steps on rank 0 when stderr is a terminal (not in logs), or None."""
+    if not enabled or not sys.stderr.isatty():
         return None
     from tqdm.auto import tqdm
 

@@ -187,9 +187,10 @@ class Trainer:
             return
         if record["step"] % self.args.log_every == 0 or record["step"] == self.args.max_steps:
             line = format_step_line(record, self.args.max_steps)
-            if bar is not None:
-                bar.write(line, file=sys.stdout)
-            else:
+            writing = (
+                bar.external_write_mode(file=sys.stdout) if bar is not None else contextlib.nullcontext()
+            )
+            with writing:  # the bar (stderr) steps aside while the step line goes to stdout
                 print(line, flush=True)
         if bar is not None:
             bar.update(1)
