@@ -31,7 +31,7 @@ from zero_train.metrics import (
     progress_bar,
 )
 from zero_train.train_setup import RunPlan, model_builder, num_params, plan_run
-from zero_train.train_state import capture_rng, restore_rng, resume_path, save_checkpoint
+from zero_train.train_state import capture_rng, read_run_info, restore_rng, resume_path, save_checkpoint
 
 
 def run_training(args: argparse.Namespace) -> dict:
@@ -267,6 +267,12 @@ class Trainer:
             raise UsageError(
                 f"checkpoint {ckpt} is at step {step}, not before --max-steps "
                 f"{self.args.max_steps}; raise --max-steps to train further"
+            )
+        saved_horizon = read_run_info(ckpt).get("settings", {}).get("total_steps")
+        if saved_horizon != self.settings.total_steps:
+            self.log.warning(
+                f"resume: the checkpoint's schedule ends at step {saved_horizon}, this run's at "
+                f"{self.settings.total_steps}; the lr curve differs from an uninterrupted run (keep --max-steps)"
             )
         self.log.info(f"resumed from {ckpt} at step {step}")
         return step, micro_steps
