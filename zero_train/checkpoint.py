@@ -1,0 +1,384 @@
+"""Checkpoints that never lie: staged writes, a checksum manifest, an atomic `latest`, safe loading.
+
+Layout (notes/CONTRACTS.md): `<save_dir>/step-XXXXXXXX/` holds every rank's files plus `manifest.json`
+(bytes and sha256 of every file), and `<save_dir>/latest` names the newest complete checkpoint.
+
+A save is three steps, so that a crash at any moment leaves the previous checkpoint and `latest` intact:
+
+    staging = begin(save_dir, step, dist_info=info)   # rank 0 creates step-XXXXXXXX.tmp-<id>, all ranks agree
+    ... every rank writes its files inside `staging` ...
+    final = commit(save_dir, staging, dist_info=info) # every rank done -> manifest (last) -> rename -> latest
+
+A crash before commit leaves only a `*.tmp-*` folder, which resolve() never returns and the next begin()
+deletes. `latest` is rewritten through a temporary file + os.replace + fsync, after the rename, so it
+always names a folder that has its manifest. Loading verifies the manifest (a truncated or bit-flipped file
+is a UsageError naming it) and reads torch files with weights_only=True (a pickle that would run code is
+refused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import pickle
+import shutil
+import uuid
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zero_train.errors import UsageError
+
+LATEST_FILE = "latest"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_SCHEMA = "zero_train.checkpoint_manifest/1"
+STAGING_MARK = ".tmp"  # step-00000040.tmp-<id> (and the loop's older step-00000040.tmp)
+CHECKPOINT_MARKERS = ("run.json", "model", "optim", "deepspeed")  # what a checkpoint folder contains
+
+
+def step_dir_name(step: int) -> str:
+    """`step-00000040` for step 40."""
+    return f"step-{step:08d}"
+
+
+def begin(save_dir, step: int, *, dist_info, process_group=None) -> pathlib.Path:
+    """Start a save: rank 0 creates a fresh staging folder; every rank gets its path.
+
+    Collective (every rank calls it). Staging folders left by crashed saves are deleted first. An error on
+    rank 0 (e.g. an unwritable save dir) reaches every rank as the same UsageError instead of a hang.
+
+    Args:
+        save_dir: the --save-dir (created if missing).
+        step: optimizer steps done; names the checkpoint.
+        dist_info: this process's DistInfo.
+        process_group: the group whose ranks write this checkpoint (default: the world).
+
+    Returns:
+        `<save_dir>/step-XXXXXXXX.tmp-<id>`, where every rank writes its files.
+    """
+    outcome = None
+    if dist_info.is_main:
+        outcome = _attempt(lambda: _create_staging(pathlib.Path(save_dir), step))
+    name = _share_outcome(outcome, dist_info, process_group)
+    return pathlib.Path(save_dir) / name
+
+
+def commit(save_dir, staging: pathlib.Path, *, dist_info, process_group=None) -> pathlib.Path:
+    """Finish a save: wait for every rank, write the manifest last, rename, move `latest`.
+
+    Collective. Nothing that resolve() would return changes until the final rename; `latest` moves after
+    it, atomically.
+
+    Args:
+        save_dir: the --save-dir.
+        staging: what begin() returned (every rank has finished writing into it when it calls commit).
+        dist_info: this process's DistInfo.
+        process_group: as given to begin().
+
+    Returns:
+        The complete checkpoint folder `<save_dir>/step-XXXXXXXX`.
+    """
+    _barrier(dist_info, process_group)  # every rank's files are closed
+    outcome = None
+    if dist_info.is_main:
+        outcome = _attempt(lambda: _publish(pathlib.Path(save_dir), pathlib.Path(staging)))
+    name = _share_outcome(outcome, dist_info, process_group)
+    return pathlib.Path(save_dir) / name
+
+
+def resolve(path_or_save_dir) -> pathlib.Path:
+    """The checkpoint folder a user meant, verified against its manifest.
+
+    Args:
+        path_or_save_dir: a checkpoint folder (`.../step-XXXXXXXX`) or a save dir (its `latest` is followed).
+
+    Returns:
+        The checkpoint folder.
+
+    Raises:
+        UsageError: missing path, an unfinished save, a save dir without `latest`, or a file that does not
+            match the manifest.
+    """
+    path = pathlib.Path(path_or_save_dir).expanduser()
+    if not path.exists():
+        raise UsageError(f"checkpoint {str(path)!r} does not exist; pass a checkpoint folder or a --save-dir")
+    if not path.is_dir():
+        raise UsageError(f"checkpoint {str(path)!r} is a file; pass a checkpoint folder or a --save-dir")
+    if _is_staging(path):
+        raise UsageError(
+            f"{str(path)!r} is an unfinished save (a crash before commit); pass its save dir to use the "
+            "last complete checkpoint"
+        )
+    if (path / LATEST_FILE).is_file() and not (path / MANIFEST_FILE).is_file():
+        path = _follow_latest(path)
+    if not (path / MANIFEST_FILE).is_file():
+        _accept_unverified(path)
+        return path
+    verify(path)
+    return path
+
+
+def verify(ckpt_dir) -> None:
+    """Check every file listed in the manifest: present, the recorded size, the recorded sha256.
+
+    Args:
+        ckpt_dir: a checkpoint folder with manifest.json.
+
+    Raises:
+        UsageError: naming the first missing, truncated or corrupt file (or an unreadable manifest).
+    """
+    ckpt = pathlib.Path(ckpt_dir)
+    files = _read_manifest(ckpt)
+    for relpath, record in sorted(files.items()):
+        target = ckpt / relpath
+        if not target.is_file():
+            raise UsageError(
+                f"checkpoint file {target} is missing (listed in {MANIFEST_FILE}); the checkpoint is damaged"
+            )
+        size = target.stat().st_size
+        if size != record["bytes"]:
+            raise UsageError(
+                f"checkpoint file {target} has {size} bytes, {MANIFEST_FILE} says {record['bytes']} "
+                "(truncated or overwritten); resume from an earlier checkpoint"
+            )
+        if _sha256(target) != record["sha256"]:
+            raise UsageError(
+                f"checkpoint file {target} is corrupt (sha256 differs from {MANIFEST_FILE}); resume from an "
+                "earlier checkpoint"
+            )
+
+
+def safe_torch_load(path) -> Any:
+    """torch.load with weights_only=True onto the CPU; a file that needs arbitrary code is refused.
+
+    Args:
+        path: a file written by torch.save.
+
+    Returns:
+        The loaded object (tensors, numbers, strings and containers of them).
+
+    Raises:
+        UsageError: missing, truncated or corrupt file, or a pickle that references other Python objects.
+    """
+    target = pathlib.Path(path)
+    if not target.is_file():
+        raise UsageError(f"checkpoint file {target} is missing")
+    try:
+        return torch.load(target, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        if "weights_only" not in str(err).lower() and "weights only" not in str(err).lower():
+            raise UsageError(f"cannot read checkpoint file {target}: corrupt ({_first_line(err)})") from err
+        raise UsageError(
+            f"refusing to load {target}: it is a pickle that references {_unsafe_globals(target)}, "
+            "which could run arbitrary code; only tensors and plain containers are loaded (re-save it "
+            "from a trusted source)"
+        ) from err
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as err:
+        raise UsageError(
+            f"cannot read checkpoint file {target}: truncated or corrupt ({_first_line(err)})"
+        ) from err
+
+
+def _create_staging(save_dir: pathlib.Path, step: int) -> str:
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(save_dir)
+        name = f"{step_dir_name(step)}{STAGING_MARK}-{uuid.uuid4().hex[:12]}"
+        (save_dir / name).mkdir()
+    except OSError as err:
+        raise UsageError(
+            f"cannot write checkpoints to --save-dir {str(save_dir)!r}: {err.strerror or err}"
+        ) from err
+    return name
+
+
+def remove_stale_staging(save_dir) -> list[pathlib.Path]:
+    """Delete staging folders (and temporary `latest` files) that crashed saves left behind.
+
+    Only call it while no save is in progress (begin() does, on rank 0).
+
+    Returns:
+        The paths removed.
+    """
+    removed = []
+    for leftover in sorted(pathlib.Path(save_dir).glob(f"*{STAGING_MARK}*")):
+        if leftover.is_dir() and _is_staging(leftover):
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed.append(leftover)
+        elif leftover.is_file() and leftover.name.startswith(f"{LATEST_FILE}{STAGING_MARK}"):
+            leftover.unlink(missing_ok=True)
+            removed.append(leftover)
+    return removed
+
+
+def _is_staging(path: pathlib.Path) -> bool:
+    return path.name.startswith("step-") and STAGING_MARK in path.name
+
+
+def _publish(save_dir: pathlib.Path, staging: pathlib.Path) -> str:
+    final = save_dir / staging.name.split(STAGING_MARK)[0]
+    try:
+        _write_manifest(staging)
+        _fsync_dir(staging)
+        if final.exists():  # the same step saved again (e.g. after a resume): replace it
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _fsync_dir(save_dir)
+        _write_latest(save_dir, final.name)
+    except OSError as err:
+        raise UsageError(f"cannot finish checkpoint {final}: {err.strerror or err}") from err
+    return final.name
+
+
+def _write_manifest(staging: pathlib.Path) -> None:
+    files = {}
+    for target in sorted(p for p in staging.rglob("*") if p.is_file()):
+        _fsync_file(target)
+        relpath = target.relative_to(staging).as_posix()
+        files[relpath] = {"bytes": target.stat().st_size, "sha256": _sha256(target)}
+    manifest = {"schema": MANIFEST_SCHEMA, "files": files}
+    _write_durably(staging / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def _write_latest(save_dir: pathlib.Path, name: str) -> None:
+    temporary = save_dir / f"{LATEST_FILE}{STAGING_MARK}-{uuid.uuid4().hex[:12]}"
+    _write_durably(temporary, name + "\n")
+    os.replace(temporary, save_dir / LATEST_FILE)
+    _fsync_dir(save_dir)
+
+
+def _write_durably(target: pathlib.Path, text: str) -> None:
+    with target.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_file(target: pathlib.Path) -> None:
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _follow_latest(save_dir: pathlib.Path) -> pathlib.Path:
+    try:
+        name = (save_dir / LATEST_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read {save_dir / LATEST_FILE}: {err}") from err
+    target = save_dir / name
+    if not name or "/" in name or name in (".", "..") or not target.is_dir():
+        raise UsageError(
+            f"{save_dir / LATEST_FILE} names {name!r}, which is not a checkpoint folder in {save_dir}; "
+            f"pass one of its step-XXXXXXXX folders"
+        )
+    if not (target / MANIFEST_FILE).is_file() and not _looks_like_checkpoint(target):
+        raise UsageError(f"{target} (named by {save_dir / LATEST_FILE}) is empty or not a checkpoint")
+    return target
+
+
+def _accept_unverified(path: pathlib.Path) -> None:
+    """A folder without manifest: refuse a save dir / random folder; warn for a hand-made checkpoint."""
+    if _looks_like_checkpoint(path):
+        warnings.warn(
+            f"checkpoint {path} has no {MANIFEST_FILE} (not written by zero_train); its files are not verified",
+            stacklevel=3,
+        )
+        return
+    complete = sorted(p.name for p in path.glob("step-*") if (p / MANIFEST_FILE).is_file())
+    if complete:
+        raise UsageError(
+            f"{str(path)!r} has no `{LATEST_FILE}` file; pass one of its checkpoints, e.g. {path / complete[-1]}"
+        )
+    raise UsageError(
+        f"{str(path)!r} is not a checkpoint (no {MANIFEST_FILE}) nor a save dir (no `{LATEST_FILE}`); "
+        "pass a step-XXXXXXXX folder or the --save-dir"
+    )
+
+
+def _looks_like_checkpoint(path: pathlib.Path) -> bool:
+    return any((path / marker).exists() for marker in CHECKPOINT_MARKERS)
+
+
+def _read_manifest(ckpt: pathlib.Path) -> dict[str, dict]:
+    target = ckpt / MANIFEST_FILE
+    if not target.is_file():
+        raise UsageError(f"checkpoint {ckpt} has no {MANIFEST_FILE} (an unfinished or foreign save)")
+    try:
+        files = json.loads(target.read_text())["files"]
+        valid = isinstance(files, dict) and all(
+            isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("sha256"), str)
+            for r in files.values()
+        )
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise UsageError(
+            f"checkpoint manifest {target} is corrupt ({_first_line(err)}); resume from an earlier checkpoint"
+        ) from err
+    if not valid or any(".." in pathlib.PurePosixPath(p).parts or p.startswith("/") for p in files):
+        raise UsageError(
+            f"checkpoint manifest {target} is corrupt (bad file records); resume from an earlier checkpoint"
+        )
+    return files
+
+
+def _sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _unsafe_globals(target: pathlib.Path) -> str:
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(target)
+    except Exception:  # noqa: BLE001 - only used to word the refusal; the refusal stands either way
+        names = []
+    return ", ".join(names[:5]) if names else "non-tensor Python objects"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _attempt(action) -> tuple[str, str]:
+    """Run rank 0's part; ("ok", value) or ("error", message) so other ranks can raise the same error."""
+    try:
+        return ("ok", action())
+    except UsageError as err:
+        return ("error", str(err))
+
+
+def _share_outcome(outcome: tuple[str, str] | None, dist_info, process_group) -> str:
+    """Broadcast rank 0's outcome; every rank returns its value or raises its UsageError."""
+    if dist_info.world_size > 1 and dist.is_initialized():
+        box = [outcome]
+        dist.broadcast_object_list(box, src=_group_src(process_group), group=process_group)
+        outcome = box[0]
+    status, value = outcome
+    if status == "error":
+        raise UsageError(value)
+    return value
+
+
+def _group_src(process_group) -> int:
+    return 0 if process_group is None else dist.get_global_rank(process_group, 0)
+
+
+def _barrier(dist_info, process_group) -> None:
+    if dist_info.world_size > 1 and dist.is_initialized():
+        dist.barrier(group=process_group)
