@@ -13,7 +13,26 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-DEFAULT_TIMEOUT_S = 120  # not torch's 30 minutes: a dead rank must be noticed quickly (see issue 7)
+from zero_train.faults import record_peers
+
+TIMEOUT_ENV = "ZT_COLLECTIVE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 60.0  # not torch's 30 minutes: a dead rank must be noticed quickly (issue 7)
+
+
+def collective_timeout_s() -> float:
+    """Seconds a collective may wait for a peer: $ZT_COLLECTIVE_TIMEOUT_S, else 60."""
+    value = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        seconds = float(value) if value else DEFAULT_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        from zero_train.errors import UsageError
+
+        raise UsageError(
+            f"{TIMEOUT_ENV}={value!r} is not a positive number of seconds; unset it or use e.g. 60"
+        )
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +64,12 @@ def read_env() -> tuple[int, int, int]:
     return rank, world_size, local_rank
 
 
-def init_distributed(*, timeout_s: float = DEFAULT_TIMEOUT_S, force_cpu: bool = False) -> DistInfo:
+def init_distributed(*, timeout_s: float | None = None, force_cpu: bool = False) -> DistInfo:
     """Initialise torch.distributed once (also for a world of one) and describe this process.
 
     Args:
-        timeout_s: collective timeout; short so that a dead peer fails the job instead of hanging it.
+        timeout_s: collective timeout (default: collective_timeout_s()); short so that a dead peer fails
+            the job instead of hanging it.
         force_cpu: use CPU + gloo even where CUDA is available.
 
     Returns:
@@ -71,6 +91,7 @@ def init_distributed(*, timeout_s: float = DEFAULT_TIMEOUT_S, force_cpu: bool = 
             backend=backend,
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=datetime.timedelta(seconds=timeout_s or collective_timeout_s()),
         )
+        record_peers(world_size)  # lets a survivor name the rank that died (zero_train.faults)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)

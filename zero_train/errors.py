@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 EXIT_USAGE = 2
+EXIT_FAULT = 1
 
 
 class UsageError(ValueError):
@@ -34,14 +35,31 @@ def fail(message: str) -> NoReturn:
 
 
 def run_cli(entry: Callable[[], int | None]) -> NoReturn:
-    """Run `entry`, mapping UsageError (and unreadable files) to one line + exit 2."""
+    """Run `entry`: UsageError -> one line + exit 2; a runtime fault -> one line + exit 1.
+
+    Runtime faults are zero_train.numerics.NonFiniteError and distributed failures (a dead or hung peer
+    rank, see zero_train.faults); anything else is a bug and keeps its traceback.
+    """
+    from zero_train.faults import describe_fault, is_distributed_fault
+
     try:
         code = entry()
     except UsageError as err:
         for problem in err.problems:
             print(f"error: {problem}", file=sys.stderr)
         fail(str(err))
+    except RuntimeError as err:
+        if type(err).__name__ == "NonFiniteError":
+            _fault(str(err))
+        if not is_distributed_fault(err):
+            raise
+        _fault(describe_fault(err))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     raise SystemExit(code or 0)
+
+
+def _fault(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_FAULT)
