@@ -1,0 +1,166 @@
+"""A rank SIGKILLed mid-training through DeepSpeed's launcher: nobody hangs, the dead rank is named, and
+`--resume auto` continues from the last complete checkpoint to the same final weights as an uninterrupted run.
+
+For our zero1 and for DeepSpeed ZeRO-1, fp32, 2 CPU ranks, the tiny preset:
+1. `deepspeed --num_gpus 2 scripts/train.py ... --save-every 3`; once step 5 is logged, rank 1 gets SIGKILL;
+   the launcher must exit non-zero within 60 s, rank 0 printing one `error:` line naming rank 1;
+2. the same command with `--resume auto` finishes from `latest` (step 3);
+3. its exported weights equal, bit for bit, those of the same run never interrupted (spawned ranks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from zero_train.testing import free_port, run_ranks
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BIN = pathlib.Path(sys.executable).parent
+STEPS = 8
+KILL_AFTER_STEP = 5
+ENV = dict(
+    os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1"
+)
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": 1.0,
+    "steps_per_print": 10**9,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "torch_adam": True}},
+    "zero_optimization": {"stage": 1, "reduce_bucket_size": 200_000, "allgather_bucket_size": 200_000},
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> pathlib.Path:
+    from zero_train.offline import stdlib_files
+
+    root = tmp_path_factory.mktemp("faults")
+    (root / "corpus.txt").write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(60_000)))
+    (root / "zero1.json").write_text(json.dumps(CONFIG))
+    return root
+
+
+def _flags(workdir: pathlib.Path, engine: str, out: pathlib.Path, *extra: str) -> list[str]:
+    return [
+        "--deepspeed_config", str(workdir / "zero1.json"), "--engine", engine, "--model", "tiny",
+        "--dataset", str(workdir / "corpus.txt"), "--block-size", "32", "--seed", "5", "--no-progress",
+        "--eval-every", "0", "--max-steps", str(STEPS), "--export-hf", str(out / "hf"), *extra,
+    ]  # fmt: skip
+
+
+def _launch(flags: list[str]) -> subprocess.Popen:
+    cmd = [
+        str(BIN / "deepspeed"),
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "scripts/train.py",
+        *flags,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _steps_logged(metrics: pathlib.Path) -> int:
+    if not metrics.is_file():
+        return 0
+    return sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line)
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "scripts/train.py" in child.cmdline():
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def _kill_rank_after(launcher: subprocess.Popen, metrics: pathlib.Path, rank: int, step: int) -> float:
+    """SIGKILL `rank` once `step` steps are in the metrics file; returns when it was killed."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and launcher.poll() is None:
+        if _steps_logged(metrics) >= step and (pid := _rank_pid(launcher, rank)) is not None:
+            os.kill(pid, signal.SIGKILL)
+            return time.monotonic()
+        time.sleep(0.1)
+    output = launcher.communicate(timeout=60)[0] if launcher.poll() is not None else ""
+    launcher.kill()
+    pytest.fail(f"never reached step {step} to kill rank {rank}:\n{output[-3000:]}")
+
+
+def _reference_runs(rank: int, world_size: int, runs: list[list[str]]) -> None:
+    from zero_train.dist import init_distributed
+    from zero_train.train_args import parse_args
+    from zero_train.train_loop import Trainer
+    from zero_train.train_setup import plan_run
+
+    for argv in runs:
+        args = parse_args(argv)
+        Trainer(args, plan_run(args, world_size=world_size), init_distributed()).run()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(workdir) -> dict[str, pathlib.Path]:
+    """The exported weights of both engines trained STEPS steps without interruption."""
+    outs = {engine: workdir / f"reference-{engine}" for engine in ("zero1", "deepspeed")}
+    runs = [_flags(workdir, engine, out) for engine, out in outs.items()]
+    run_ranks(_reference_runs, 2, (runs,), timeout_s=300)
+    return outs
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("engine", ["zero1", "deepspeed"])
+def test_sigkilled_rank_fails_fast_naming_it_and_resume_matches_uninterrupted(workdir, uninterrupted, engine):
+    out = workdir / f"killed-{engine}"
+    save = [
+        "--save-dir",
+        str(out / "ckpt"),
+        "--save-every",
+        "3",
+        "--metrics-file",
+        str(out / "metrics.jsonl"),
+    ]
+    launcher = _launch(_flags(workdir, engine, out, *save))
+    killed_at = _kill_rank_after(launcher, out / "metrics.jsonl", rank=1, step=KILL_AFTER_STEP)
+    try:
+        output = launcher.communicate(timeout=60)[0]  # a hang fails here
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        pytest.fail("the launcher did not exit within 60 s of rank 1's death")
+    assert time.monotonic() - killed_at < 60
+    assert launcher.returncode != 0
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert errors and all("rank 1 died" in line for line in errors), output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    latest = (out / "ckpt" / "latest").read_text().strip()
+    assert latest in ("step-00000003", "step-00000006")  # the last complete save before the kill
+    assert not (out / "hf").exists()
+
+    resumed = subprocess.run(
+        [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), "scripts/train.py",
+         *_flags(workdir, engine, out, *save, "--resume", "auto")],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resumed from {out / 'ckpt' / latest} at step {int(latest[5:])}" in resumed.stdout
+    final = load_file(out / "hf" / "model.safetensors")
+    reference = load_file(uninterrupted[engine] / "hf" / "model.safetensors")
+    assert final.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(final[name], tensor), f"{engine}: {name} differs from the uninterrupted run"
