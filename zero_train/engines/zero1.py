@@ -12,9 +12,9 @@ import math
 
 import torch
 
+from zero_train.elastic import load_sharded_optimizer
 from zero_train.engines.checkpoint_files import (
     copy_weights_into,
-    load_rank_file,
     read_weights,
     save_rank_file,
     unique_state_dict,
@@ -95,8 +95,10 @@ class Zero1Engine(LocalEngine):
         """Restore weights, this rank's optimizer shard and counters; returns this rank's client_state."""
         weights = read_weights(path)
         copy_weights_into(self.model, {k: v.to(self.model.dtype) for k, v in weights.items()})
-        own = load_rank_file(path, self.dist_info.rank)
-        self.optimizer.load_state_dict(own["optimizer"])
+        own, optimizer_state = load_sharded_optimizer(  # any saved world size (zero_train.elastic)
+            path, rank=self.dist_info.rank, world_size=self.dist_info.world_size
+        )
+        self.optimizer.load_state_dict(optimizer_state)
         self.restore_counters(own["counters"])
         return own["client_state"]
 
