@@ -161,6 +161,23 @@ def _run_with_checkpoint(name: str, rank: int, world_size: int, tmp: str, **buil
     )
 
 
+def _without_key_bias(state: dict | None) -> dict | None:
+    """`state` with the attention key biases zeroed (GPT-2's c_attn.bias is [query | key | value]).
+
+    Softmax is invariant to adding one constant to every score, so the true gradient of the key bias
+    is zero and what backward returns is rounding noise; Adam normalizes that noise into lr-sized
+    updates, so two correct bf16 implementations disagree there by ~lr (measured: 9.4e-4 after step 4).
+    """
+    if state is None:
+        return None
+    state = dict(state)
+    for name in [k for k in state if k.endswith("attn.c_attn.bias")]:
+        third = state[name].numel() // 3
+        state[name] = state[name].clone()
+        state[name][third : 2 * third] = 0
+    return state
+
+
 def _without_tensors(run: dict) -> dict:
     return {k: v for k, v in run.items() if k != "final"}
 
@@ -170,8 +187,9 @@ def _local_engines_ranks(rank: int, world_size: int, tmp: str, names: tuple[str,
     reference = runs["ddp"]["final"]
     for run in runs.values():
         run["diff_to_ddp"] = _max_diff(reference, run["final"])
-    # fp16 from a loss scale of 2**20: the first steps overflow and must be skipped (DeepSpeed can't run
-    # fp16 on CPU, so its rules are checked through its DynamicLossScaler in the parent)
+    # fp16 from a loss scale of 2**20: the first steps overflow and must be skipped (DeepSpeed runs fp16 on
+    # a CPU only where oneDNN has fp16 kernels, so its rules are checked through its DynamicLossScaler in
+    # the parent, on any machine)
     fp16 = {
         name: _build(name, rank, world_size, precision="fp16", scale_power=20)
         for name in names
@@ -214,7 +232,7 @@ def _deepspeed_ranks(rank: int, world_size: int, tmp: str) -> dict:
         ddp_history=bf16_histories["ddp"],
         ds1_history=bf16_histories["deepspeed"],
         ddp_memory=bf16["ddp"].memory_categories(),
-        diff_to_ddp=_max_diff(bf16["ddp"].full_state_dict(), bf16["deepspeed"].full_state_dict()),
+        diff_to_ddp=_max_diff(*(_without_key_bias(bf16[n].full_state_dict()) for n in ("ddp", "deepspeed"))),
     )
 
     zero3 = _build("deepspeed", rank, world_size, stage=3)
@@ -335,6 +353,7 @@ def test_zero1_memory_categories_are_sharded(local_runs):
 # parameters stay within ~1e-6 of ddp's (measured: see the report). 1e-5 leaves margin, while any
 # real difference (a missed clip, a wrong lr, a doubled gradient) moves parameters by ~1e-3.
 DEEPSPEED_PARAM_TOLERANCE = 1e-5
+BF16_PARAM_TOLERANCE = 2e-4  # see test_bf16_ddp_keeps_fp32_masters_and_matches_deepspeed_zero1
 
 
 @pytest.mark.multiproc
@@ -431,11 +450,18 @@ def test_bf16_ddp_keeps_fp32_masters_and_matches_deepspeed_zero1(deepspeed_runs)
             run["ds1_history"], run["ddp_history"], strict=True
         ):
             assert (loss, lr) == pytest.approx((ddp_loss, ddp_lr), rel=1e-5)
-            assert norm == pytest.approx(ddp_norm, rel=1e-5)
+            # Measured (2 ranks, 4 steps): losses identical to the last bit; norms 6e-7..8e-7 apart on
+            # steps 1-3 (fp32 summation order) and 2.0e-5 on step 4, where a few bf16 gradient
+            # elements round one bf16 ulp (2**-8 relative) apart between DeepSpeed's bucketed
+            # reduction and DDP's. 1e-4 is five times that and still far below bf16's resolution.
+            assert norm == pytest.approx(ddp_norm, rel=1e-4)
         num_params = rank_runs["ds1"]["num_params"]
         memory = run["ddp_memory"]
         assert (memory["params"], memory["master_params"]) == (2 * num_params, 4 * num_params)
-    assert deepspeed_runs[0]["bf16"]["diff_to_ddp"] < DEEPSPEED_PARAM_TOLERANCE
+    # bf16 weights round each update, so the 1e-8 fp32 differences of steps 1-3 flip a few bf16 roundings
+    # and the runs drift apart chaotically: 6.5e-5 after step 4 (measured), still far below the ~lr (3e-3)
+    # that a real difference (a wrong lr or wrong gradients) makes.
+    assert deepspeed_runs[0]["bf16"]["diff_to_ddp"] < BF16_PARAM_TOLERANCE
 
 
 @pytest.mark.multiproc
@@ -470,7 +496,8 @@ def test_fp16_overflow_skips_steps_and_schedule_like_deepspeed(local_runs, monke
 def test_zero1_fp16_matches_ddp_fp16(local_runs):
     _require(local_runs, "zero1")
     for rank_runs in local_runs:
-        assert rank_runs["fp16"]["zero1"]["history"] == rank_runs["fp16"]["ddp"]["history"]
+        # skipped steps report a NaN grad norm, and NaN != NaN: compare their reprs
+        assert repr(rank_runs["fp16"]["zero1"]["history"]) == repr(rank_runs["fp16"]["ddp"]["history"])
         assert rank_runs["fp16"]["zero1"]["loss_scales"] == rank_runs["fp16"]["ddp"]["loss_scales"]
     assert local_runs[0]["fp16"]["zero1_diff"] == 0.0
 
