@@ -1,7 +1,9 @@
 """`zero-train profile` end to end: a tiny matrix through the real launcher and scripts/train.py.
 
-Two cells at world size 1 in fp16: ddp (our engine scales the loss) succeeds; DeepSpeed ZeRO-1 fails
-on this CPU ("Type fp16 is not supported on your device"), which must be recorded, not fatal.
+Two cells at world size 1 in fp16 through the real launcher: ddp (our engine scales the loss) succeeds;
+the DeepSpeed ZeRO-1 cell runs a train script that dies for `--engine deepspeed` (the profile command's own
+`--train-script` hook), which must be recorded with its error line, not fatal. (A real fp16 failure would
+depend on the CPU: DeepSpeed runs fp16 on CPUs whose oneDNN has fp16 kernels, e.g. AVX512-FP16.)
 """
 
 from __future__ import annotations
@@ -15,13 +17,23 @@ import pytest
 from zero_train.cli.profile import TRAIN_SCRIPT, last_error_line
 from zero_train.memory.record import CATEGORIES, load_record, load_records
 
+FAILING_FOR_DEEPSPEED = f"""
+import runpy, sys
+if sys.argv[sys.argv.index("--engine") + 1] == "deepspeed":
+    sys.exit("error: deepspeed cell broken on purpose")
+sys.argv[0] = {str(TRAIN_SCRIPT)!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
 
 @pytest.mark.multiproc
 @pytest.mark.skipif(not TRAIN_SCRIPT.exists(), reason="scripts/train.py (LOOP) not committed yet")
 def test_profile_records_every_cell_and_survives_a_failing_one(tmp_path):
     out = tmp_path / "profile"
+    script = tmp_path / "train_failing_for_deepspeed.py"
+    script.write_text(FAILING_FOR_DEEPSPEED)
     argv = ["--model", "tiny", "--world-sizes", "1", "--engines", "ddp,ds1", "--precision", "fp16",
-            "--steps", "2", "--block-size", "32", "--out", str(out)]  # fmt: skip
+            "--steps", "2", "--block-size", "32", "--out", str(out), "--train-script", str(script)]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "zero_train.cli.main", "profile", *argv],
         capture_output=True,
@@ -40,7 +52,8 @@ def test_profile_records_every_cell_and_survives_a_failing_one(tmp_path):
     assert model_states == pytest.approx(
         16 * ddp["num_params"], rel=0.02
     )  # fp16 params+grads, fp32 master+Adam
-    assert "fp16" in failed["error"] and failed["engine"] == "ds1" and failed["zero_stage"] == 1
+    assert failed["error"] == "exit code 1: error: deepspeed cell broken on purpose"
+    assert failed["engine"] == "ds1" and failed["zero_stage"] == 1 and failed["ranks"] == []
     assert json.loads((out / "configs" / "ds1-w1-fp16.json").read_text())["zero_optimization"]["stage"] == 1
     assert len(load_records(out)) == 2
     assert "FAILED" in proc.stdout and "ds1-w1-fp16" in proc.stdout
