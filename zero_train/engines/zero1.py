@@ -8,6 +8,7 @@ updated parameters (ZeRO paper, P_os: 4 Psi + K Psi / Nd bytes per rank in mixed
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -44,6 +45,10 @@ class Zero1Engine(LocalEngine):
             loss_scaler=make_loss_scaler(settings),
             **kwargs,
         )
+
+    def _no_sync(self, boundary: bool):
+        """The last micro-batch's hooks write gradients already divided by N (one pass fewer)."""
+        return self.optimizer.boundary_backward() if boundary else contextlib.nullcontext()
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.optimizer.scale_loss(loss).backward()

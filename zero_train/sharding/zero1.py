@@ -5,7 +5,8 @@ bf16/fp16 model, the fp32 master weights) of each parameter lives on ONE rank, i
 (`partition.py`: whole tensors, sorted-greedy). One training step:
 
     backward            gradients land in a flat buffer laid out by owner (a hook per parameter; no
-                        communication, so gradient accumulation over micro-steps is free)
+                        communication, so gradient accumulation over micro-steps is free); inside
+                        boundary_backward() the hooks also divide by N (flat_grads.py)
     reduce_gradients()  one reduce-scatter of the flat gradient buffer: each rank receives the
                         average of exactly the region it owns
     clip_grad_norm_()   per-tensor norms on the owners, one all-reduce of a vector of P floats
@@ -16,8 +17,10 @@ The model's parameters are views into the flat parameter buffer and their gradie
 flat gradient buffer, so the collectives read and write them in place (no copies in fp32).
 
     optimizer = Zero1Optimizer(model.parameters(), torch.optim.AdamW, lr=3e-4, weight_decay=0.1)
-    for micro_batch in micro_batches:          # gradient accumulation: no communication here
+    for micro_batch in micro_batches[:-1]:     # gradient accumulation: no communication here
         optimizer.scale_loss(model(micro_batch).loss / len(micro_batches)).backward()
+    with optimizer.boundary_backward():         # optional, for the last one: the hooks also divide by N
+        optimizer.scale_loss(model(micro_batches[-1]).loss / len(micro_batches)).backward()
     optimizer.reduce_gradients()               # at the boundary only
     grad_norm = optimizer.clip_grad_norm_(1.0)
     optimizer.step()
@@ -26,12 +29,11 @@ flat gradient buffer, so the collectives read and write them in place (no copies
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from zero_train.errors import UsageError
 from zero_train.sharding import collectives
+from zero_train.sharding.flat_grads import FlatGradients
 from zero_train.sharding.partition import FlatLayout, balance_report, flat_layout, greedy_owners
 from zero_train.sharding.state_dict import SHARD_FORMAT, check_groups_match, owned_states
 
@@ -75,7 +77,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self._params: list[torch.nn.Parameter] = []  # trainable, in param-group order
         self._owners: list[int] = []
-        self._hooked: set[int] = set()
+        self._grads: FlatGradients | None = None
         self._reduced = False
         self._grad_norm: torch.Tensor | None = None
         self._add_trainable([p for g in self.param_groups for p in g["params"]])
@@ -96,8 +98,6 @@ class Zero1Optimizer(torch.optim.Optimizer):
         self._build_buffers()
         self._build_inner()
         self._load_owned(saved_states, saved_masters)
-        for param in new:
-            self._register_hook(param)
 
     def _check_uniform(self, params: list[torch.Tensor]) -> None:
         if len({p.dtype for p in params}) > 1 or len({p.device for p in params}) > 1:
@@ -114,17 +114,16 @@ class Zero1Optimizer(torch.optim.Optimizer):
         )
         dtype, device = self._params[0].dtype, self._params[0].device
         self._param_buffer = torch.zeros(self.layout.total_size, dtype=dtype, device=device)
-        self._grad_buffer = torch.zeros(self.layout.total_size, dtype=dtype, device=device)
-        self._grad_slots: dict[int, torch.Tensor] = {}
         for param, offset in zip(self._params, self.layout.offsets, strict=True):
             param_slot = self._param_buffer[offset : offset + param.numel()].view_as(param)
             param_slot.copy_(param.detach())
             param.data = param_slot
-            grad_slot = self._grad_buffer[offset : offset + param.numel()].view_as(param)
-            self._grad_slots[id(param)] = grad_slot
-            if param.grad is not None:
-                grad_slot.copy_(param.grad)
-                param.grad = grad_slot
+        if self._grads is not None:
+            self._grads.remove_hooks()
+        self._grads = FlatGradients(
+            self._params, self.layout, world_size=self.world_size, dtype=dtype, device=device
+        )
+        self._grad_buffer, self._grad_slots = self._grads.buffer, self._grads.slots
         gloo = self.world_size > 1 and collectives.uses_p2p_rings(self.process_group)
         recv_size = min(self.layout.region_size, collectives.RECV_BUFFER_ELEMENTS)
         self._recv_buffer = torch.empty(recv_size, dtype=dtype, device=device) if gloo else None
@@ -158,27 +157,18 @@ class Zero1Optimizer(torch.optim.Optimizer):
     def _hyperparameters(group: dict) -> dict:
         return {k: v for k, v in group.items() if k != "params"}
 
-    def _register_hook(self, param: torch.nn.Parameter) -> None:
-        """After each backward, move a freshly allocated gradient into its slot of the flat buffer."""
-        if id(param) in self._hooked:
-            return
-        optimizer_ref = weakref.ref(self)
-
-        def grad_into_slot(p: torch.Tensor) -> None:
-            optimizer = optimizer_ref()
-            if optimizer is not None and p.grad is not None:
-                slot = optimizer._grad_slots[id(p)]
-                if p.grad.data_ptr() != slot.data_ptr():  # first micro-step; later ones accumulate in place
-                    slot.copy_(p.grad)
-                    p.grad = slot
-
-        param.register_post_accumulate_grad_hook(grad_into_slot)
-        self._hooked.add(id(param))
-
     # ------------------------------------------------------------ the step
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` times the fp16 loss scale (identity without a loss scaler); call backward on the result."""
         return loss if self.loss_scaler is None else loss * self.loss_scaler.loss_scale
+
+    def boundary_backward(self):
+        """Context for the backward of the LAST micro-batch of a step (optional; the result is identical).
+
+        Its gradient hooks write grad / N straight into the flat buffer, so reduce_gradients() skips one
+        pass over the gradients (flat_grads.py). Another backward before step()/zero_grad() raises.
+        """
+        return self._grads.boundary_backward()
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the ranks: each rank receives the average of the region it owns.
@@ -192,13 +182,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
         """
         if self._reduced:
             return
-        for param in self._params:
-            slot = self._grad_slots[id(param)]
-            if param.grad is None:
-                slot.zero_()
-            elif param.grad.data_ptr() != slot.data_ptr():
-                slot.copy_(param.grad)
-        self._grad_buffer.div_(self.world_size)  # divide first, as DDP's allreduce_hook does
+        self._grads.average(self._params)  # divide first, as DDP's allreduce_hook does
         collectives.reduce_scatter_(self._grad_buffer, self._recv_buffer, self.process_group)
         for param, owner in zip(self._params, self._owners, strict=True):
             param.grad = self._grad_slots[id(param)] if owner == self.rank else None
@@ -206,15 +190,19 @@ class Zero1Optimizer(torch.optim.Optimizer):
         self._reduced = True
 
     def _set_master_grads(self) -> None:
-        """Owned averaged gradients -> master gradients (fp32 copy for bf16/fp16), unscaled for fp16."""
-        start, stop = self.layout.region(self.rank)
-        grads = self._grad_buffer[start:stop]
-        if self.has_master_copies:
-            grads = grads.to(self.master_dtype)
-        if self.loss_scaler is not None:
-            grads.mul_(1.0 / self.loss_scaler.loss_scale)
+        """Owned averaged gradients -> master gradients (fp32 copy for bf16/fp16), unscaled for fp16.
+
+        One conversion per tensor, not one of the whole region: a fresh buffer above glibc's mmap
+        threshold (32 MB at most) is page-faulted in again every step (measured: 2.4x slower).
+        """
+        start = self.layout.region(self.rank)[0]
         for master, offset in zip(self._masters, self._master_offsets, strict=True):
-            master.grad = grads[offset : offset + master.numel()].view_as(master)
+            grad = self._grad_buffer[start + offset : start + offset + master.numel()].view_as(master)
+            if self.has_master_copies:
+                grad = grad.to(self.master_dtype)
+            if self.loss_scaler is not None:
+                grad.mul_(1.0 / self.loss_scaler.loss_scale)
+            master.grad = grad
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the averaged gradients by their global norm, as torch.nn.utils.clip_grad_norm_ would.
@@ -292,6 +280,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
     def _end_step(self) -> None:
         for master in self._masters:
             master.grad = None
+        self._grads.new_step()
         self._reduced = False
         self._grad_norm = None
 
