@@ -3,7 +3,7 @@
 import torch
 import torch.distributed as dist
 
-from zero_train.memory.comm import CommLedger, paper_volume_bytes, wire_factor
+from zero_train.memory.comm import CommLedger, paper_volume_bytes, wire_factor, wire_from_payload
 from zero_train.testing import run_ranks
 
 
@@ -52,3 +52,28 @@ def test_wire_factors():
     assert wire_factor("all_reduce", 4) == 1.5
     assert wire_factor("all_gather", 4) == 0.75
     assert wire_factor("all_reduce", 1) == 0.0
+
+
+def _ring_exchange(rank, world_size):
+    other = 1 - rank
+    with CommLedger() as ledger:
+        received = dist.irecv(torch.empty(8), src=other)  # 32 B in
+        dist.isend(torch.ones(8), dst=other).wait()  # 32 B out
+        received.wait()
+    return ledger.totals(), ledger.wire_bytes()
+
+
+def test_point_to_point_payload_counts_both_ends_wire_only_the_send():
+    for totals, wire in run_ranks(_ring_exchange, 2):
+        assert totals["send_recv"] == 64
+        assert wire["send_recv"] == 32
+        assert wire_from_payload(totals, 2)["send_recv"] == 32
+
+
+def test_gloo_reduce_scatter_is_sent_as_an_all_reduce():
+    assert wire_factor("reduce_scatter", 4) == 0.75
+    assert wire_factor("reduce_scatter", 4, "gloo") == wire_factor("all_reduce", 4) == 1.5
+    payload = dict(all_reduce=100, reduce_scatter=100, all_gather=100, broadcast=100)
+    assert wire_from_payload(payload, 2, "gloo") == dict(
+        all_reduce=100, reduce_scatter=100, all_gather=50, broadcast=50, reduce=0, send_recv=0, total=300
+    )

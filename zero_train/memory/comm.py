@@ -14,8 +14,11 @@ issues its all-reduce from Python, so DDP's bucket traffic is measured too.
 
 Payload convention (the logical size of the collective, the unit of the ZeRO paper):
 all_reduce = tensor bytes; reduce_scatter = full input bytes; all_gather = full output bytes;
-broadcast/reduce = tensor bytes; send/recv = tensor bytes. ``wire_bytes`` estimates what a ring
-algorithm sends per rank: all_reduce 2(N-1)/N, reduce_scatter and all_gather (N-1)/N of the payload.
+broadcast/reduce = tensor bytes; send/recv = tensor bytes (so a point-to-point message counts in the
+payload of both its ends). ``wire_bytes`` estimates what this rank actually sends: ring algorithms send
+all_reduce 2(N-1)/N, reduce_scatter and all_gather (N-1)/N of the payload, except that gloo emulates
+reduce_scatter as an all-reduce plus a chunk copy, so there it sends an all-reduce's 2(N-1)/N (measured
+in docs/zero1.md: slower than gloo's all_reduce of the same buffer); a send counts its bytes, a recv none.
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ _ACTIVE: list[CommLedger] = []
 _ORIGINALS: dict[str, object] = {}
 
 
+def _backend_name(process_group) -> str | None:
+    try:
+        return process_group.name()
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _wrap(method_name: str, original):
     collective, payload = _METHODS[method_name]
 
@@ -75,8 +85,11 @@ def _wrap(method_name: str, original):
         if _ACTIVE:
             nbytes = payload(args)
             world = self.size()
+            sent = (
+                0.0 if method_name == "recv" else nbytes * wire_factor(collective, world, _backend_name(self))
+            )
             for ledger in list(_ACTIVE):
-                ledger._add(collective, nbytes, world)
+                ledger._add(collective, nbytes, sent)
         return original(self, *args, **kwargs)
 
     return counted
@@ -113,19 +126,42 @@ def _uninstall() -> None:
     _ORIGINALS.clear()
 
 
-def wire_factor(collective: str, world_size: int) -> float:
-    """Bytes a rank sends on the wire per payload byte for a ring algorithm.
+def wire_factor(collective: str, world_size: int, backend: str | None = None) -> float:
+    """Bytes a rank sends on the wire per payload byte (ring algorithms; gloo's emulated reduce-scatter).
 
     Args:
         collective: a name in COLLECTIVES.
         world_size: ranks in the group.
+        backend: the process group's backend ("gloo", "nccl", ...; None: an ideal ring).
     Returns:
-        2(N-1)/N for all_reduce, (N-1)/N for reduce_scatter/all_gather/broadcast/reduce, 1 for send_recv.
+        2(N-1)/N for all_reduce (and reduce_scatter on gloo, an all-reduce underneath), (N-1)/N for
+        reduce_scatter/all_gather/broadcast/reduce, 1 for a send.
     """
     if world_size <= 1:
         return 0.0
     ring = (world_size - 1) / world_size
+    if collective == "reduce_scatter" and backend == "gloo":
+        return 2 * ring
     return {"all_reduce": 2 * ring, "send_recv": 1.0}.get(collective, ring)
+
+
+def wire_from_payload(payload: dict[str, int], world_size: int, backend: str | None = None) -> dict[str, int]:
+    """Estimated bytes sent, per collective plus "total", from payload totals (a run record's counts).
+
+    The payload counts a point-to-point message at both ends (send and recv); the rings that use them
+    send exactly what they receive, so half of the send_recv payload was sent.
+
+    Args:
+        payload: CommLedger.totals() (or a run record's comm_bytes_per_step).
+        world_size: ranks in the group.
+        backend: as in wire_factor.
+    """
+    wire = {
+        key: int(payload.get(key, 0) * (0.5 if key == "send_recv" else wire_factor(key, world_size, backend)))
+        for key in COLLECTIVES
+    }
+    wire["total"] = sum(wire.values())
+    return wire
 
 
 class CommLedger:
@@ -150,9 +186,9 @@ class CommLedger:
             if not _ACTIVE and _ORIGINALS:
                 _uninstall()
 
-    def _add(self, collective: str, nbytes: int, world_size: int) -> None:
+    def _add(self, collective: str, nbytes: int, sent_bytes: float) -> None:
         self._payload[collective] += nbytes
-        self._wire[collective] += nbytes * wire_factor(collective, world_size)
+        self._wire[collective] += sent_bytes
         self.calls[collective] += 1
 
     def reset(self) -> None:
@@ -169,7 +205,7 @@ class CommLedger:
         return result
 
     def wire_bytes(self) -> dict[str, int]:
-        """Estimated bytes this rank sends on the wire (ring algorithms), per collective plus "total"."""
+        """Estimated bytes this rank sends on the wire (see wire_factor), per collective plus "total"."""
         result = {key: int(value) for key, value in self._wire.items()}
         result["total"] = sum(result.values())
         return result
