@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zero_train.sharding.collectives import ring_bytes
+from zero_train.sharding.collectives import p2p_ring_bytes, ring_bytes, uses_p2p_rings
 
 if TYPE_CHECKING:
     from zero_train.sharding.zero1 import Zero1Optimizer
@@ -57,14 +57,20 @@ def memory_bytes(optimizer: Zero1Optimizer) -> dict[str, int]:
 
 
 def comm_bytes_per_step(optimizer: Zero1Optimizer) -> dict[str, int]:
-    """Bytes this rank sends per optimizer step (ring algorithms; padding included).
+    """Bytes this rank sends per optimizer step (ring algorithms).
 
-    reduce_scatter and all_gather: (N-1) regions each; all_reduce: the vector of per-tensor
-    gradient norms (4 bytes per tensor, 2(N-1)/N of it sent by a ring) when clip_grad_norm_ is called.
+    reduce_scatter and all_gather: on gloo our p2p rings send every region's data but one (no
+    padding: collectives.p2p_ring_bytes), elsewhere (N-1) whole regions each; all_reduce: the vector
+    of per-tensor gradient norms (4 bytes per tensor, 2(N-1)/N of it sent by a ring) when
+    clip_grad_norm_ is called.
     """
     world_size = optimizer.world_size
-    ring = ring_bytes(optimizer.layout.region_size, optimizer._grad_buffer.element_size(), world_size)
+    element_size = optimizer._grad_buffer.element_size()
+    if world_size > 1 and uses_p2p_rings(optimizer.process_group):
+        scatter, gather = p2p_ring_bytes(optimizer.layout.loads(), optimizer.rank, element_size)
+    else:
+        scatter = gather = ring_bytes(optimizer.layout.region_size, element_size, world_size)
     norms = (2 * (world_size - 1) * 4 * len(optimizer._params)) // world_size
-    counts = dict(reduce_scatter=ring, all_gather=ring, all_reduce=norms, broadcast=0)
+    counts = dict(reduce_scatter=scatter, all_gather=gather, all_reduce=norms, broadcast=0)
     counts["total"] = sum(counts.values())
     return counts

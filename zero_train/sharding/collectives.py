@@ -7,10 +7,14 @@ reduce-scatters the same buffer 34 ms. So on gloo both the reduce-scatter and th
 hand-written rings of point-to-point messages; on NCCL (and any other backend) torch's own
 reduce_scatter / all_gather over the same flat buffer are used, which are real rings already.
 
-Bytes each rank sends per call, with R = region elements and e = bytes per element:
-    ring_reduce_scatter_: (N-1) * R * e      (the ZeRO paper's Psi, times (N-1)/N, on a flat buffer)
-    ring_all_gather_:     (N-1) * R * e
-Together 2 (N-1) R e ~= 2 (N-1)/N Psi e: exactly what a ring all-reduce (DDP) sends.
+The gloo rings send only the data of each region, never its padding (`lengths`: the elements of each
+region that carry parameters; whole tensors per owner leave the regions unequal). Bytes rank r sends per
+call, with L_i the data elements of region i, Psi = sum L_i and e bytes per element:
+    reduce_scatter_: (Psi - L_r) e          (every region but its own)
+    all_gather_:     (Psi - L_{r+1}) e      (every region but its right neighbour's)
+Together 2 Psi e - (L_r + L_{r+1}) e: summed over the ranks 2 (N-1) Psi e, exactly what DDP's ring
+all-reduce sends in total (the ZeRO paper's 2 Psi); at N = 2 every rank sends exactly Psi e, as in DDP.
+On NCCL the regions travel whole (equal chunks: padding included).
 """
 
 from __future__ import annotations
@@ -32,16 +36,23 @@ def uses_p2p_rings(process_group=None) -> bool:
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, *, to_rank: int, from_rank: int, process_group) -> None:
-    """Send `send` to `to_rank` while receiving `recv` from `from_rank` (group ranks)."""
+    """Send `send` to `to_rank` while receiving `recv` from `from_rank` (group ranks); empty ones are skipped."""
     to_global = dist.get_global_rank(process_group, to_rank) if process_group is not None else to_rank
     from_global = dist.get_global_rank(process_group, from_rank) if process_group is not None else from_rank
-    receiving = dist.irecv(recv, src=from_global, group=process_group)
-    sending = dist.isend(send, dst=to_global, group=process_group)
-    sending.wait()
-    receiving.wait()
+    receiving = dist.irecv(recv, src=from_global, group=process_group) if recv.numel() else None
+    sending = dist.isend(send, dst=to_global, group=process_group) if send.numel() else None
+    for work in (sending, receiving):
+        if work is not None:
+            work.wait()
 
 
-def reduce_scatter_(flat: torch.Tensor, recv_buffer: torch.Tensor | None, process_group=None) -> None:
+def reduce_scatter_(
+    flat: torch.Tensor,
+    recv_buffer: torch.Tensor | None,
+    process_group=None,
+    *,
+    lengths: list[int] | None = None,
+) -> None:
     """Sum `flat` over the ranks into this rank's region of `flat` (other regions: partial sums).
 
     Ring order on gloo: region r is summed starting at rank r+1, then r+2, ..., ending with rank r's
@@ -52,6 +63,8 @@ def reduce_scatter_(flat: torch.Tensor, recv_buffer: torch.Tensor | None, proces
         recv_buffer: scratch for the incoming messages (gloo only; may be None elsewhere); a region
             travels in pieces of its size, so it may be smaller than a region.
         process_group: the data-parallel group (None: default).
+        lengths: elements at the start of each region that carry data (gloo: the rest, padding, is
+            neither sent nor summed); None: whole regions.
     """
     rank, world_size = group_rank_and_size(process_group)
     if world_size == 1:
@@ -61,25 +74,28 @@ def reduce_scatter_(flat: torch.Tensor, recv_buffer: torch.Tensor | None, proces
         dist.reduce_scatter_tensor(regions[rank], flat, group=process_group)
         return
     assert recv_buffer is not None
+    lengths = lengths or [regions.shape[1]] * world_size
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     piece = recv_buffer.numel()  # a region travels in pieces of the receive buffer's size
     for step in range(world_size - 1):
         send_index = (rank - step - 1) % world_size
-        recv_index = (rank - step - 2) % world_size
-        for start in range(0, regions.shape[1], piece):
-            stop = min(start + piece, regions.shape[1])
-            received = recv_buffer[: stop - start]
-            send = regions[send_index, start:stop]
+        recv_index = (rank - step - 2) % world_size  # what the left neighbour sends: its send_index
+        send_length, recv_length = lengths[send_index], lengths[recv_index]
+        for start in range(0, max(send_length, recv_length), piece):
+            received = recv_buffer[: max(0, min(start + piece, recv_length) - start)]
+            send = regions[send_index, start : max(start, min(start + piece, send_length))]
             _exchange(send, received, to_rank=right, from_rank=left, process_group=process_group)
-            regions[recv_index, start:stop].add_(received)
+            regions[recv_index, start : start + received.numel()].add_(received)
 
 
-def all_gather_(flat: torch.Tensor, process_group=None) -> None:
+def all_gather_(flat: torch.Tensor, process_group=None, *, lengths: list[int] | None = None) -> None:
     """Copy every rank's region of `flat` to all ranks (in place: region r comes from rank r).
 
     Args:
         flat: buffer of world_size equal regions; this rank's region holds its values.
         process_group: the data-parallel group (None: default).
+        lengths: elements at the start of each region that carry data (gloo: only those travel);
+            None: whole regions.
     """
     rank, world_size = group_rank_and_size(process_group)
     if world_size == 1:
@@ -88,13 +104,14 @@ def all_gather_(flat: torch.Tensor, process_group=None) -> None:
     if not uses_p2p_rings(process_group):
         dist.all_gather_into_tensor(flat, regions[rank], group=process_group)
         return
+    lengths = lengths or [regions.shape[1]] * world_size
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     for step in range(world_size - 1):
         send_index = (rank - step) % world_size
         recv_index = (rank - step - 1) % world_size
         _exchange(
-            regions[send_index],
-            regions[recv_index],
+            regions[send_index, : lengths[send_index]],
+            regions[recv_index, : lengths[recv_index]],
             to_rank=right,
             from_rank=left,
             process_group=process_group,
@@ -112,5 +129,13 @@ RECV_BUFFER_ELEMENTS = 1 << 22
 
 
 def ring_bytes(region_size: int, element_size: int, world_size: int) -> int:
-    """Bytes one rank sends in one reduce_scatter_ or all_gather_ of a flat buffer."""
+    """Bytes one rank sends in one reduce-scatter or all-gather of whole regions (NCCL: padding included)."""
     return (world_size - 1) * region_size * element_size
+
+
+def p2p_ring_bytes(lengths: list[int], rank: int, element_size: int) -> tuple[int, int]:
+    """(reduce_scatter_, all_gather_) bytes `rank` sends on gloo, where only each region's data travels."""
+    total, world_size = sum(lengths), len(lengths)
+    if world_size == 1:
+        return 0, 0
+    return (total - lengths[rank]) * element_size, (total - lengths[(rank + 1) % world_size]) * element_size

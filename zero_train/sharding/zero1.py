@@ -112,6 +112,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
         self.layout: FlatLayout = flat_layout(
             [p.numel() for p in self._params], self._owners, self.world_size
         )
+        self._region_lengths = self.layout.loads()  # the padding after them never travels (gloo rings)
         dtype, device = self._params[0].dtype, self._params[0].device
         self._param_buffer = torch.zeros(self.layout.total_size, dtype=dtype, device=device)
         for param, offset in zip(self._params, self.layout.offsets, strict=True):
@@ -183,7 +184,9 @@ class Zero1Optimizer(torch.optim.Optimizer):
         if self._reduced:
             return
         self._grads.average(self._params)  # divide first, as DDP's allreduce_hook does
-        collectives.reduce_scatter_(self._grad_buffer, self._recv_buffer, self.process_group)
+        collectives.reduce_scatter_(
+            self._grad_buffer, self._recv_buffer, self.process_group, lengths=self._region_lengths
+        )
         for param, owner in zip(self._params, self._owners, strict=True):
             param.grad = self._grad_slots[id(param)] if owner == self.rank else None
         self._set_master_grads()
@@ -273,7 +276,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
             if self.has_master_copies:
                 start, stop = self.layout.region(self.rank)
                 self._param_buffer[start:stop].copy_(self._master_flat)
-            collectives.all_gather_(self._param_buffer, self.process_group)
+            collectives.all_gather_(self._param_buffer, self.process_group, lengths=self._region_lengths)
         self._end_step()
         return loss
 
@@ -413,7 +416,7 @@ class Zero1Optimizer(torch.optim.Optimizer):
         full = torch.empty(self.layout.total_size, dtype=self.master_dtype, device=self._master_flat.device)
         start, stop = self.layout.region(self.rank)
         full[start:stop].copy_(self._master_flat)
-        collectives.all_gather_(full, self.process_group)
+        collectives.all_gather_(full, self.process_group, lengths=self._region_lengths)
         offsets = {id(p): off for p, off in zip(self._params, self.layout.offsets, strict=True)}
         return [
             full[offsets[id(p)] : offsets[id(p)] + p.numel()].view_as(p)
