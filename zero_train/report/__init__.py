@@ -1,0 +1,15 @@
+"""Run records -> report: Markdown, PNG plots and a JSON summary, measured next to theory.
+
+    zero-train profile --model tiny --world-sizes 1,2 --out runs/profile
+    zero-train report runs/profile                 # runs/profile/report/{report.md, *.png, summary.json}
+
+Modules, in the order data flows through them:
+    models.py    the model facts theory needs (shape, parameter sizes), rebuilt from a record's model name
+    compare.py   pure: one run record -> one comparison row (measured vs paper vs DeepSpeed vs ours)
+    traffic.py   pure: communication per step vs the paper's volume
+    explain.py   pure: the sentences that explain every large gap, from the categories
+    summary.py   the machine-readable summary.json
+    markdown.py  report.md
+    plots.py     PNG plots (matplotlib, Agg backend)
+    build.py     loads the records, writes everything into OUT (nothing left behind on failure)
+"""

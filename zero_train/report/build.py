@@ -1,0 +1,138 @@
+"""From a profile directory to the report files: load, compare, explain, write (all or nothing).
+
+    from zero_train.report.build import write_report
+    paths = write_report("runs/profile", "runs/profile/report")   # report.md, *.png, summary.json
+
+Everything is generated into a temporary folder inside OUT and only then moved into OUT, so a failure
+(unwritable OUT, a plotting error) leaves no half-written report behind; a directory this call created
+is removed again.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import tempfile
+
+from zero_train.errors import UsageError
+from zero_train.memory.record import load_records
+
+REPORT_NAME = "report.md"
+SUMMARY_NAME = "summary.json"
+
+
+def analyze(records: list[dict]) -> list[dict]:
+    """Comparison rows of every record (sorted: model, precision, world size, engine), explained.
+
+    Args:
+        records: validated run records.
+
+    Returns:
+        One row per record; successful rows carry "explanations" (a list of sentences).
+    """
+    from zero_train.report.compare import cell_sort_key, compare_cell
+    from zero_train.report.explain import explain_cell
+    from zero_train.report.models import model_facts
+
+    rows, facts_of = [], {}
+    for record in sorted(records, key=cell_sort_key):
+        lookup = model_facts(record.get("model"), record.get("num_params"))
+        row = compare_cell(record, lookup)
+        facts_of[row["cell"]] = lookup.facts
+        rows.append(row)
+    references = {
+        (row["model"], row["precision"], row["world_size"]): row
+        for row in rows
+        if row["engine"] == "ddp" and row["error"] is None
+    }
+    for row in rows:
+        if row["error"] is None:
+            reference = references.get((row["model"], row["precision"], row["world_size"]))
+            row["explanations"] = explain_cell(row, facts_of[row["cell"]], reference)
+    return rows
+
+
+def _load(directory: pathlib.Path) -> list[dict]:
+    """The records, or a UsageError of ONE line (a record's further schema problems are counted, not listed)."""
+    try:
+        return load_records(directory)
+    except UsageError as err:
+        more = f" (and {len(err.problems)} more problem(s) in that file)" if err.problems else ""
+        raise UsageError(f"{err}{more}") from None
+
+
+def _generate(rows: list[dict], directory: pathlib.Path, staging: pathlib.Path) -> list[str]:
+    """Write plots, summary.json and report.md into `staging`; return the file names."""
+    from zero_train.report.markdown import render_report
+    from zero_train.report.plots import write_plots
+    from zero_train.report.summary import build_summary, write_summary
+
+    plots = write_plots(rows, staging)
+    files = [REPORT_NAME, SUMMARY_NAME, *plots["bytes_per_param"], *plots["categories"]]
+    summary = build_summary(rows, source=str(directory), files=files)
+    write_summary(summary, staging / SUMMARY_NAME)
+    (staging / REPORT_NAME).write_text(render_report(summary, plots))
+    return files
+
+
+def _make_out(out: pathlib.Path) -> list[pathlib.Path]:
+    """Create OUT (and missing parents); return the directories created, outermost first."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a directory for the report")
+    created = [p for p in reversed([out, *out.parents]) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(
+            f"cannot create the report directory {out} ({err.strerror}); choose another --out"
+        ) from None
+    return created
+
+
+def _check_out(directory: pathlib.Path, out: pathlib.Path) -> None:
+    resolved_dir, resolved_out = directory.resolve(), out.resolve()
+    if resolved_out == resolved_dir or resolved_out in resolved_dir.parents:
+        raise UsageError(
+            f"--out {out} would contain the run records of {directory}; use e.g. {directory}/report"
+        )
+
+
+def write_report(directory, out) -> dict[str, pathlib.Path]:
+    """Read DIR's run records and write report.md, the PNG plots and summary.json into OUT.
+
+    Args:
+        directory: a `zero-train profile --out` directory (or a directory of run record JSON files).
+        out: where the report goes (created if missing; files of the same names are replaced).
+
+    Returns:
+        file name -> path of every file written.
+
+    Raises:
+        UsageError: no or invalid records, or OUT cannot be written; nothing is left in OUT then.
+    """
+    directory, out = pathlib.Path(directory), pathlib.Path(out)
+    records = _load(directory)
+    _check_out(directory, out)
+    rows = analyze(records)
+    created = _make_out(out)
+    try:
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=".report-", dir=out))
+    except OSError as err:
+        _remove(created)
+        raise UsageError(f"cannot write into {out} ({err.strerror}); choose another --out") from None
+    try:
+        files = _generate(rows, directory, staging)
+        paths = {name: out / name for name in files}
+        for name, path in paths.items():
+            (staging / name).replace(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove(created)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return paths
+
+
+def _remove(created: list[pathlib.Path]) -> None:
+    if created:
+        shutil.rmtree(created[0], ignore_errors=True)

@@ -1,0 +1,206 @@
+"""One run record -> one comparison row: measured per-rank bytes next to the paper, DeepSpeed and ours.
+
+Pure functions (no files, no plotting). Every ratio is estimate / measured: 1.00 is exact, below 1 the
+estimate is too low. The row of a cell describes its REPORTED RANK, the rank with the highest measured
+peak (the one that decides whether a run fits); every rank's own numbers stay in row["ranks"].
+
+Row keys (summary.json's "cells"; zero_train.report.summary documents the file):
+    cell, engine, zero_stage, world_size, precision, model, num_params, micro_batch_size, block_size,
+    steps, tokens_per_s, error, reported_rank, ranks, categories, allocator_bytes, peak_bytes,
+    baseline_bytes, bytes_per_param, model_states, ours_categories, paper_categories, footprint, peak,
+    comm, notes (and explanations, added by zero_train.report.explain)
+"""
+
+from __future__ import annotations
+
+from zero_train.memory import theory
+from zero_train.memory.record import CATEGORIES, MODEL_STATE_CATEGORIES
+from zero_train.report.models import FactsLookup
+from zero_train.report.traffic import comm_comparison
+
+PEAK_GOAL = 0.10
+"""Our estimate of the peak should be within 10% of the measured peak (issue 5's accuracy goal)."""
+
+GAP_FRACTION = 0.02
+"""A gap worth explaining in words: at least 2% of the quantity compared (the accuracy target's tolerance)."""
+MIN_GAP_BYTES = 64 * 1024
+"""... and at least 64 KiB (smaller gaps are allocator noise)."""
+
+ENGINE_ORDER = ("ddp", "zero1", "torch-zero", "ds1", "ds2", "ds3")
+ENGINE_LABELS = {
+    "ddp": "torch DDP",
+    "zero1": "our ZeRO-1",
+    "torch-zero": "torch ZeroRedundancyOptimizer",
+    "ds1": "DeepSpeed ZeRO-1",
+    "ds2": "DeepSpeed ZeRO-2",
+    "ds3": "DeepSpeed ZeRO-3",
+}
+
+
+def cell_name(record: dict) -> str:
+    """The cell's name as `zero-train profile` writes it, e.g. `ds2-w2-fp32`."""
+    return f"{record['engine']}-w{record['world_size']}-{record['precision']}"
+
+
+def cell_sort_key(record: dict) -> tuple:
+    """Model, precision, world size, then the engines in the order of the ZeRO stages."""
+    engine = record.get("engine")
+    engine_index = ENGINE_ORDER.index(engine) if engine in ENGINE_ORDER else len(ENGINE_ORDER)
+    return (
+        str(record.get("model")),
+        str(record.get("precision")),
+        record.get("world_size") or 0,
+        engine_index,
+    )
+
+
+def ratio(estimate: float | None, measured: float | None) -> float | None:
+    """estimate / measured, or None when either is unknown or measured is zero."""
+    if estimate is None or not measured:
+        return None
+    return estimate / measured
+
+
+def is_large(gap: float, reference: float) -> bool:
+    """Whether a gap of `gap` bytes is worth a sentence next to a quantity of `reference` bytes."""
+    return abs(gap) >= MIN_GAP_BYTES and abs(gap) >= GAP_FRACTION * abs(reference)
+
+
+def model_state_bytes(categories: dict) -> int:
+    """Params + grads + fp32 master params + optimizer states: the ZeRO paper's "model states"."""
+    return sum(categories[name] for name in MODEL_STATE_CATEGORIES)
+
+
+def reported_rank(record: dict) -> dict:
+    """The rank with the highest peak (the lowest rank number on ties)."""
+    return max(record["ranks"], key=lambda rank: (rank["peak_bytes"], -rank["rank"]))
+
+
+def _rank_row(rank: dict) -> dict:
+    return dict(
+        rank=rank["rank"],
+        categories={name: rank["categories"][name] for name in CATEGORIES},
+        model_state_bytes=model_state_bytes(rank["categories"]),
+        allocator_bytes=rank["allocator_bytes"],
+        peak_bytes=rank["peak_bytes"],
+        baseline_bytes=rank.get("baseline_bytes"),
+        phases=rank.get("phases", []),
+        comm_bytes_per_step=rank.get("comm_bytes_per_step"),
+    )
+
+
+def _meta(record: dict) -> dict:
+    keys = ("engine", "zero_stage", "world_size", "precision", "model", "num_params", "micro_batch_size")
+    row = dict(cell=cell_name(record), **{key: record.get(key) for key in keys})
+    row.update(block_size=record.get("block_size"), steps=record.get("steps"), error=record.get("error"))
+    row.update(
+        tokens_per_s=record.get("tokens_per_s"),
+        device=record.get("device"),
+        ds_config=record.get("ds_config"),
+    )
+    return row
+
+
+def ours_categories(record: dict, lookup: FactsLookup) -> dict[str, int] | None:
+    """Our model of the engine (zero_train.memory.theory.engine_categories), None without model facts."""
+    if lookup.facts is None or record["engine"] not in theory.ENGINE_STAGES:
+        return None
+    return theory.engine_categories(
+        record["engine"],
+        lookup.facts.shape,
+        record["world_size"],
+        precision=record["precision"],
+        micro_batch_size=record["micro_batch_size"],
+        block_size=record["block_size"],
+        ds_config=record.get("ds_config"),
+    )
+
+
+def _model_states(record: dict, measured: int, ours: dict | None, largest_layer: int) -> dict:
+    """Measured model-state bytes beside the paper's, DeepSpeed's estimator's and ours, with ratios."""
+    num_params, world_size, stage = record["num_params"], record["world_size"], record["zero_stage"]
+    paper = theory.paper_bytes(num_params, world_size, stage, precision=record["precision"])
+    deepspeed = theory.deepspeed_estimate(num_params, world_size, stage, largest_layer_params=largest_layer)
+    ours_states = None if ours is None else sum(ours[name] for name in MODEL_STATE_CATEGORIES)
+    return dict(
+        measured=measured,
+        paper=paper,
+        deepspeed=deepspeed,
+        ours=ours_states,
+        paper_ratio=ratio(paper, measured),
+        deepspeed_ratio=ratio(deepspeed, measured),
+        ours_ratio=ratio(ours_states, measured),
+    )
+
+
+def _peak(peak_bytes: int, other: int, states: dict, ours: dict | None) -> dict:
+    """Measured peak beside each estimate plus the measured "other" (no estimator predicts "other")."""
+
+    def plus_other(estimate):
+        return None if estimate is None else estimate + other
+
+    ours_total = None if ours is None else sum(ours.values())
+    result = dict(measured=peak_bytes, other=other, other_share=ratio(other, peak_bytes))
+    for name, estimate in (
+        ("paper", states["paper"]),
+        ("deepspeed", states["deepspeed"]),
+        ("ours", ours_total),
+    ):
+        result[name] = plus_other(estimate)
+        result[f"{name}_ratio"] = ratio(plus_other(estimate), peak_bytes)
+    result["within_goal"] = None if ours is None else abs(result["ours_ratio"] - 1) <= PEAK_GOAL
+    return result
+
+
+def _bytes_per_param(categories: dict, allocator: int, peak: int, num_params: int) -> dict:
+    per_param = {name: categories[name] / num_params for name in CATEGORIES}
+    per_param.update(
+        model_states=model_state_bytes(categories) / num_params,
+        allocator=allocator / num_params,
+        peak=peak / num_params,
+    )
+    return per_param
+
+
+def compare_cell(record: dict, lookup: FactsLookup) -> dict:
+    """The comparison row of one run record (a failed cell: its settings and error only).
+
+    Args:
+        record: a validated run record (zero_train.memory.record).
+        lookup: the model facts for the record's model (zero_train.report.models.model_facts).
+
+    Returns:
+        The row (see the module docstring for its keys); byte counts are per rank.
+    """
+    row = _meta(record)
+    if record.get("error") is not None:
+        return row
+    rank = _rank_row(reported_rank(record))
+    categories, num_params = rank["categories"], record["num_params"]
+    ours = ours_categories(record, lookup)
+    largest_layer = lookup.facts.shape.largest_layer_params if lookup.facts else 0
+    states = _model_states(record, rank["model_state_bytes"], ours, largest_layer)
+    footprint_measured = rank["allocator_bytes"] - categories["other"]
+    row.update(
+        reported_rank=rank["rank"],
+        ranks=[_rank_row(r) for r in record["ranks"]],
+        categories=categories,
+        allocator_bytes=rank["allocator_bytes"],
+        peak_bytes=rank["peak_bytes"],
+        baseline_bytes=rank["baseline_bytes"],
+        bytes_per_param=_bytes_per_param(categories, rank["allocator_bytes"], rank["peak_bytes"], num_params),
+        model_states=states,
+        ours_categories=ours,
+        paper_categories=theory.paper_categories(
+            num_params, record["world_size"], record["zero_stage"], precision=record["precision"]
+        ),
+        footprint=dict(
+            measured=footprint_measured,
+            ours=None if ours is None else sum(ours.values()),
+            ratio=None if ours is None else ratio(sum(ours.values()), footprint_measured),
+        ),
+        peak=_peak(rank["peak_bytes"], categories["other"], states, ours),
+        comm=comm_comparison(record, rank["comm_bytes_per_step"]),
+        notes=[] if lookup.facts else [f"our model: n/a, {lookup.problem}"],
+    )
+    return row

@@ -1,0 +1,257 @@
+"""Sentences about what no model-state formula covers: "other", the peak, communication per step.
+
+Pure functions over comparison rows (zero_train.report.compare); see zero_train.report.explain.
+"""
+
+from __future__ import annotations
+
+from zero_train.report import units
+from zero_train.report.buffers import zero1_buffer_bytes
+from zero_train.report.compare import is_large
+from zero_train.report.models import ModelFacts
+from zero_train.report.traffic import element_bytes
+
+DEEPSPEED_FIRST_INIT_BYTES = 16_000_000
+"""Library state the first `deepspeed.initialize` of a process allocates beyond the tensors it creates.
+Measured here (DeepSpeed 0.19.8, torch 2.13 CPU, one gloo rank, ZeRO-1 fp32): +15.5 MB with `tiny`,
++16.1 MB with `gpt2-25m`, while about 570 modules are imported and DeepSpeed's shared-memory comm op
+is loaded; a second initialize in the same process adds 0.1-0.8 MB beyond its tensors."""
+ADAMW_FLAT_TEMPORARY_BYTES = 8
+"""Peak rise of one torch.optim.AdamW step (single-tensor implementation, CPU) per element of a single flat
+fp32 parameter: two fp32 temporaries (measured here: +8.0 bytes per element for a 25M-element tensor)."""
+# The phase whose end level is where a phase starts (forward follows the previous step).
+PHASE_STARTS = {"forward": ("step", "engine_initialized"), "step": ("forward",), "engine_initialized": ()}
+
+
+def _phase(row: dict, name: str) -> dict | None:
+    rank = next(r for r in row["ranks"] if r["rank"] == row["reported_rank"])
+    return next((p for p in rank["phases"] if p["name"] == name), None)
+
+
+def _unattributed(row: dict) -> int:
+    return row["categories"]["other"] - (row["baseline_bytes"] or 0)
+
+
+def other_sentences(row: dict, reference: dict | None) -> list[str]:
+    """Where "other" comes from: the baseline before the model, then growth no engine tensor owns."""
+    other, baseline = row["categories"]["other"], row["baseline_bytes"] or 0
+    sentences = [
+        f"other = {units.mb(other)} ({units.percent(other / row['allocator_bytes'])} of the training "
+        f"footprint), owned by no engine tensor: {units.mb(baseline)} was in use before the model existed "
+        "(the probe's baseline: the interpreter, torch, transformers, DeepSpeed, the tokenizer and the "
+        f"tokenized dataset); {units.mb(other - baseline)} appeared later (library state created while "
+        "building the model and the engine, allocator chunk headers)."
+    ]
+    if reference is None or reference is row:
+        return sentences
+    extra = _unattributed(row) - _unattributed(reference)
+    if not is_large(extra, row["allocator_bytes"]) or abs(extra) < 1e6:
+        return sentences
+    sentence = (
+        f"{row['engine']} leaves {units.mb(extra)} more in other than ddp at {units.ranks(row['world_size'])}"
+    )
+    if row["engine"].startswith("ds") and extra > 0:
+        explained = min(extra, DEEPSPEED_FIRST_INIT_BYTES)
+        sentence += (
+            f": about {units.mb(explained)} is the library state of the first deepspeed.initialize in a "
+            "process (measured separately: about 570 modules imported and the shared-memory comm op loaded, "
+            "0.1-0.8 MB on a second call)"
+        )
+        extra -= explained
+    if abs(extra) < 1e6:
+        return sentences + [sentence + "."]
+    sentence += f"; unexplained: {units.mb(extra)}"
+    built, reference_built = _phase(row, "model_built"), _phase(reference, "model_built")
+    if built and reference_built and row["engine"] != "ds3":  # ZeRO-3 builds the model already partitioned
+        before = built["current_bytes"] - reference_built["current_bytes"]
+        sentence += (
+            f" ({units.mb(before)} of the difference was there after building the model, before the engine)"
+        )
+    return sentences + [sentence + "."]
+
+
+def _peak_phase(row: dict) -> tuple[dict, int | None]:
+    """The phase where the reported rank's peak was seen, and the level that phase started from."""
+    rank = next(r for r in row["ranks"] if r["rank"] == row["reported_rank"])
+    phase = max(rank["phases"], key=lambda p: p["peak_bytes"])
+    for previous in PHASE_STARTS.get(phase["name"], ()):
+        start = _phase(row, previous)
+        if start is not None:
+            return phase, start["current_bytes"]
+    return phase, None
+
+
+def _transient(row: dict) -> int | None:
+    phase, start = _peak_phase(row)
+    return None if start is None else phase["peak_bytes"] - start
+
+
+def _peak_cause(row: dict, facts: ModelFacts | None, phase: str, reference: dict | None) -> str:
+    if phase == "forward" and row["engine"] == "ds3":
+        zero = (row.get("ds_config") or {}).get("zero_optimization", {})
+        live = int(zero.get("stage3_max_live_parameters", 1e9))
+        extra = ""
+        if reference is not None and _transient(reference) is not None and _transient(row) is not None:
+            extra = f" ({units.mb(_transient(row) - _transient(reference))} more than ddp's forward rise)"
+        whole = row["num_params"] * element_bytes(row["precision"])
+        return (
+            f"ZeRO-3's forward peak includes gathered parameters{extra}: the whole model is {units.mb(whole)} "
+            f"gathered, and stage3_max_live_parameters = {live:,} lets all {row['num_params']:,} be live at once"
+        )
+    if phase == "forward":
+        vocab = facts.shape.vocab_size if facts else 0
+        logits = row["micro_batch_size"] * row["block_size"] * vocab * 4
+        return (
+            "forward+backward temporaries: the logits and their log-softmax and gradient "
+            f"({row['micro_batch_size']} x {row['block_size']} x {vocab:,} fp32 = {units.mb(logits)} each) "
+            "live together for a moment"
+        )
+    if phase == "step" and row["engine"].startswith("ds"):
+        return _deepspeed_step_cause(row)
+    if phase == "step":
+        return _torch_step_cause(row, facts)
+    return f"temporaries of the {phase} phase: unexplained in detail"
+
+
+def _torch_step_cause(row: dict, facts: ModelFacts | None) -> str:
+    """Our engines' step: fp32 master gradients (mixed precision), then AdamW one tensor at a time."""
+    rise = _transient(row) or 0
+    parts, predicted = [], 0
+    if row["precision"] != "fp32" and row["engine"] in ("ddp", "torch-zero"):
+        master_grads = 4 * row["num_params"]
+        parts.append(
+            f"the fp32 master gradient of every parameter ({units.mb(master_grads)}, grads_to_master)"
+        )
+        predicted += master_grads
+    if row["precision"] != "fp32" and row["engine"] == "zero1":
+        master_grads = 4 * row["num_params"] / row["world_size"]
+        parts.append(
+            f"the fp32 master gradients of the owned region ({units.mb(master_grads)}, 4/N bytes/param)"
+        )
+        predicted += master_grads
+    if facts is not None:
+        largest = max(facts.param_numels)
+        parts.append(
+            f"torch's single-tensor AdamW temporaries, one tensor at a time (2 x 4 bytes x the largest tensor's "
+            f"{largest:,} elements = {units.mb(ADAMW_FLAT_TEMPORARY_BYTES * largest)})"
+        )
+        predicted += ADAMW_FLAT_TEMPORARY_BYTES * largest
+    words = f"the optimizer step's temporaries: {' + '.join(parts) or 'no rule'}"
+    residual = rise - predicted
+    if is_large(residual, rise):
+        words += f"; unexplained: {units.mb(residual)}"
+    return words
+
+
+def _deepspeed_step_cause(row: dict) -> str:
+    """DeepSpeed's step: torch AdamW over one flat fp32 partition allocates partition-sized temporaries."""
+    rise = _transient(row) or 0
+    optimizer = (row.get("ds_config") or {}).get("optimizer", {})
+    if not optimizer.get("params", {}).get("torch_adam"):
+        return (
+            f"DeepSpeed's optimizer step temporaries ({rise / row['num_params']:.1f} bytes/param): unexplained in "
+            "detail, no estimator (ours included) models them"
+        )
+    predicted = ADAMW_FLAT_TEMPORARY_BYTES * row["num_params"] / row["world_size"]
+    words = (
+        f"DeepSpeed runs torch's AdamW (torch_adam) on ONE flat fp32 partition (Psi/{row['world_size']} elements), "
+        f"and its single-tensor update allocates two partition-sized fp32 temporaries, "
+        f"{ADAMW_FLAT_TEMPORARY_BYTES}/{row['world_size']} bytes/param = {units.mb(predicted)} (per-tensor engines "
+        "allocate them one tensor at a time); no estimator, ours included, models them"
+    )
+    residual = rise - predicted
+    if is_large(residual, rise):
+        words += f"; unexplained: {units.mb(residual)}"
+    return words
+
+
+def peak_sentences(row: dict, facts: ModelFacts | None, reference: dict | None) -> list[str]:
+    """Where the peak happened, what was alive then, and how our estimate compares with it."""
+    peak, footprint = row["peak_bytes"], row["allocator_bytes"]
+    phase, start = _peak_phase(row)
+    rise = "" if start is None else f", {units.mb(peak - start)} above the level that phase started from"
+    sentence = f"peak {units.mb(peak)} in the {phase['name']} phase{rise}: "
+    if peak < footprint:
+        activations = row["categories"]["activations"]
+        sentence += (
+            f"below the footprint ({units.mb(footprint)} = step-boundary level + {units.mb(activations)} of "
+            "activations) because gradients are freed before the next forward and activations are released "
+            "during backward as gradients appear: the two never coexist in full"
+        )
+    else:
+        sentence += _peak_cause(row, facts, phase["name"], reference)
+    sentences = [sentence + "."]
+    estimate = row["peak"]
+    if estimate["ours"] is not None:
+        verdict = "within" if estimate["within_goal"] else "OUTSIDE"
+        sentences.append(
+            f"our estimate of the peak, ours {units.mb(row['footprint']['ours'])} + the measured other "
+            f"{units.mb(estimate['other'])} = {units.mb(estimate['ours'])}, is {units.ratio_text(estimate['ours_ratio'])} "
+            f"x the measured peak: {verdict} the 10% goal."
+        )
+    return sentences
+
+
+def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> str | None:
+    engine, world_size = row["engine"], row["world_size"]
+    zero = (row.get("ds_config") or {}).get("zero_optimization", {})
+    if engine == "ddp":
+        return "DDP all-reduces every gradient bucket: the paper's 2 Psi"
+    if engine == "torch-zero":
+        masters = " (its fp32 master copies: 4 bytes each)" if row["precision"] != "fp32" else ""
+        return (
+            "ZeroRedundancyOptimizer wraps DDP: gradients are all-reduced whole (2 Psi, not reduce-scattered), "
+            f"then every owner broadcasts its updated parameters{masters}: {psi.get('broadcast', 0):.2f} Psi"
+        )
+    if engine == "zero1" and world_size == 1:
+        return "our ZeRO-1 skips every collective on 1 rank"
+    if engine == "zero1" and facts is not None:
+        region = zero1_buffer_bytes(facts, world_size, 1)["region_elements"]
+        padded = world_size * region / row["num_params"]
+        return (
+            "our ZeRO-1 runs point-to-point rings on gloo (reduce-scatter, then all-gather; the ledger counts a "
+            f"message on both ends); regions are padded to the largest ({region:,} elements, {world_size} x "
+            f"region = {padded:.3f} Psi), so the rings move {2 * padded:.2f} Psi"
+        )
+    if (
+        engine in ("ds1", "ds2")
+        and psi.get("all_reduce")
+        and zero.get("use_multi_rank_bucket_allreduce", True)
+    ):
+        gather = ", plus the all-gather of the updated parameters (1 Psi)" if psi.get("all_gather") else ""
+        return ("DeepSpeed 0.19's ZeRO-1/2 all-reduces its gradient buckets (zero_optimization."
+                "use_multi_rank_bucket_allreduce, default true) instead of reduce-scattering them: 2 Psi instead of "
+                f"1{gather}")  # fmt: skip
+    if engine == "ds3" and 0 < psi.get("all_gather", 0) < 1.5:
+        live = int(zero.get("stage3_max_live_parameters", 1e9))
+        return (
+            f"the paper counts 3 Psi for ZeRO-3 (parameters all-gathered in forward and again in backward); "
+            f"here {psi['all_gather']:.2f} Psi of all-gather: parameters gathered in forward stayed live through "
+            f"backward (stage3_max_live_parameters = {live:,} >= {row['num_params']:,})"
+        )
+    return None
+
+
+def comm_sentences(row: dict, facts: ModelFacts | None) -> list[str]:
+    """Communication per step in Psi units, the paper's volume, and why they differ."""
+    comm = row["comm"]
+    if comm["payload"] is None:
+        return ["communication: not measured (no CommLedger in this run)."]
+    psi = {key: value / comm["psi_bytes"] for key, value in comm["volume"].items()}
+    terms = " + ".join(f"{key} {value:.2f}" for key, value in psi.items() if value >= 0.005) or "nothing"
+    paper_psi = comm["paper_volume"] / comm["psi_bytes"]
+    sentence = (
+        f"communication per step: {terms} = {comm['measured_volume'] / comm['psi_bytes']:.2f} Psi in the "
+        f"paper's unit (Psi = {row['num_params']:,} x {element_bytes(row['precision'])} bytes), the paper "
+        f"{paper_psi:.0f} Psi: {units.ratio_text(comm['ratio'])} x"
+    )
+    cause = _comm_cause(row, facts, psi)
+    sentence += f"; {cause}" if cause else ""
+    if row["world_size"] == 1 and comm["measured_volume"]:
+        sentence += "; with 1 rank the collectives run but move nothing over a wire"
+    if comm["gloo_emulated_reduce_scatter"] and row["world_size"] > 1:
+        sentence += (
+            "; on gloo, reduce_scatter is emulated inside the backend as an all-reduce plus a copy, so the wire "
+            f"carries about twice the {psi['reduce_scatter']:.2f} Psi counted for it"
+        )
+    return [sentence + "."]

@@ -1,0 +1,202 @@
+"""report.md: the summary rendered for people (tables, plots, and every gap in words)."""
+
+from __future__ import annotations
+
+from zero_train.memory.record import CATEGORIES
+from zero_train.report import units
+from zero_train.report.compare import ENGINE_LABELS, PEAK_GOAL
+from zero_train.report.markdown_text import PREAMBLE, theory_note
+
+STAGE_FORMULAS = {0: "DDP", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (first column left-aligned, the others right-aligned)."""
+    align = ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _mb(value: float) -> str:
+    """A number for a column headed in MB (tiny values keep their "bytes" unit)."""
+    return units.mb(value).removesuffix(" MB")
+
+
+def _title(summary: dict) -> str:
+    groups = summary["groups"]
+    if not groups:
+        return "# Memory report: no cell succeeded"
+    models = sorted({f"{g['model']} ({g['num_params']:,} params)" for g in groups})
+    precisions = sorted({g["precision"] for g in groups})
+    sizes = sorted({w for g in groups for w in g["world_sizes"]})
+    return (
+        f"# Memory report: {', '.join(models)}, {'/'.join(precisions)}, "
+        f"world sizes {', '.join(map(str, sizes))}"
+    )
+
+
+def _bytes_per_param_section(group: dict) -> str:
+    sizes, table_data = group["world_sizes"], group["bytes_per_param"]
+    header = ["engine", *[f"model states, {units.ranks(w)}" for w in sizes]]
+    header += [f"peak, {units.ranks(w)}" for w in sizes]
+    rows = []
+    for engine in group["engines"]:
+        states = table_data["model_states"].get(engine, {})
+        peaks = table_data["peak"].get(engine, {})
+        row = [f"{engine} ({ENGINE_LABELS.get(engine, engine)})"]
+        row += [f"{states[w]:.2f}" if w in states else "-" for w in sizes]
+        row += [f"{peaks[w]:.2f}" if w in peaks else "-" for w in sizes]
+        rows.append(row)
+    for stage, values in sorted(table_data["paper"].items()):
+        row = [f"paper, stage {stage} ({STAGE_FORMULAS[stage]})"]
+        row += [f"{values[w]:.2f}" if w in values else "-" for w in sizes] + ["-"] * len(sizes)
+        rows.append(row)
+    return (
+        f"### {group['model']}, {group['precision']}: bytes per parameter, per rank\n\n"
+        "Model states = params + grads + fp32 master params + optimizer states, measured at the step "
+        'boundary; peak = the highest allocator level of the run (everything, "other" included).\n\n'
+        + table(header, rows)
+    )
+
+
+def _category_section(cells: list[dict]) -> str:
+    header = ["cell", "rank", *CATEGORIES, "total", "peak", "model states B/param", "peak B/param"]
+    rows = []
+    for cell in cells:
+        categories = [_mb(cell["categories"][name]) for name in CATEGORIES]
+        per_param = cell["bytes_per_param"]
+        rows.append(
+            [cell["cell"], str(cell["reported_rank"]), *categories,
+             _mb(cell["allocator_bytes"]), _mb(cell["peak_bytes"]),
+             f"{per_param['model_states']:.2f}", f"{per_param['peak']:.2f}"]
+        )  # fmt: skip
+    return (
+        "## Per-rank memory by category (MB)\n\n"
+        "The reported rank of each cell is the one with the highest peak. total = the training footprint "
+        '(allocator level at the last step boundary + activations) = the sum of the categories, "other" '
+        "included.\n\n" + table(header, rows)
+    )
+
+
+def _spread(cell: dict) -> str:
+    values = [rank["model_state_bytes"] / cell["num_params"] for rank in cell["ranks"]]
+    return (
+        f"{min(values):.2f}" if max(values) - min(values) < 0.005 else f"{min(values):.2f}-{max(values):.2f}"
+    )
+
+
+def _states_section(cells: list[dict]) -> str:
+    header = ["cell", "measured B/param", "ranks", "paper", "paper ÷ meas.", "DeepSpeed est.", "DS ÷ meas.",
+              "ours", "ours ÷ meas."]  # fmt: skip
+    rows = []
+    for cell in cells:
+        states, psi = cell["model_states"], cell["num_params"]
+        rows.append([
+            cell["cell"], units.per_param(states["measured"], psi), _spread(cell),
+            units.per_param(states["paper"], psi), units.ratio_text(states["paper_ratio"]),
+            units.per_param(states["deepspeed"], psi), units.ratio_text(states["deepspeed_ratio"]),
+            units.per_param(states["ours"], psi), units.ratio_text(states["ours_ratio"]),
+        ])  # fmt: skip
+    return (
+        "## Model states: measured vs theory\n\n"
+        'Bytes per parameter on the reported rank ("ranks": the range over all ranks). Ratios are '
+        "estimate ÷ measured. n/a under DeepSpeed: DeepSpeed has no estimator for stages 0 and 1.\n\n"
+        + table(header, rows)
+    )
+
+
+def _goal_mark(peak: dict) -> str:
+    if peak["within_goal"] is None:
+        return "n/a"
+    return "yes" if peak["within_goal"] else "**no**"
+
+
+def _peak_section(cells: list[dict]) -> str:
+    header = ["cell", "peak MB", "other MB", "other share", "paper+other ÷ peak", "DS+other ÷ peak",
+              "ours+other ÷ peak", f"ours within {PEAK_GOAL:.0%}", "ours ÷ footprint w/o other"]  # fmt: skip
+    rows = []
+    for cell in cells:
+        peak = cell["peak"]
+        rows.append([
+            cell["cell"], _mb(peak["measured"]), _mb(peak["other"]),
+            units.percent(peak["other_share"]), units.ratio_text(peak["paper_ratio"]),
+            units.ratio_text(peak["deepspeed_ratio"]), units.ratio_text(peak["ours_ratio"]), _goal_mark(peak),
+            units.ratio_text(cell["footprint"]["ratio"]),
+        ])  # fmt: skip
+    within = [c for c in cells if c["peak"]["within_goal"]]
+    return (
+        "## Peak: measured vs estimates\n\n"
+        'No estimator predicts "other" (interpreter, libraries, data: see the explanations), so each '
+        'estimate is given the measured "other" and compared with the measured peak; the last column '
+        'compares ours with the measured footprint without "other" (model states + buffers + activations), '
+        f"the part a memory model can predict. Goal: ours within {PEAK_GOAL:.0%} of the peak for every engine. "
+        f"**{len(within)} of {len(cells)} cells meet it.**\n\n" + table(header, rows)
+    )
+
+
+def _comm_section(cells: list[dict]) -> str:
+    header = ["cell", "collectives (payload MB)", "measured (Psi)", "paper (Psi)", "measured ÷ paper",
+              "sent MB (est.)", "ideal ring sends MB"]  # fmt: skip
+    rows = []
+    for cell in cells:
+        comm = cell["comm"]
+        if comm["payload"] is None:
+            rows.append([cell["cell"], "not measured", *["n/a"] * 5])
+            continue
+        used = ", ".join(f"{key} {_mb(value)}" for key, value in comm["payload"].items())
+        rows.append([
+            cell["cell"], used or "none", f"{comm['measured_volume'] / comm['psi_bytes']:.2f}",
+            f"{comm['paper_volume'] / comm['psi_bytes']:.0f}", units.ratio_text(comm["ratio"]),
+            _mb(comm["sent_bytes"]), _mb(comm["paper_sent_bytes"]),
+        ])  # fmt: skip
+    return (
+        "## Communication per step\n\n"
+        "Payload = bytes the reported rank handed to collectives in the last step (CommLedger); measured (Psi) "
+        "= that payload in the paper's volume unit (an all-reduce counts twice: reduce-scatter + all-gather; "
+        "a point-to-point message is counted on both ends, and a ring already carries the (N-1)/N factor). "
+        "The paper: 2 Psi for DDP, ZeRO-1 and ZeRO-2, 3 Psi for ZeRO-3. sent = what the rank really puts on "
+        "the wire, estimated from the payload (ring algorithms; on gloo, reduce_scatter is emulated as an "
+        "all-reduce plus a copy and sends as much as an all-reduce); an ideal ring sends (N-1)/N of the "
+        "paper's volume.\n\n" + table(header, rows)
+    )
+
+
+def _explanations_section(cells: list[dict]) -> str:
+    parts = ["## Gap explanations\n\nGenerated from the categories; whatever no rule accounts for is "
+             "called unexplained, with its size."]  # fmt: skip
+    for cell in cells:
+        label = ENGINE_LABELS.get(cell["engine"], cell["engine"])
+        bullets = "\n".join(f"- {sentence}" for sentence in cell["explanations"] + cell["notes"])
+        title = f"{cell['cell']} ({label}, {units.ranks(cell['world_size'])}, reported rank {cell['reported_rank']})"
+        parts.append(f"### {title}\n\n{bullets}")
+    return "\n\n".join(parts)
+
+
+def _failed_section(failed: list[dict]) -> str:
+    if not failed:
+        return "## Failed cells\n\nNone: every cell ran."
+    rows = [[item["cell"], item["error"].replace("|", "\\|")] for item in failed]
+    return "## Failed cells\n\nRecorded with their error; the other cells ran.\n\n" + table(
+        ["cell", "error"], rows
+    )
+
+
+def _images(names: list[str]) -> list[str]:
+    return [f"![{name.removesuffix('.png')}]({name})" for name in names]
+
+
+def render_report(summary: dict, plots: dict[str, list[str]]) -> str:
+    """report.md from the summary (zero_train.report.summary) and the plot files (zero_train.report.plots)."""
+    cells = summary["cells"]
+    sections = [_title(summary), PREAMBLE, theory_note(summary)]
+    if cells:
+        sections += ["## Bytes per parameter"] + [
+            _bytes_per_param_section(group) for group in summary["groups"]
+        ]
+        sections += _images(plots["bytes_per_param"])
+        sections += [_category_section(cells), *_images(plots["categories"])]
+        sections += [_states_section(cells), _peak_section(cells), _comm_section(cells)]
+        sections.append(_explanations_section(cells))
+    sections.append(_failed_section(summary["failed"]))
+    return "\n\n".join(sections) + "\n"
