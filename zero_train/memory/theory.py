@@ -233,7 +233,9 @@ def engine_categories(
     """Our model for one engine of the profile matrix, as it really holds its tensors.
 
     ddp, zero1, torch-zero: the paper's categories for their stage; ddp and torch-zero (which wraps
-    DDP) add DDP's flat gradient buckets (one gradient-sized copy). ds1/ds2/ds3: `our_categories`,
+    DDP) add DDP's flat gradient buckets (one gradient-sized copy), and torch-zero keeps the fp32
+    master copies of a 16-bit model whole on every rank (zero_train.engines.torch_zero: the
+    ZeroRedundancyOptimizer shards only the Adam states over them). ds1/ds2/ds3: `our_categories`,
     plus two things measured with DeepSpeed 0.19 on CPU: it keeps an fp32 master partition even in
     fp32 (stage_1_and_2 / stage3 clone the partition), and at the step boundary ZeRO-1 holds only its
     reduced gradient partition, like ZeRO-2 (the paper counts ZeRO-1's gradients whole).
@@ -254,6 +256,8 @@ def engine_categories(
         return categories
     states = paper_categories(shape.num_params, world_size, stage, precision=precision)
     categories = {name: int(value) for name, value in states.items()}
+    if engine == "torch-zero":  # fp32 masters of EVERY parameter on every rank: only Adam's moments are sharded
+        categories["master_params"] = shape.num_params * precision_bytes(precision)["master_params"]
     ddp_buckets = engine in ("ddp", "torch-zero")
     categories["comm_buffers"] = shape.num_params * precision_bytes(precision)["grads"] if ddp_buckets else 0
     categories["activations"] = activation_bytes(shape, **kwargs)
