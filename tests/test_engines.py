@@ -21,8 +21,6 @@ import torch
 
 from zero_train.testing import run_ranks
 
-pytest.importorskip("zero_train.ds_config", reason="zero_train.ds_config (CONFIG) not committed yet")
-
 VOCAB = 256
 STEPS_BEFORE_SAVE = 2
 STEPS_AFTER_SAVE = 2
@@ -271,17 +269,8 @@ def _broadcast_state(state: dict | None) -> dict:
 
 @pytest.fixture(scope="module")
 def local_runs(tmp_path_factory):
-    import importlib
-
-    names = ("ddp", "torch-zero")
-    if hasattr(importlib.import_module("zero_train.sharding"), "Zero1Optimizer"):
-        names += ("zero1",)
+    names = ("ddp", "torch-zero", "zero1")
     return run_ranks(_local_engines_ranks, 2, (str(tmp_path_factory.mktemp("local")), names))
-
-
-def _require(runs: list[dict], name: str) -> None:
-    if name not in runs[0]:
-        pytest.skip(f"engine {name!r} unavailable (zero_train.sharding.Zero1Optimizer not committed yet)")
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +281,6 @@ def deepspeed_runs(tmp_path_factory):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", ["zero1", "torch-zero"])
 def test_sharded_engines_match_ddp_bit_for_bit_in_fp32(local_runs, name):
-    _require(local_runs, name)
     for rank_runs in local_runs:
         assert rank_runs[name]["history"] == rank_runs["ddp"]["history"]  # losses, grad norms, lrs
     assert local_runs[0][name]["diff_to_ddp"] == 0.0
@@ -309,7 +297,6 @@ def test_clipping_and_schedule_are_exercised(local_runs):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", ["ddp", "zero1", "torch-zero"])
 def test_local_engine_checkpoint_round_trip_is_exact(local_runs, name):
-    _require(local_runs, name)
     for rank, rank_runs in enumerate(local_runs):
         run = rank_runs[name]
         assert run["resumed_history"] == run["history"][STEPS_BEFORE_SAVE:]
@@ -338,7 +325,6 @@ def test_memory_categories_match_known_sizes(local_runs):
 
 @pytest.mark.multiproc
 def test_zero1_memory_categories_are_sharded(local_runs):
-    _require(local_runs, "zero1")
     num_params, num_tensors = local_runs[0]["ddp"]["num_params"], local_runs[0]["ddp"]["num_tensors"]
     zero1 = [rank_runs["zero1"]["memory_after_step"] for rank_runs in local_runs]
     assert abs(sum(m["optimizer_states"] for m in zero1) - 8 * num_params) <= 4 * num_tensors * 2
@@ -494,7 +480,6 @@ def test_fp16_overflow_skips_steps_and_schedule_like_deepspeed(local_runs, monke
 
 @pytest.mark.multiproc
 def test_zero1_fp16_matches_ddp_fp16(local_runs):
-    _require(local_runs, "zero1")
     for rank_runs in local_runs:
         # skipped steps report a NaN grad norm, and NaN != NaN: compare their reprs
         assert repr(rank_runs["fp16"]["zero1"]["history"]) == repr(rank_runs["fp16"]["ddp"]["history"])

@@ -14,7 +14,6 @@ one-time allocations: gloo, lazy library state, which would otherwise land in "o
 from __future__ import annotations
 
 import gc
-import importlib.util
 
 import pytest
 import torch
@@ -36,8 +35,7 @@ CONFIG = {
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
     "zero_optimization": {"stage": 0},
 }
-HAVE_ZERO1 = importlib.util.find_spec("zero_train.sharding.zero1") is not None
-ENGINES = ("ddp", "zero1") if HAVE_ZERO1 else ("ddp",)
+ENGINES = ("ddp", "zero1")
 PRECISIONS = ("fp32", "bf16")
 STAGE_OF = {"ddp": 0, "zero1": 1}
 

@@ -27,7 +27,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 @pytest.mark.multiproc
-@pytest.mark.skipif(not TRAIN_SCRIPT.exists(), reason="scripts/train.py (LOOP) not committed yet")
 def test_profile_records_every_cell_and_survives_a_failing_one(tmp_path):
     out = tmp_path / "profile"
     script = tmp_path / "train_failing_for_deepspeed.py"

@@ -159,31 +159,21 @@ def _assert_export_matches(folder: str, logits: list) -> None:
     assert len(AutoTokenizer.from_pretrained(folder)) == 8192
 
 
-def _zero1_available() -> bool:
-    try:
-        from zero_train.sharding import Zero1Optimizer  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def test_ddp_zero1_parity_resume_export_memory_report(workdir):
     out = workdir / "local"
-    sharded = "zero1" if _zero1_available() else "ddp"
     runs = [
         _flags(workdir, 0, "ddp", "--max-steps", str(STEPS), "--metrics-file", str(out / "ddp.jsonl"),
                "--export-hf", str(out / "ddp-hf"), "--memory-report", str(out / "ddp-memory.json")),
-        _flags(workdir, 1, sharded, "--max-steps", str(STEPS), "--metrics-file", str(out / "full.jsonl")),
-        _flags(workdir, "1-fixed", sharded, "--max-steps", str(RESUME_AT), "--save-every", "5",
+        _flags(workdir, 1, "zero1", "--max-steps", str(STEPS), "--metrics-file", str(out / "full.jsonl")),
+        _flags(workdir, "1-fixed", "zero1", "--max-steps", str(RESUME_AT), "--save-every", "5",
                "--metrics-file", str(out / "part.jsonl"), "--save-dir", str(out / "ckpt")),
-        _flags(workdir, "1-fixed", sharded, "--max-steps", str(STEPS), "--metrics-file", str(out / "part.jsonl"),
+        _flags(workdir, "1-fixed", "zero1", "--max-steps", str(STEPS), "--metrics-file", str(out / "part.jsonl"),
                "--save-dir", str(out / "ckpt"), "--resume", "auto"),
     ]  # fmt: skip
     results = run_ranks(_train_runs, 2, args=(runs, _probe_batch()), timeout_s=400)
     ddp, full = _losses(out / "ddp.jsonl"), _losses(out / "full.jsonl")
     _assert_learns(ddp)
-    if sharded == "zero1":
-        assert full == ddp  # our ZeRO-1 is DDP's arithmetic, sharded: identical fp32 loss curves
+    assert full == ddp  # our ZeRO-1 is DDP's arithmetic, sharded: identical fp32 loss curves
     resumed = _losses(out / "part.jsonl")
     assert results[0][3]["start_step"] == RESUME_AT
     assert resumed == full  # steps 1-15, then 16-30 after the resume, exactly as uninterrupted

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import pathlib
 import shutil
@@ -27,12 +26,13 @@ import uuid
 
 import torch
 
+from zero_train import checkpoint
 from zero_train.errors import UsageError
+from zero_train.train_state import RUN_FILE, read_run_info
 
 WEIGHTS_NAME = "model.safetensors"
 MODEL_DIR = "model"
 DEEPSPEED_DIR = "deepspeed"
-RUN_FILE = "run.json"
 
 
 def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
@@ -222,8 +222,8 @@ def export_checkpoint(
         out_dir as a Path.
     """
     check_export_dir(out_dir, force=force)
-    ckpt = _resolve_checkpoint(ckpt_dir)
-    run = _read_run(ckpt)
+    ckpt = checkpoint.resolve(ckpt_dir)
+    run = read_run_info(ckpt)
     config = _read_config(ckpt, run)
     weights = _read_weights(ckpt)
     tokenizer_spec = tokenizer if tokenizer is not None else run.get("tokenizer")  # None: offline default
@@ -232,41 +232,6 @@ def export_checkpoint(
             f"{RUN_FILE} records tokenizer {tokenizer_spec!r}; pass --tokenizer FOLDER_OR_HUB_ID"
         )
     return export_model(weights, config, tokenizer_spec, out_dir, dtype=dtype, force=force, verify=True)
-
-
-def _resolve_checkpoint(path) -> pathlib.Path:
-    """The checkpoint folder, verified against its manifest when zero_train.checkpoint is available."""
-    try:
-        from zero_train.checkpoint import resolve
-    except ImportError:
-        resolve = _follow_latest
-    return pathlib.Path(resolve(pathlib.Path(path).expanduser()))
-
-
-def _follow_latest(path: pathlib.Path) -> pathlib.Path:
-    if not path.is_dir():
-        raise UsageError(f"checkpoint {str(path)!r} does not exist; pass a checkpoint folder or a --save-dir")
-    latest = path / "latest"
-    if (path / MODEL_DIR).is_dir() or (path / DEEPSPEED_DIR).is_dir():
-        return path
-    if latest.is_file():
-        return path / latest.read_text().strip()
-    steps = sorted(p.name for p in path.glob("step-*") if p.is_dir())
-    if steps:
-        raise UsageError(
-            f"{str(path)!r} has no `latest` file; pass one of its checkpoints, e.g. {path / steps[-1]}"
-        )
-    return path
-
-
-def _read_run(ckpt: pathlib.Path) -> dict:
-    run_file = ckpt / RUN_FILE
-    if not run_file.is_file():
-        return {}
-    try:
-        return json.loads(run_file.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UsageError(f"cannot read {run_file}: {err}") from err
 
 
 def _read_config(ckpt: pathlib.Path, run: dict):

@@ -29,12 +29,9 @@ def memory_per_rank(device: torch.device, world_size: int, *, extra: tuple | lis
         extra: more numbers to gather in the same collective (e.g. the loss); each rank's come back
             under "extra".
     """
-    try:
-        from zero_train.memory import measure
+    from zero_train.memory import measure
 
-        local = [measure.allocated_bytes(device), measure.peak_bytes(device)]
-    except ImportError:
-        local = [0, 0]
+    local = [measure.allocated_bytes(device), measure.peak_bytes(device)]
     mine = torch.tensor(
         local + [float(x) for x in extra], dtype=torch.float64, device=device
     )  # exact < 2**53

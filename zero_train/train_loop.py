@@ -30,6 +30,7 @@ from zero_train.metrics import (
     perplexity,
     progress_bar,
 )
+from zero_train.numerics import NonFiniteGuard
 from zero_train.train_setup import RunPlan, model_builder, num_params, plan_run
 from zero_train.train_state import capture_rng, read_run_info, restore_rng, resume_path, save_checkpoint
 
@@ -86,7 +87,7 @@ class Trainer:
             )
         self.probe = self._make_probe()
         self.engine = self._build_engine()
-        self.guard = _nonfinite_guard(args.on_nonfinite)
+        self.guard = NonFiniteGuard(args.on_nonfinite)
         self.tokens_per_step = (
             self.settings.micro_batch_size * self.settings.grad_accum * dist_info.world_size * args.block_size
         )
@@ -350,35 +351,3 @@ def _gather_loss_and_memory(loss: float, dist_info) -> tuple[float, list[dict[st
     memory = memory_per_rank(dist_info.device, dist_info.world_size, extra=[loss])
     mean_loss = sum(entry.pop("extra")[0] for entry in memory) / len(memory)
     return mean_loss, memory
-
-
-def _nonfinite_guard(policy: str):
-    """zero_train.numerics.NonFiniteGuard, or a minimal stand-in until that module exists."""
-    try:
-        from zero_train.numerics import NonFiniteGuard
-    except ImportError:
-        return _StopOnNonFinite(policy)
-    return NonFiniteGuard(policy)
-
-
-class _StopOnNonFinite:
-    """Stops the run (exit 1, one line) on a non-finite loss or grad norm of an applied step."""
-
-    def __init__(self, policy: str) -> None:
-        self.policy = policy
-
-    def check(self, *, step: int, loss: float, grad_norm: float | None, skipped: bool) -> None:
-        bad = [
-            name
-            for name, value in (("loss", loss), ("grad_norm", grad_norm))
-            if value is not None and not math.isfinite(value)
-        ]
-        if not bad or skipped or self.policy == "skip":
-            return
-        print(
-            f"error: step {step}: non-finite {' and '.join(bad)} (lr too high, fp16 overflow or bad data); "
-            "lower --lr, use bf16, or pass --on-nonfinite skip",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise SystemExit(1)

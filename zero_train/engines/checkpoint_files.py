@@ -46,14 +46,9 @@ def load_rank_file(path, rank: int) -> dict[str, Any]:
 
 
 def safe_load(target: pathlib.Path) -> Any:
-    """torch.load(weights_only=True) on CPU, through zero_train.checkpoint.safe_torch_load when present."""
-    try:
-        from zero_train.checkpoint import safe_torch_load
-    except ImportError:
-        try:
-            return torch.load(target, weights_only=True, map_location="cpu")
-        except Exception as err:  # an unpickler refusal or a truncated file: name the file
-            raise UsageError(f"cannot load {target}: {str(err).splitlines()[0]}") from err
+    """torch.load(weights_only=True) on CPU (zero_train.checkpoint.safe_torch_load: code-running pickles refused)."""
+    from zero_train.checkpoint import safe_torch_load
+
     return safe_torch_load(target)
 
 

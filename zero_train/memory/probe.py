@@ -24,8 +24,7 @@ What is measured, per rank:
   temporaries of a forward; those show up in the phase peaks instead.
 - allocator_bytes = allocator level at attribution + activations, i.e. the training-time footprint;
   categories + other == allocator_bytes exactly. peak_bytes: the highest level seen in the whole run.
-- comm_bytes_per_step: the last step's bytes per collective from zero_train.memory.comm.CommLedger
-  (None when that module is absent).
+- comm_bytes_per_step: the last step's bytes per collective from zero_train.memory.comm.CommLedger.
 """
 
 from __future__ import annotations
@@ -88,10 +87,8 @@ class MemoryProbe:
 
     @staticmethod
     def _open_ledger():
-        try:
-            from zero_train.memory.comm import CommLedger
-        except ImportError:
-            return None
+        from zero_train.memory.comm import CommLedger
+
         ledger = CommLedger()
         ledger.__enter__()
         return ledger
