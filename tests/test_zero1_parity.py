@@ -83,7 +83,8 @@ def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype) -> di
     ]
     return dict(
         param_diff=max(
-            float((a - b).abs().max()) for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+            float((a - b).abs().max())
+            for a, b in zip(model.parameters(), reference.parameters(), strict=True)
         ),
         master_diff=max(
             float((full_masters[i] - m).abs().max()) for i, m in zip(trainable, masters, strict=True)

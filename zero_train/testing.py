@@ -30,13 +30,17 @@ def free_port() -> int:
 
 def _child(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
+        )
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))
     except BaseException:  # report any failure to the parent instead of hanging it
@@ -55,7 +59,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_child, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)
+    ]
     for proc in procs:
         proc.start()
     results: dict[int, Any] = {}

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import argparse
 
-from zero_train.cli.parser import OneLineParser, positive_float, positive_int
+from zero_train.cli.parser import (
+    OneLineParser,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 ENGINE_CHOICES = ("deepspeed", "zero1", "ddp", "torch-zero")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -17,28 +23,6 @@ NONFINITE_POLICIES = ("stop", "skip")
 
 # what a run without --deepspeed_config trains with (flags given on the command line win)
 TRAIN_DEFAULTS = dict(micro_batch_size=2, grad_accum=1, lr=1e-3, weight_decay=0.01, grad_clip=1.0)
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite float >= 0 (0 turns a feature off, e.g. --grad-clip 0)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (0 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
 
 
 def build_parser(prog: str = "train.py") -> OneLineParser:

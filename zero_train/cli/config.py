@@ -12,49 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zero_train.cli.parser import positive_float, positive_int
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0 (0 switches a feature off, e.g. --grad-clip 0)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (0 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: a whole number >= 0 (accepts 1e5-style exponents that are whole)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if not (value >= 0 and value.is_integer()):
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text}")
-    return int(value)
-
-
-def size_int(text: str) -> int:
-    """argparse type: a whole number >= 1, also written like 5e8."""
-    value = non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
-    return value
-
-
-def betas_pair(text: str) -> tuple[float, float]:
-    """argparse type: two numbers in [0, 1), e.g. 0.9,0.95."""
-    parts = [part.strip() for part in text.split(",")]
-    try:
-        pair = tuple(float(part) for part in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected two numbers like 0.9,0.999, got {text!r}") from None
-    if len(pair) != 2 or not all(0 <= beta < 1 for beta in pair):
-        raise argparse.ArgumentTypeError(f"expected two numbers in [0, 1) like 0.9,0.999, got {text!r}")
-    return pair
+from zero_train.cli.parser import (
+    betas_pair,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    size_int,
+)
 
 
 def config_command_parser(subparsers) -> argparse.ArgumentParser:
