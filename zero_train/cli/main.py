@@ -10,7 +10,7 @@ from zero_train.cli.parser import OneLineParser
 from zero_train.errors import run_cli
 
 # Module names under zero_train.cli; each defines `<module>_command_parser(subparsers)`.
-COMMANDS = ["config", "export", "estimate", "profile", "report"]
+COMMANDS = ["config", "export", "estimate", "profile", "report", "bench"]
 
 
 def build_parser() -> OneLineParser:

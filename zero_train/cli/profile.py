@@ -16,10 +16,8 @@ A failing cell is recorded with its error (the last error line of its log) and t
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import shutil
-import subprocess
 import sys
 
 from zero_train.cli.parser import int_list, name_list, positive_float, positive_int
@@ -138,6 +136,7 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         meta: record fields shared by all cells (model, num_params, hidden_size, precision, ...).
     """
     from zero_train.ds_config import write_config
+    from zero_train.launcher import run_logged
     from zero_train.memory.record import error_record, load_record, write_record
     from zero_train.testing import free_port
 
@@ -156,16 +155,7 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         return record
     write_config(config, config_path)
     command = launch_command(engine, world_size, config_path, record_path, args, free_port())
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        log.write(" ".join(command) + "\n")
-        log.flush()
-        try:
-            code = subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.timeout
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = None
+    code = run_logged(command, log_path, timeout=args.timeout)
     error = None
     if code is None:
         error = f"timed out after {args.timeout:g} s (see {log_path})"

@@ -1,0 +1,31 @@
+"""The Hugging Face Trainer on scripts/train.py's flags: the peer `zero-train bench` compares against.
+
+    # the Trainer with the same DeepSpeed config (here ZeRO-1), model and data as scripts/train.py
+    deepspeed --num_gpus 2 scripts/hf_trainer.py --deepspeed_config ds_configs/zero1.json --engine deepspeed \
+        --model gpt2-25m --max-steps 8 --metrics-file hf.jsonl --memory-report hf.json
+    # the Trainer without DeepSpeed (its own DDP)
+    torchrun --nproc_per_node 2 scripts/hf_trainer.py --engine ddp --model gpt2-25m --max-steps 8
+
+The logic lives in zero_train.bench.hf_peer.
+"""
+
+import sys
+
+from zero_train.errors import run_cli
+from zero_train.train_args import parse_args
+
+
+def main() -> None:
+    """Parse scripts/train.py's flags and train with transformers.Trainer; user errors: one line, exit 2."""
+
+    def entry() -> int:
+        from zero_train.bench.hf_peer import run_peer
+
+        run_peer(parse_args(sys.argv[1:]))
+        return 0
+
+    run_cli(entry)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""`zero-train bench` plumbing: real runs of a tiny model through the launcher, numbers read back, no timing.
+
+One bench of 3 runs (ddp, zero1, and the HF Trainer peer with DeepSpeed ZeRO-1; fp32; 2 steps, 1 repeat)
+checks the JSON cells, that every number that must be positive is, and that the bytes per step are what
+the model's size says: the ZeRO paper's 2 Psi (as a 2-rank ring sends it: Psi elements per rank) within
+WIRE_TOLERANCE for DDP and our ZeRO-1, and DeepSpeed's all-reduce + all-gather of Psi each. Timings are
+never compared here (noisy); only the benchmark compares them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from zero_train.bench.cells import Cell, interleaved
+from zero_train.bench.summary import WIRE_TOLERANCE, target_ratios
+from zero_train.cli.bench import bench_command
+from zero_train.errors import UsageError
+
+BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["--model", "tiny", "--engines", "ddp,zero1,hf-ds1", "--precisions", "fp32", "--repeats", "1",
+            "--steps", "2", "--warmup", "1", "--block-size", "32", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_SCRIPT), *argv], capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text()
+
+
+@pytest.mark.multiproc
+def test_every_cell_ran_and_reports_positive_numbers(tiny_bench):
+    result, _ = tiny_bench
+    assert [c["cell"] for c in result["cells"]] == ["ddp-fp32", "zero1-fp32", "hf-ds1-fp32"]
+    for cell in result["cells"]:
+        assert cell["runs"] == 1 and cell["errors"] == [], cell["errors"]
+        assert cell["step_time_s"]["median"] > 0 and cell["tokens_per_s"]["median"] > 0
+        assert len(cell["peak_bytes"]) == 2 and min(cell["peak_bytes"]) > 0
+    assert all(len(s["step_times_s"]) == 2 for s in result["samples"])
+    assert result["machine"]["logical_cpus"] >= 1 and result["machine"]["torch"]
+
+
+@pytest.mark.multiproc
+def test_bytes_per_step_are_the_models_size(tiny_bench):
+    result, _ = tiny_bench
+    psi_bytes = 4 * result["meta"]["num_params"]  # fp32; a 2-rank ring sends Psi of the paper's 2 Psi
+    cells = {c["engine"]: c["comm"] for c in result["cells"]}
+    assert cells["ddp"]["payload"]["all_reduce"] == psi_bytes  # DDP's buckets: every parameter once
+    assert cells["zero1"]["payload"]["send_recv"] == 2 * psi_bytes  # both ends of each message, no padding
+    for engine in ("ddp", "zero1"):
+        assert cells[engine]["paper_wire"] == psi_bytes
+        assert cells[engine]["wire"]["total"] == pytest.approx(psi_bytes, rel=WIRE_TOLERANCE)
+    deepspeed = cells["hf-ds1"]["payload"]  # ZeRO-1 on CPU: all-reduce the gradients, all-gather partitions
+    assert deepspeed["all_reduce"] == pytest.approx(psi_bytes, rel=1e-3)
+    assert deepspeed["all_gather"] == pytest.approx(psi_bytes, rel=1e-3)
+    assert cells["hf-ds1"]["wire_vs_paper"] == pytest.approx(1.5, rel=1e-3)
+
+
+@pytest.mark.multiproc
+def test_targets_and_markdown(tiny_bench):
+    result, markdown = tiny_bench
+    wire = next(t for t in result["targets"] if t["name"] == "zero1 / ddp wire bytes per step")
+    assert wire["by_precision"]["fp32"]["met"]
+    step = next(t for t in result["targets"] if t["name"] == "zero1 / ddp step time")
+    assert step["by_precision"]["fp32"]["median"] > 0  # a ratio exists; its value is the benchmark's business
+    assert "| **zero1 (ours)** |" in markdown and "### Targets" in markdown and "logical CPUs" in markdown
+
+
+def test_interleaving_runs_target_engines_more_and_shuffles_later_repeats():
+    cells = [Cell(engine, "fp32") for engine in ("ddp", "zero1", "ds1", "ds2", "ds3", "torch-zero")]
+    order = interleaved(cells, [3, 3, 3, 1, 1, 3])
+    counts = {cell.engine: sum(1 for _, c in order if c == cell) for cell in cells}
+    assert counts == dict(ddp=3, zero1=3, ds1=3, ds2=1, ds3=1, **{"torch-zero": 3})
+    assert [c.engine for r, c in order if r == 0] == [c.engine for c in cells]
+    later = [[c.engine for r, c in order if r == k] for k in (1, 2)]
+    assert later[0] != later[1] and sorted(later[0]) == sorted(["ddp", "zero1", "ds1", "torch-zero"])
+
+
+def test_ratios_pair_runs_of_the_same_repeat():
+    def sample(engine, repeat, median):
+        return dict(cell=f"{engine}-fp32", repeat=repeat, error=None, median_step_s=median)
+
+    samples = [sample("zero1", 0, 1.0), sample("ddp", 0, 2.0), sample("zero1", 1, 3.0), sample("ddp", 1, 3.0)]
+    rows = {row["name"]: row["by_precision"]["fp32"] for row in target_ratios(samples, {}, ["fp32"])}
+    ratio = rows["zero1 / ddp step time"]
+    assert (ratio["min"], ratio["median"], ratio["max"], ratio["met"]) == (0.5, 0.75, 1.0, True)
+    assert rows["zero1 / ds1 step time"] is None  # no ds1 runs
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(engines=["ddp", "fsdp"]), "unknown engine(s) fsdp"),
+        (dict(precisions=["fp8"]), "unknown precision(s) fp8"),
+        (dict(warmup=7), "--warmup 7 must be at least 0 and below --steps 7"),
+    ],
+)
+def test_bad_flags_are_usage_errors(flags, message, tmp_path):
+    args = dict(
+        engines=["ddp"], precisions=["fp32"], warmup=2, steps=7, launcher="torchrun", out=str(tmp_path)
+    )
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        bench_command(argparse.Namespace(**{**args, **flags}))

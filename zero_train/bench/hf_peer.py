@@ -1,0 +1,202 @@
+"""The peer a user would otherwise pick: the Hugging Face Trainer with the same DeepSpeed config, model, data.
+
+    deepspeed --num_gpus 2 scripts/hf_trainer.py --deepspeed_config cfg.json --engine deepspeed \
+        --model gpt2-25m --max-steps 8 --metrics-file hf.jsonl --memory-report hf.json
+
+It takes scripts/train.py's flags and resolves them the same way (`zero_train.train_setup.plan_run`: the
+DeepSpeed config with its "auto" values filled, the batch algebra, tokenizer and model config), then
+maps the resolved settings onto `transformers.TrainingArguments`: `--engine deepspeed` hands the resolved
+config to the Trainer (`TrainingArguments(deepspeed=config)`), `--engine ddp` trains with the Trainer's own
+DDP (no DeepSpeed). Same preset model from the same seed, same packed blocks, same micro-batch size and
+accumulation; the Trainer's own sampler picks the order, and it applies weight decay to weight matrices
+only (its default parameter groups), which changes the numbers, not the work.
+
+It writes what `zero-train bench` reads from scripts/train.py runs: the metrics JSONL (rank 0; one line per
+optimizer step with step, loss, step_time_s = wall time between consecutive step ends, tokens_per_s) and,
+with --memory-report, a JSON with every rank's peak allocator bytes and the communication payload of the
+last step (CommLedger, counted from one step end to the next, as the train loop counts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import tempfile
+import time
+
+import torch
+from transformers import TrainerCallback
+
+from zero_train.errors import UsageError
+
+PEER_SCHEMA = "zero_train.bench_peer/1"
+PEER_ENGINES = ("deepspeed", "ddp")
+UNSUPPORTED_FLAGS = ("save_dir", "resume", "export_hf", "eval_every")
+
+
+def check_peer_args(args: argparse.Namespace) -> None:
+    """UsageError for scripts/train.py flags the peer does not implement (it only benchmarks: no checkpoints,
+    no export, no evaluation, so --eval-batches has no effect either)."""
+    if args.engine not in PEER_ENGINES:
+        raise UsageError(
+            f"the HF Trainer peer runs --engine {' or '.join(PEER_ENGINES)}, not {args.engine!r}"
+        )
+    given = [f"--{name.replace('_', '-')}" for name in UNSUPPORTED_FLAGS if getattr(args, name)]
+    if given:
+        raise UsageError(f"the HF Trainer peer only benchmarks; drop {', '.join(given)}")
+
+
+def training_arguments(args: argparse.Namespace, plan, output_dir: str):
+    """TrainingArguments that match the resolved settings (the Trainer checks them against the config)."""
+    from transformers import TrainingArguments
+
+    settings = plan.settings
+    return TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=settings.micro_batch_size,
+        gradient_accumulation_steps=settings.grad_accum,
+        max_steps=args.max_steps,
+        learning_rate=settings.lr,
+        weight_decay=settings.weight_decay,
+        adam_beta1=settings.betas[0],
+        adam_beta2=settings.betas[1],
+        adam_epsilon=settings.eps,
+        max_grad_norm=settings.grad_clip,
+        lr_scheduler_type="constant",  # a config "scheduler" still wins: DeepSpeed builds it
+        bf16=settings.precision == "bf16",
+        fp16=settings.precision == "fp16",
+        deepspeed=plan.ds_config if args.engine == "deepspeed" else None,
+        use_cpu=not torch.cuda.is_available(),
+        logging_steps=1,  # a loss line per step, like scripts/train.py
+        save_strategy="no",
+        report_to=[],
+        seed=args.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=args.no_progress,
+    )
+
+
+def collate_blocks(rows: list[dict]) -> dict[str, torch.Tensor]:
+    """Packed blocks -> a batch whose labels are its inputs (the model shifts them), as in scripts/train.py."""
+    input_ids = torch.tensor([row["input_ids"] for row in rows], dtype=torch.long)
+    return {"input_ids": input_ids, "labels": input_ids}
+
+
+class StepRecorder(TrainerCallback):
+    """Wall time between step ends, the loss of each step, and the comm payload between step ends."""
+
+    def __init__(self, ledger, tokens_per_step: int) -> None:
+        self.ledger = ledger
+        self.tokens_per_step = tokens_per_step
+        self.step_times: list[float] = []
+        self.losses: dict[int, float] = {}
+        self.comm_bytes_per_step: dict | None = None
+        self._last = time.perf_counter()
+
+    def on_train_begin(self, training_args, state, control, **kwargs) -> None:
+        self._last = time.perf_counter()
+        self.ledger.reset()
+
+    def on_step_end(self, training_args, state, control, **kwargs) -> None:
+        now = time.perf_counter()
+        self.step_times.append(now - self._last)
+        self._last = now
+        self.comm_bytes_per_step = self.ledger.totals()
+        self.ledger.reset()
+
+    def on_log(self, training_args, state, control, logs=None, **kwargs) -> None:
+        if logs and "loss" in logs:
+            self.losses[state.global_step] = float(logs["loss"])
+
+    def metrics_lines(self) -> list[dict]:
+        """One record per step, in scripts/train.py's metrics JSONL format (the fields the bench reads)."""
+        return [
+            dict(
+                step=step,
+                loss=self.losses.get(step),
+                step_time_s=elapsed,
+                tokens_per_s=self.tokens_per_step / elapsed,
+            )
+            for step, elapsed in enumerate(self.step_times, start=1)
+        ]
+
+
+def run_peer(args: argparse.Namespace) -> None:
+    """Train with transformers.Trainer as the flags say and write the metrics and memory/comm record."""
+    from transformers import Trainer
+
+    from zero_train.data import prepare_datasets
+    from zero_train.dist import init_distributed, read_env
+    from zero_train.memory import measure
+    from zero_train.memory.comm import CommLedger
+    from zero_train.train_setup import model_builder, plan_run
+
+    check_peer_args(args)
+    plan = plan_run(args, world_size=read_env()[1])  # every UsageError before any collective
+    dist_info = init_distributed()  # gloo/nccl as in scripts/train.py; DeepSpeed and accelerate reuse it
+    data = prepare_datasets(args.dataset, plan.tokenizer, block_size=args.block_size, seed=args.seed)
+    with CommLedger() as ledger, tempfile.TemporaryDirectory() as output_dir:
+        training_args = training_arguments(args, plan, output_dir)  # before the model: ZeRO-3's zero.Init
+        measure.reset_peak(dist_info.device)
+        model = model_builder(args, plan)()
+        recorder = StepRecorder(ledger, tokens_per_step=plan.settings.train_batch_size * args.block_size)
+        trainer = Trainer(
+            model=model,
+            args=training_args,
+            train_dataset=data["train"],
+            data_collator=collate_blocks,
+            callbacks=[recorder],
+        )
+        trainer.train()
+        rank_summary = dict(
+            rank=dist_info.rank,
+            peak_bytes=measure.peak_bytes(dist_info.device),
+            comm_bytes_per_step=recorder.comm_bytes_per_step,
+        )
+    _write_outputs(args, plan, dist_info, recorder, rank_summary, num_params(trainer.model))
+
+
+def num_params(model) -> int:
+    """Parameters of the full model (the Trainer may hand back a DeepSpeed/DDP wrapper)."""
+    from zero_train.train_setup import num_params as count
+
+    return count(getattr(model, "module", model))
+
+
+def _write_outputs(args, plan, dist_info, recorder: StepRecorder, rank_summary: dict, params: int) -> None:
+    """Rank 0: the metrics JSONL and the record with every rank's summary (gathered: collective)."""
+    import torch.distributed as dist
+
+    ranks = [rank_summary]
+    if dist_info.world_size > 1:
+        ranks = [None] * dist_info.world_size if dist_info.is_main else None
+        dist.gather_object(rank_summary, ranks, dst=0)
+    if not dist_info.is_main:
+        return
+    if args.metrics_file:
+        lines = [json.dumps(line) for line in recorder.metrics_lines()]
+        _write_text(args.metrics_file, "\n".join(lines) + "\n")
+    if args.memory_report:
+        record = dict(
+            schema=PEER_SCHEMA,
+            engine=f"hf-{args.engine}",
+            framework="transformers.Trainer",
+            model=args.model,
+            num_params=params,
+            precision=plan.settings.precision,
+            world_size=dist_info.world_size,
+            micro_batch_size=plan.settings.micro_batch_size,
+            grad_accum=plan.settings.grad_accum,
+            block_size=args.block_size,
+            steps=len(recorder.step_times),
+            ranks=ranks,
+            error=None,
+        )
+        _write_text(args.memory_report, json.dumps(record, indent=2) + "\n")
+
+
+def _write_text(path, text: str) -> None:
+    target = pathlib.Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)

@@ -1,0 +1,53 @@
+"""The machine a benchmark ran on: CPU, cores, accelerator, library versions, load (noise) around the run."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import sys
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo on Linux, else platform's best guess)."""
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _version(module_name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(module_name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages (None where the OS has none): other work competing for the cores."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_info() -> dict:
+    """CPU model, logical cores, GPUs, OS, Python and library versions."""
+    import torch
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return dict(
+        cpu=cpu_model(),
+        logical_cpus=os.cpu_count(),
+        gpus=gpus,
+        os=platform.platform(),
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        deepspeed=_version("deepspeed"),
+        transformers=_version("transformers"),
+        accelerate=_version("accelerate"),
+    )

@@ -1,0 +1,119 @@
+"""The benchmark's Markdown: one table per precision, the target ratios, and the machine it ran on."""
+
+from __future__ import annotations
+
+LABELS = {
+    "ddp": "ddp (torch DDP)",
+    "zero1": "**zero1 (ours)**",
+    "torch-zero": "torch-zero (ZeroRedundancyOptimizer)",
+    "ds1": "ds1 (DeepSpeed ZeRO-1)",
+    "ds2": "ds2 (DeepSpeed ZeRO-2)",
+    "ds3": "ds3 (DeepSpeed ZeRO-3)",
+    "hf-ddp": "hf-ddp (HF Trainer, its DDP)",
+    "hf-ds1": "hf-ds1 (HF Trainer + DeepSpeed ZeRO-1)",
+    "hf-ds2": "hf-ds2 (HF Trainer + DeepSpeed ZeRO-2)",
+    "hf-ds3": "hf-ds3 (HF Trainer + DeepSpeed ZeRO-3)",
+}
+SHORT = {
+    "all_reduce": "AR",
+    "reduce_scatter": "RS",
+    "all_gather": "AG",
+    "broadcast": "BC",
+    "reduce": "R",
+    "send_recv": "p2p",
+}
+MB = 1e6
+
+
+def _spread(values: dict | None, scale: float, digits: int = 0) -> str:
+    if values is None:
+        return "failed"
+    low, mid, high = (values[k] * scale for k in ("min", "median", "max"))
+    return f"{mid:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def _payload(payload: dict) -> str:
+    parts = [f"{SHORT[k]} {v / MB:.1f}" for k, v in payload.items() if k in SHORT and v >= 0.05 * MB]
+    return " + ".join(parts) or "0"
+
+
+def _cell_row(cell: dict) -> str:
+    label = LABELS.get(cell["engine"], cell["engine"])
+    if "comm" not in cell:
+        return f"| {label} | failed: {cell['errors'][0] if cell['errors'] else '?'} | | | | | | |"
+    comm = cell["comm"]
+    peaks = " / ".join(f"{p / MB:.0f}" for p in cell["peak_bytes"])
+    return (
+        f"| {label} | {_spread(cell['step_time_s'], 1000)} | {_spread(cell['tokens_per_s'], 1)} | "
+        f"{_payload(comm['payload'])} | {comm['wire']['total'] / MB:.1f} | {comm['paper_wire'] / MB:.1f} | "
+        f"{comm['wire_vs_paper']:.2f} | {peaks} ({cell['peak_bytes_per_param']:.1f} B/param) |"
+    )
+
+
+def cells_table(cells: list[dict]) -> list[str]:
+    """Lines of one precision's table."""
+    lines = [
+        "| engine | step time, ms: median (min-max) | tokens/s | payload per step, MB | sent per step, MB "
+        "| paper, MB | sent / paper | peak memory per rank, MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    return lines + [_cell_row(cell) for cell in cells]
+
+
+def _ratio_text(values: dict | None) -> str:
+    if values is None:
+        return "n/a"
+    mark = "met" if values["met"] else "**missed**"
+    if values["n"] == 1 or values["min"] == values["max"]:
+        return f"{values['median']:.6g} ({mark})"
+    return f"{values['min']:.3f} / **{values['median']:.3f}** / {values['max']:.3f} ({mark})"
+
+
+def targets_table(targets: list[dict], precisions: list[str]) -> list[str]:
+    """Lines of the targets table: min / median / max of the per-repeat ratios per precision."""
+    lines = [
+        "| ratio (min / median / max over repeats) | " + " | ".join(precisions) + " | target |",
+        "|---" * (len(precisions) + 2) + "|",
+    ]
+    for row in targets:
+        cells = " | ".join(_ratio_text(row["by_precision"].get(p)) for p in precisions)
+        lines.append(f"| {row['name']} | {cells} | {row['target']} |")
+    return lines
+
+
+def machine_line(result: dict) -> str:
+    """One sentence: what it ran on, with what, and how loaded the machine was."""
+    machine, meta = result["machine"], result["meta"]
+    gpus = ", ".join(machine["gpus"]) or "no GPU"
+    load = result.get("load_average") or {}
+    return (
+        f"Machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, {gpus}; {machine['os']}; "
+        f"Python {machine['python']}, torch {machine['torch']}, deepspeed {machine['deepspeed']}, "
+        f"transformers {machine['transformers']}; backend {meta['backend']}. "
+        f"Load average (1 min) {(load.get('start') or ['?'])[0]} at start, {(load.get('end') or ['?'])[0]} at end; "
+        f"{result['wall_s']:.0f} s in all, {result['started']}."
+    )
+
+
+def render(result: dict) -> str:
+    """The whole Markdown report of a bench result (cli/bench.py's JSON)."""
+    meta = result["meta"]
+    lines = [
+        f"## zero-train bench: {meta['model']} ({meta['num_params'] / 1e6:.1f}M parameters), world size "
+        f"{meta['world_size']}, {meta['micro_batch_size']} x {meta['block_size']} tokens per rank per step",
+        "",
+        f"{meta['steps']} optimizer steps per run, the first {meta['warmup']} dropped as warm-up; "
+        f"{meta['repeats']} repeats of the engines the targets compare ({meta['other_repeats']} of the others), "
+        "interleaved (each repeat runs its cells once, in a shuffled order). "
+        "Step time: median of a run's steps, min-max over repeats. Payload per collective (CommLedger: "
+        "AR all-reduce, RS reduce-scatter, AG all-gather, BC broadcast, p2p send+recv); sent: estimated bytes "
+        "a rank puts on the wire; paper: the ZeRO paper's 2 Psi (3 Psi for ZeRO-3) as a ring sends it, "
+        "(N-1)/N per rank. Peak: allocator bytes (CPU: glibc, sampled).",
+        "",
+        machine_line(result),
+    ]
+    for precision in meta["precisions"]:
+        cells = [c for c in result["cells"] if c["precision"] == precision]
+        lines += ["", f"### {precision}", "", *cells_table(cells)]
+    lines += ["", "### Targets", "", *targets_table(result["targets"], meta["precisions"])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,165 @@
+"""`zero-train bench`: every engine on the same model, data, batch and world size, interleaved, in one go.
+
+    zero-train bench                                   # gpt2-25m, 2 ranks, fp32 + bf16, 3 repeats (ds2/ds3: 1)
+    zero-train bench --engines ddp,zero1,ds1 --precisions fp32 --repeats 5 --out runs/bench
+    python scripts/bench.py ...                        # the same
+
+Each run is a real training run under the launcher: scripts/train.py (ddp, zero1, torch-zero, DeepSpeed
+ZeRO-1/2/3, each with the config `zero-train profile` generates) or scripts/hf_trainer.py (hf-ds1 ...: the
+Hugging Face Trainer with the same config), instrumented by --metrics-file (step times) and
+--memory-report (peak memory, CommLedger bytes). Writes OUT/bench.json (every sample, per-cell numbers,
+target ratios, machine) and OUT/bench.md (the tables), and prints the Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+import time
+
+from zero_train.bench.cells import BENCH_ENGINES, DEFAULT_ENGINES, PRECISIONS, Cell, interleaved
+from zero_train.cli.parser import name_list, positive_float, positive_int
+from zero_train.cli.profile import TRAIN_SCRIPT
+from zero_train.errors import UsageError
+
+
+def bench_command_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `bench` with its flags."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="step time, tokens/s, comm bytes and peak memory of every engine, interleaved repeats",
+        description="Run every engine (and the HF Trainer peer) on the same model, data, batch and world "
+        "size, repeats interleaved; write OUT/bench.json and OUT/bench.md.",
+    )
+    add_bench_flags(parser)
+    parser.set_defaults(func=bench_command)
+    return parser
+
+
+def add_bench_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of `zero-train bench` (also scripts/bench.py's)."""
+    add = parser.add_argument
+    add("--model", default="gpt2-25m", help="a preset or a local HF folder (default gpt2-25m)")
+    add("--engines", type=name_list, default=list(DEFAULT_ENGINES), help=f"of {','.join(BENCH_ENGINES)}")
+    add("--precisions", type=name_list, default=list(PRECISIONS), help="comma-separated of fp32,bf16")
+    add("--repeats", type=positive_int, default=3, help="runs per cell of the engines the targets compare")
+    add("--other-repeats", type=positive_int, default=1, help="runs per cell of the others (default 1)")
+    add("--steps", type=positive_int, default=7, help="optimizer steps per run (default 7)")
+    add("--warmup", type=int, default=2, help="first steps of a run left out of its median (default 2)")
+    add("--micro-batch-size", type=positive_int, default=2)
+    add("--block-size", type=positive_int, default=64)
+    add("--world-size", type=positive_int, default=2)
+    add("--dataset", default=None, help="passed to the training scripts (default: theirs)")
+    add(
+        "--launcher",
+        choices=("deepspeed", "torchrun"),
+        default="torchrun",
+        help="torchrun (default: starts ~4 s faster per run than deepspeed's launcher, same training)",
+    )
+    add("--train-script", default=str(TRAIN_SCRIPT), help=argparse.SUPPRESS)
+    add("--timeout", type=positive_float, default=300, help="seconds per run (default 300)")
+    add("--out", default="runs/bench", help="output directory (default runs/bench)")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    unknown = [name for name in args.engines if name not in BENCH_ENGINES]
+    if unknown:
+        raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(BENCH_ENGINES)}")
+    bad = [p for p in args.precisions if p not in PRECISIONS]
+    if bad:
+        raise UsageError(f"unknown precision(s) {', '.join(bad)}; choose from {', '.join(PRECISIONS)}")
+    if not 0 <= args.warmup < args.steps:
+        raise UsageError(f"--warmup {args.warmup} must be at least 0 and below --steps {args.steps}")
+    launcher = pathlib.Path(sys.executable).parent / args.launcher
+    if not launcher.exists():
+        raise UsageError(f"launcher {args.launcher!r} not found next to {sys.executable}; use --launcher")
+
+
+def bench_meta(args: argparse.Namespace) -> dict:
+    """What every run shares: model shape, batch, world size, backend, steps."""
+    import torch
+
+    from zero_train.hf import check_block_size, model_config
+    from zero_train.memory.theory import model_shape
+
+    config = model_config(args.model)
+    check_block_size(config, args.block_size)
+    shape = model_shape(config)
+    return dict(
+        model=args.model,
+        num_params=shape.num_params,
+        hidden_size=shape.hidden_size or None,
+        world_size=args.world_size,
+        micro_batch_size=args.micro_batch_size,
+        block_size=args.block_size,
+        tokens_per_step=args.micro_batch_size * args.world_size * args.block_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        other_repeats=args.other_repeats,
+        engines=list(args.engines),
+        precisions=list(args.precisions),
+        launcher=args.launcher,
+        backend="nccl" if torch.cuda.is_available() else "gloo",
+    )
+
+
+def summarize(samples: list[dict], meta: dict) -> tuple[list[dict], list[dict]]:
+    """(per-cell summaries in table order, target ratios)."""
+    from zero_train.bench.summary import cell_summary, target_ratios
+
+    cells = []
+    for precision in meta["precisions"]:
+        for engine in meta["engines"]:
+            cell = Cell(engine, precision)
+            mine = [s for s in samples if s["cell"] == cell.name]
+            if mine:
+                cells.append(cell_summary(mine, stage=cell.zero_stage, meta=meta))
+    targets = target_ratios(samples, {c["cell"]: c for c in cells}, meta["precisions"])
+    return cells, targets
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """Run every (repeat, cell) in interleaved order; write bench.json + bench.md; exit 1 if all runs failed."""
+    from tqdm import tqdm
+
+    from zero_train.bench.machine import load_average, machine_info
+    from zero_train.bench.markdown import render
+    from zero_train.bench.run import run_one
+    from zero_train.bench.summary import TARGET_ENGINES
+
+    _check_args(args)
+    meta = bench_meta(args)
+    out = pathlib.Path(args.out)
+    for sub in ("configs", "runs", "logs"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    started, load_start = time.perf_counter(), load_average()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cells = [Cell(engine, precision) for precision in args.precisions for engine in args.engines]
+    repeats = [args.repeats if cell.engine in TARGET_ENGINES else args.other_repeats for cell in cells]
+    samples = []
+    progress = tqdm(interleaved(cells, repeats), desc="bench", unit="run", file=sys.stderr)
+    for repeat, cell in progress:
+        progress.set_postfix_str(f"{cell.name} r{repeat}")
+        samples.append(run_one(cell, repeat, args, out, meta["hidden_size"]))
+    cell_summaries, targets = summarize(samples, meta)
+    result = dict(
+        schema="zero_train.bench/1",
+        meta=meta,
+        machine=machine_info(),
+        load_average=dict(start=load_start, end=load_average()),
+        started=when,
+        wall_s=time.perf_counter() - started,
+        cells=cell_summaries,
+        targets=targets,
+        samples=samples,
+    )
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    markdown = render(result)
+    (out / "bench.md").write_text(markdown)
+    print(markdown)
+    print(f"-> {out / 'bench.json'}, {out / 'bench.md'}")
+    return 0 if any(s["error"] is None for s in samples) else 1
