@@ -13,6 +13,7 @@ Row keys (summary.json's "cells"; zero_train.report.summary documents the file):
 
 from __future__ import annotations
 
+from zero_train.errors import UsageError
 from zero_train.memory import theory
 from zero_train.memory.record import CATEGORIES, MODEL_STATE_CATEGORIES
 from zero_train.report.models import FactsLookup
@@ -162,6 +163,26 @@ def _bytes_per_param(categories: dict, allocator: int, peak: int, num_params: in
     return per_param
 
 
+NEEDED_FOR_THEORY = (
+    "engine",
+    "zero_stage",
+    "num_params",
+    "precision",
+    "world_size",
+    "micro_batch_size",
+    "block_size",
+)
+
+
+def _check_theory_fields(record: dict) -> None:
+    missing = [key for key in NEEDED_FOR_THEORY if record.get(key) in (None, "")]
+    if missing or not record["num_params"] > 0:
+        raise UsageError(
+            f"run record {cell_name(record)} lacks {', '.join(missing) or 'a positive num_params'}; "
+            "regenerate it with `zero-train profile`"
+        )
+
+
 def compare_cell(record: dict, lookup: FactsLookup) -> dict:
     """The comparison row of one run record (a failed cell: its settings and error only).
 
@@ -171,10 +192,14 @@ def compare_cell(record: dict, lookup: FactsLookup) -> dict:
 
     Returns:
         The row (see the module docstring for its keys); byte counts are per rank.
+
+    Raises:
+        UsageError: a successful record lacks a field the theory needs (stage, parameters, ...).
     """
     row = _meta(record)
     if record.get("error") is not None:
         return row
+    _check_theory_fields(record)
     rank = _rank_row(reported_rank(record))
     categories, num_params = rank["categories"], record["num_params"]
     ours = ours_categories(record, lookup)

@@ -174,6 +174,6 @@ def explain_cell(row: dict, facts: ModelFacts | None, reference: dict | None) ->
         *buffer_sentences(row, facts),
         *activation_sentences(row),
         *other_sentences(row, reference),
-        *peak_sentences(row, facts, reference),
+        *peak_sentences(row, facts),
         *comm_sentences(row, facts),
     ]

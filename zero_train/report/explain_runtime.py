@@ -70,42 +70,70 @@ def other_sentences(row: dict, reference: dict | None) -> list[str]:
     return sentences + [sentence + "."]
 
 
-def _peak_phase(row: dict) -> tuple[dict, int | None]:
-    """The phase where the reported rank's peak was seen, and the level that phase started from."""
-    rank = next(r for r in row["ranks"] if r["rank"] == row["reported_rank"])
-    phase = max(rank["phases"], key=lambda p: p["peak_bytes"])
-    for previous in PHASE_STARTS.get(phase["name"], ()):
+def _phase_rise(row: dict, name: str) -> int | None:
+    """How far the reported rank's level rose inside phase `name` above the level it started from."""
+    phase = _phase(row, name)
+    for previous in PHASE_STARTS.get(name, ()):
         start = _phase(row, previous)
-        if start is not None:
-            return phase, start["current_bytes"]
-    return phase, None
+        if phase is not None and start is not None:
+            return phase["peak_bytes"] - start["current_bytes"]
+    return None
+
+
+def _peak_phase(row: dict) -> dict | None:
+    """The phase where the reported rank's peak was seen (None: no phases recorded)."""
+    rank = next(r for r in row["ranks"] if r["rank"] == row["reported_rank"])
+    return max(rank["phases"], key=lambda p: p["peak_bytes"]) if rank["phases"] else None
 
 
 def _transient(row: dict) -> int | None:
-    phase, start = _peak_phase(row)
-    return None if start is None else phase["peak_bytes"] - start
+    phase = _peak_phase(row)
+    return None if phase is None else _phase_rise(row, phase["name"])
 
 
-def _peak_cause(row: dict, facts: ModelFacts | None, phase: str, reference: dict | None) -> str:
-    if phase == "forward" and row["engine"] == "ds3":
-        zero = (row.get("ds_config") or {}).get("zero_optimization", {})
-        live = int(zero.get("stage3_max_live_parameters", 1e9))
-        extra = ""
-        if reference is not None and _transient(reference) is not None and _transient(row) is not None:
-            extra = f" ({units.mb(_transient(row) - _transient(reference))} more than ddp's forward rise)"
-        whole = row["num_params"] * element_bytes(row["precision"])
-        return (
-            f"ZeRO-3's forward peak includes gathered parameters{extra}: the whole model is {units.mb(whole)} "
-            f"gathered, and stage3_max_live_parameters = {live:,} lets all {row['num_params']:,} be live at once"
-        )
+def _gathered_parameters(row: dict) -> tuple[int, str]:
+    """ZeRO-3: bytes of the parameters gathered at once in forward (bounded by stage3_max_live_parameters)."""
+    zero = (row.get("ds_config") or {}).get("zero_optimization", {})
+    live = int(zero.get("stage3_max_live_parameters", 1e9))
+    gathered = min(row["num_params"], live) * element_bytes(row["precision"])
+    words = (
+        f"ZeRO-3's gathered parameters ({units.mb(gathered)}: stage3_max_live_parameters = {live:,} lets "
+        f"{'all' if live >= row['num_params'] else 'that many of'} the {row['num_params']:,} be live at once)"
+    )
+    return gathered, words
+
+
+def _forward_cause(row: dict, facts: ModelFacts | None) -> str:
+    """The forward(+backward) phase: activations, the loss's temporaries, ZeRO-3's gathered parameters."""
+    rise = _phase_rise(row, "forward") or 0
+    activations = row["categories"]["activations"]
+    vocab = facts.shape.vocab_size if facts else 0
+    logits = row["micro_batch_size"] * row["block_size"] * vocab * 4
+    parts = [
+        f"the activations ({units.mb(activations)})",
+        f"about 3 logits-sized fp32 temporaries of the loss (logits, log-softmax, gradient: 3 x "
+        f"{row['micro_batch_size']} x {row['block_size']} x {vocab:,} x 4 bytes = {units.mb(3 * logits)})",
+    ]
+    predicted = activations + 3 * logits
+    if row["engine"] == "ds3":
+        gathered, words = _gathered_parameters(row)
+        parts.append(words)
+        predicted += gathered
+    words = " + ".join(parts)
+    if is_large(rise - predicted, rise):
+        words += f"; unexplained: {units.mb(rise - predicted)}"
+        if row["engine"] in ("ds1", "ds2") and rise > predicted:
+            whole = 4 * row["num_params"] * (1 - 1 / row["world_size"])
+            words += (
+                f" (a candidate, not measured: backward produces whole gradients before DeepSpeed reduces them "
+                f"into its 1/{row['world_size']} partition, up to {units.mb(whole)} above the step boundary)"
+            )
+    return words
+
+
+def _peak_cause(row: dict, facts: ModelFacts | None, phase: str) -> str:
     if phase == "forward":
-        vocab = facts.shape.vocab_size if facts else 0
-        logits = row["micro_batch_size"] * row["block_size"] * vocab * 4
-        return (
-            "forward+backward temporaries: the logits and their log-softmax and gradient "
-            f"({row['micro_batch_size']} x {row['block_size']} x {vocab:,} fp32 = {units.mb(logits)} each) "
-            "live together for a moment"
-        )
+        return _forward_cause(row, facts)
     if phase == "step" and row["engine"].startswith("ds"):
         return _deepspeed_step_cause(row)
     if phase == "step":
@@ -165,11 +193,14 @@ def _deepspeed_step_cause(row: dict) -> str:
     return words
 
 
-def peak_sentences(row: dict, facts: ModelFacts | None, reference: dict | None) -> list[str]:
+def peak_sentences(row: dict, facts: ModelFacts | None) -> list[str]:
     """Where the peak happened, what was alive then, and how our estimate compares with it."""
     peak, footprint = row["peak_bytes"], row["allocator_bytes"]
-    phase, start = _peak_phase(row)
-    rise = "" if start is None else f", {units.mb(peak - start)} above the level that phase started from"
+    phase = _peak_phase(row)
+    if phase is None:
+        return [f"peak {units.mb(peak)}: no phases recorded, so where it happened is unknown."]
+    rise = _phase_rise(row, phase["name"])
+    rise = "" if rise is None else f", {units.mb(rise)} above the level that phase started from"
     sentence = f"peak {units.mb(peak)} in the {phase['name']} phase{rise}: "
     if peak < footprint:
         activations = row["categories"]["activations"]
@@ -179,7 +210,7 @@ def peak_sentences(row: dict, facts: ModelFacts | None, reference: dict | None) 
             "during backward as gradients appear: the two never coexist in full"
         )
     else:
-        sentence += _peak_cause(row, facts, phase["name"], reference)
+        sentence += _peak_cause(row, facts, phase["name"])
     sentences = [sentence + "."]
     estimate = row["peak"]
     if estimate["ours"] is not None:

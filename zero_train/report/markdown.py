@@ -36,6 +36,23 @@ def _title(summary: dict) -> str:
     )
 
 
+def _values(cells: list[dict], key: str) -> str:
+    return "/".join(str(value) for value in sorted({cell[key] for cell in cells}, key=str))
+
+
+def _source(summary: dict) -> str:
+    """Where the numbers come from and the settings every cell ran with."""
+    cells, failed = summary["cells"], summary["failed"]
+    line = f"{len(cells) + len(failed)} cells ({len(failed)} failed), run records from `{summary['source']}`"
+    if not cells:
+        return line + "."
+    return (
+        f"{line}: micro-batch {_values(cells, 'micro_batch_size')} x block {_values(cells, 'block_size')} "
+        f"tokens, {_values(cells, 'steps')} optimizer steps per cell, device {_values(cells, 'device')}. "
+        "Written by `zero-train report`."
+    )
+
+
 def _bytes_per_param_section(group: dict) -> str:
     sizes, table_data = group["world_sizes"], group["bytes_per_param"]
     header = ["engine", *[f"model states, {units.ranks(w)}" for w in sizes]]
@@ -189,7 +206,7 @@ def _images(names: list[str]) -> list[str]:
 def render_report(summary: dict, plots: dict[str, list[str]]) -> str:
     """report.md from the summary (zero_train.report.summary) and the plot files (zero_train.report.plots)."""
     cells = summary["cells"]
-    sections = [_title(summary), PREAMBLE, theory_note(summary)]
+    sections = [_title(summary), _source(summary), PREAMBLE, theory_note(summary)]
     if cells:
         sections += ["## Bytes per parameter"] + [
             _bytes_per_param_section(group) for group in summary["groups"]
