@@ -1,8 +1,13 @@
-"""Elastic resume: our zero1 checkpoint saved by 2 ranks resumes on 1 and on 3 ranks.
+"""Elastic resume: zero1 and DeepSpeed ZeRO-1 checkpoints saved by 2 ranks resume on 1 and on 3 ranks.
 
-After loading at the new world size, the re-sharded optimizer state gathered back to rank 0 must equal the
-state the 2 ranks saved (every exp_avg / exp_avg_sq / step, bit for bit) and the weights must equal the
-checkpoint's; then `--resume auto` trains on from the saved step.
+zero1: after loading at the new world size, the re-sharded optimizer state gathered back to rank 0 must
+equal the state the 2 ranks saved (every exp_avg / exp_avg_sq / step, bit for bit) and the weights must
+equal the checkpoint's; then `--resume` trains on from the saved step.
+
+DeepSpeed: the first resume at another world size converts the checkpoint to DeepSpeed's universal format
+(once, with its own manifest; later resumes verify and reuse it); after loading, every parameter's fp32
+master, exp_avg and exp_avg_sq (gathered with DeepSpeed's safe_get_full_* helpers), the step counter and
+the lr equal those of the 2 saving ranks, bit for bit; then training continues from the saved step.
 """
 
 from __future__ import annotations
@@ -105,3 +110,107 @@ def test_zero1_checkpoint_of_two_ranks_resumes_on_one_and_three(tmp_path):
     )
     assert [r["start_step"] for r in resumed] == [SAVED_AT] * 3
     assert resumed[0]["steps"] == SAVED_AT + 2 and 0 < resumed[0]["final_loss"] < 10
+
+
+DS_CONFIG = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1,
+    "steps_per_print": 10**9,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "torch_adam": True}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": 3e-3}},
+    "zero_optimization": {"stage": 1, "reduce_bucket_size": 200_000, "allgather_bucket_size": 200_000},
+}
+
+
+def _ds_flags(root: pathlib.Path, *extra: str) -> list[str]:
+    return [
+        "--deepspeed_config", str(root / "ds1.json"), "--engine", "deepspeed", "--model", "tiny",
+        "--dataset", str(root / "corpus.txt"), "--block-size", "32", "--seed", "2", "--no-progress",
+        "--eval-every", "0", "--save-dir", str(root / "ds-ckpt"), *extra,
+    ]  # fmt: skip
+
+
+def _ds_full_state(engine) -> dict:
+    """Every parameter's whole fp32 master, exp_avg, exp_avg_sq (collective), the step counter and the lr."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    tensors = {}
+    for name, param in engine.ds_engine.module.named_parameters():
+        tensors[name] = [
+            safe_get_full_fp32_param(param).detach().clone(),
+            safe_get_full_optimizer_state(param, "exp_avg").detach().clone(),
+            safe_get_full_optimizer_state(param, "exp_avg_sq").detach().clone(),
+        ]
+    return dict(tensors=tensors, global_steps=engine.ds_engine.global_steps, lr=engine.lr())
+
+
+def _ds_train_and_record(rank: int, world_size: int, argv: list[str], record: str) -> None:
+    trainer = _trainer(argv, world_size)
+    trainer.run()
+    state = _ds_full_state(trainer.engine)
+    if rank == 0:
+        torch.save(state, record)  # tensors through a file: a queue would share memory with a dead child
+
+
+def _ds_load_compare_train(
+    rank: int, world_size: int, argv: list[str], ckpt: str, record: str
+) -> dict | None:
+    """Load the world-2 checkpoint here, compare with what the 2 ranks held, then train on (resuming again)."""
+    trainer = _trainer(argv, world_size)
+    trainer.engine.load_checkpoint(pathlib.Path(ckpt))
+    loaded = _ds_full_state(trainer.engine)
+    summary = trainer.run()  # --resume: loads the checkpoint again, reusing the universal conversion
+    if rank != 0:
+        return None
+    saved = torch.load(record, weights_only=True)
+    assert (loaded["global_steps"], loaded["lr"]) == (saved["global_steps"], saved["lr"])
+    assert loaded["tensors"].keys() == saved["tensors"].keys()
+    kinds = ("fp32", "exp_avg", "exp_avg_sq")
+    mismatched = [
+        (name, kind)
+        for name, tensors in saved["tensors"].items()
+        for kind, tensor, got in zip(kinds, tensors, loaded["tensors"][name], strict=True)
+        if not torch.equal(got, tensor)
+    ]
+    assert not mismatched, mismatched[:5]
+    return dict(
+        compared=3 * len(saved["tensors"]), **{k: summary[k] for k in ("start_step", "steps", "final_loss")}
+    )
+
+
+@pytest.mark.multiproc
+def test_deepspeed_checkpoint_of_two_ranks_resumes_on_one_and_three_through_universal(tmp_path):
+    from zero_train.offline import stdlib_files
+
+    (tmp_path / "corpus.txt").write_text(
+        "\n\n".join(p.read_text(errors="replace") for p in stdlib_files(60_000))
+    )
+    (tmp_path / "ds1.json").write_text(json.dumps(DS_CONFIG))
+    record = str(tmp_path / "saved-state.pt")
+    run_ranks(_ds_train_and_record, 2, (_ds_flags(tmp_path, "--max-steps", str(SAVED_AT)), record))
+    ckpt = tmp_path / "ds-ckpt" / f"step-{SAVED_AT:08d}"
+    universal = ckpt / "deepspeed" / "universal"
+    manifest_stat = None
+    for world_size in (1, 3):
+        argv = _ds_flags(tmp_path, "--max-steps", str(SAVED_AT + 2), "--resume", str(ckpt))
+        result = run_ranks(_ds_load_compare_train, world_size, (argv, str(ckpt), record), timeout_s=300)[0]
+        assert result["compared"] > 0
+        assert (result["start_step"], result["steps"]) == (SAVED_AT, SAVED_AT + 2)
+        assert 0 < result["final_loss"] < 10
+        stat = (universal / "manifest.json").stat()
+        assert manifest_stat in (None, (stat.st_ino, stat.st_mtime_ns))  # converted once, then reused
+        manifest_stat = (stat.st_ino, stat.st_mtime_ns)
+    leftovers = [p.name for p in (ckpt / "deepspeed").iterdir() if "universal" in p.name]
+    assert leftovers == ["universal"]  # no staging folder, no DeepSpeed `latest_universal` pointer
+
+    from zero_train import checkpoint
+    from zero_train.dist import DistInfo
+    from zero_train.engines.deepspeed_universal import ensure_universal
+    from zero_train.errors import UsageError
+
+    damaged = universal / "zero" / "transformer.wte.weight" / "exp_avg.pt"
+    damaged.write_bytes(damaged.read_bytes()[:-7])
+    one = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    with pytest.raises(UsageError, match=r"transformer\.wte\.weight/exp_avg\.pt has \d+ bytes, manifest"):
+        ensure_universal(ckpt / "deepspeed", source_tag="state", dist_info=one)
+    checkpoint.verify(ckpt)  # the checkpoint itself is untouched by the conversion

@@ -60,10 +60,11 @@ def begin(save_dir, step: int, *, dist_info, process_group=None) -> pathlib.Path
     Returns:
         `<save_dir>/step-XXXXXXXX.tmp-<id>`, where every rank writes its files.
     """
-    outcome = None
-    if dist_info.is_main:
-        outcome = _attempt(lambda: _create_staging(pathlib.Path(save_dir), step))
-    name = _share_outcome(outcome, dist_info, process_group)
+    name = on_rank0(
+        lambda: _create_staging(pathlib.Path(save_dir), step),
+        dist_info=dist_info,
+        process_group=process_group,
+    )
     return pathlib.Path(save_dir) / name
 
 
@@ -83,11 +84,30 @@ def commit(save_dir, staging: pathlib.Path, *, dist_info, process_group=None) ->
         The complete checkpoint folder `<save_dir>/step-XXXXXXXX`.
     """
     _barrier(dist_info, process_group)  # every rank's files are closed
-    outcome = None
-    if dist_info.is_main:
-        outcome = _attempt(lambda: _publish(pathlib.Path(save_dir), pathlib.Path(staging)))
-    name = _share_outcome(outcome, dist_info, process_group)
+    name = on_rank0(
+        lambda: _publish(pathlib.Path(save_dir), pathlib.Path(staging)),
+        dist_info=dist_info,
+        process_group=process_group,
+    )
     return pathlib.Path(save_dir) / name
+
+
+def on_rank0(action, *, dist_info, process_group=None):
+    """Run `action()` on rank 0 only; every rank returns its result, or raises the UsageError it raised.
+
+    Collective: the other ranks wait in a broadcast (so within the group's timeout) and never hang on an
+    error of rank 0.
+
+    Args:
+        action: a function of no arguments returning something picklable.
+        dist_info: this process's DistInfo.
+        process_group: the group that waits (default: the world).
+
+    Returns:
+        What action() returned on rank 0.
+    """
+    outcome = _attempt(action) if dist_info.is_main else None
+    return _share_outcome(outcome, dist_info, process_group)
 
 
 def resolve(path_or_save_dir) -> pathlib.Path:
@@ -222,7 +242,7 @@ def _is_staging(path: pathlib.Path) -> bool:
 def _publish(save_dir: pathlib.Path, staging: pathlib.Path) -> str:
     final = save_dir / staging.name.split(STAGING_MARK)[0]
     try:
-        _write_manifest(staging)
+        write_manifest(staging)
         _fsync_dir(staging)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it
             shutil.rmtree(final)
@@ -234,14 +254,20 @@ def _publish(save_dir: pathlib.Path, staging: pathlib.Path) -> str:
     return final.name
 
 
-def _write_manifest(staging: pathlib.Path) -> None:
+def write_manifest(folder) -> None:
+    """Write `<folder>/manifest.json`: bytes and sha256 of every file below `folder` (each fsynced first).
+
+    Args:
+        folder: a finished staging folder; nothing may write into it afterwards.
+    """
+    folder = pathlib.Path(folder)
     files = {}
-    for target in sorted(p for p in staging.rglob("*") if p.is_file()):
+    for target in sorted(p for p in folder.rglob("*") if p.is_file()):
         _fsync_file(target)
-        relpath = target.relative_to(staging).as_posix()
+        relpath = target.relative_to(folder).as_posix()
         files[relpath] = {"bytes": target.stat().st_size, "sha256": _sha256(target)}
     manifest = {"schema": MANIFEST_SCHEMA, "files": files}
-    _write_durably(staging / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
+    _write_durably(folder / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def _write_latest(save_dir: pathlib.Path, name: str) -> None:
@@ -323,7 +349,7 @@ def _read_manifest(ckpt: pathlib.Path) -> dict[str, dict]:
             isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("sha256"), str)
             for r in files.values()
         )
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
         raise UsageError(
             f"checkpoint manifest {target} is corrupt ({_first_line(err)}); resume from an earlier checkpoint"
         ) from err

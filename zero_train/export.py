@@ -269,11 +269,15 @@ def deepspeed_state_dict(ds_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     ZeRO 1/2/3: the fp32 master weights, reassembled by DeepSpeed's own zero_to_fp32 from every rank's
     optimizer shard. ZeRO 0 (no partitioned optimizer): the module weights of mp_rank_00_model_states.pt
     (in the training dtype).
-    Note: DeepSpeed's files are pickles (torch.load(weights_only=False)); only export checkpoints you trust.
+    DeepSpeed reads its files with torch.load(weights_only=False): every pickle is scanned first, and one
+    that references anything but tensors and DeepSpeed's own records is refused (UsageError).
     """
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+    from zero_train.engines.checkpoint_files import refuse_unexpected_pickles
+
     tag = _deepspeed_tag(ds_dir)
+    refuse_unexpected_pickles(ds_dir / tag)
     if any((ds_dir / tag).glob("*_optim_states.pt")):
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # zero_to_fp32 prints progress lines
@@ -293,7 +297,8 @@ def _deepspeed_tag(ds_dir: pathlib.Path) -> str:
     """DeepSpeed's `latest` tag, or the only tag folder present."""
     if (ds_dir / "latest").is_file():
         return (ds_dir / "latest").read_text().strip()
-    tags = [p.name for p in ds_dir.iterdir() if p.is_dir()]
+    # `universal*`: our conversion for resuming at another world size (engines/deepspeed_universal.py)
+    tags = [p.name for p in ds_dir.iterdir() if p.is_dir() and not p.name.startswith("universal")]
     if len(tags) != 1:
         raise UsageError(
             f"{ds_dir} has no `latest` file and {len(tags)} tag folders; cannot tell which to export"

@@ -4,9 +4,11 @@
     model/model.safetensors    full weights, tied tensors once (rank 0; ddp, zero1, torch-zero)
     optim/rank-00000.pt ...    per rank: client_state and engine counters; plus the optimizer state
                                (zero1: this rank's shard; ddp/torch-zero: consolidated, on rank 0 only)
-    deepspeed/                 DeepSpeed's own save_checkpoint output (deepspeed engine)
+    deepspeed/state/           DeepSpeed's own save_checkpoint output (deepspeed engine)
+    deepspeed/universal/       its universal conversion, made on the first resume at another world size
 
-Everything is read back with torch.load(weights_only=True) or safetensors: no pickled code runs.
+Everything we read is read with torch.load(weights_only=True) or safetensors; DeepSpeed's own files, which
+DeepSpeed unpickles itself, are scanned first (refuse_unexpected_pickles): no pickled code runs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from zero_train.errors import UsageError
 MODEL_DIR = "model"
 WEIGHTS_FILE = "model.safetensors"
 OPTIM_DIR = "optim"
+# the only non-tensor classes DeepSpeed 0.19 pickles into its checkpoint files, universal ones included (found
+# by scanning ZeRO-0/1/2/3 fp32/bf16 checkpoints with torch.serialization.get_unsafe_globals_in_checkpoint)
+DEEPSPEED_PICKLE_GLOBALS = {
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+}
 
 
 def rank_file(path, rank: int) -> pathlib.Path:
@@ -50,6 +60,30 @@ def safe_load(target: pathlib.Path) -> Any:
     from zero_train.checkpoint import safe_torch_load
 
     return safe_torch_load(target)
+
+
+def refuse_unexpected_pickles(ds_dir) -> None:
+    """Refuse DeepSpeed checkpoint files that reference anything but tensors and DeepSpeed's own records.
+
+    DeepSpeed loads its files with torch.load(weights_only=False); scanning the pickles' globals first
+    (cheap: no tensor is read) keeps a planted pickle from running code. Every `*.pt` below `ds_dir` is
+    scanned (a universal checkpoint keeps one folder per parameter).
+
+    Raises:
+        UsageError: naming the file and the unexpected global (or the file that is not a pickle at all).
+    """
+    for file in sorted(pathlib.Path(ds_dir).rglob("*.pt")):
+        try:
+            found = set(torch.serialization.get_unsafe_globals_in_checkpoint(file))
+        except Exception as err:  # noqa: BLE001 - not a zip/pickle at all: truncated or garbage
+            detail = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UsageError(f"cannot read DeepSpeed checkpoint file {file}: {detail}") from err
+        unexpected = found - DEEPSPEED_PICKLE_GLOBALS
+        if unexpected:
+            raise UsageError(
+                f"refusing to load {file}: it references {sorted(unexpected)[0]!r}, which a "
+                "DeepSpeed checkpoint never contains (tampered or not a checkpoint)"
+            )
 
 
 def unique_state_dict(model: torch.nn.Module, replace: dict[int, torch.Tensor] | None = None) -> dict:

@@ -17,19 +17,18 @@ import torch
 from deepspeed.utils import safe_get_full_fp32_param
 
 from zero_train.engines.base import StepResult
-from zero_train.engines.checkpoint_files import load_rank_file, rank_file, save_rank_file, write_model
+from zero_train.engines.checkpoint_files import (
+    load_rank_file,
+    rank_file,
+    refuse_unexpected_pickles,
+    save_rank_file,
+    write_model,
+)
 from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
+from zero_train.engines.deepspeed_universal import load_universal, saved_world_size
 from zero_train.engines.optim import build_optimizer
 
 DEEPSPEED_DIR = "deepspeed"
-# the only non-tensor classes DeepSpeed 0.19 pickles into its checkpoint files (found by scanning ZeRO-1/2/3
-# fp32/bf16 checkpoints with torch.serialization.get_unsafe_globals_in_checkpoint)
-DEEPSPEED_PICKLE_GLOBALS = {
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-}
 CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
 
 
@@ -116,7 +115,10 @@ class DeepSpeedEngine:
         )
 
     def load_checkpoint(self, path) -> dict:
-        """DeepSpeed's load_checkpoint (model, optimizer, scheduler, loss scale); returns this rank's client_state."""
+        """DeepSpeed's load_checkpoint (model, optimizer, scheduler, loss scale); returns this rank's client_state.
+
+        Saved at another world size: through DeepSpeed's universal checkpoint (engines/deepspeed_universal.py).
+        """
         path = pathlib.Path(path)
         ds_dir = path / DEEPSPEED_DIR / CHECKPOINT_TAG
         if not ds_dir.is_dir():
@@ -127,13 +129,23 @@ class DeepSpeedEngine:
                 "it was not saved by the deepspeed engine"
             )
         refuse_unexpected_pickles(ds_dir)
-        load_path, _ = self.ds_engine.load_checkpoint(
-            str(path / DEEPSPEED_DIR),
-            tag=CHECKPOINT_TAG,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=True,
-        )
-        assert load_path is not None, f"DeepSpeed could not load {ds_dir}"
+        saved_ranks = saved_world_size(ds_dir)
+        if saved_ranks not in (None, self.dist_info.world_size):  # partitions for another world size
+            load_universal(
+                self.ds_engine,
+                path / DEEPSPEED_DIR,
+                source_tag=CHECKPOINT_TAG,
+                dist_info=self.dist_info,
+                saved_ranks=saved_ranks,
+            )
+        else:
+            load_path, _ = self.ds_engine.load_checkpoint(
+                str(path / DEEPSPEED_DIR),
+                tag=CHECKPOINT_TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
+            assert load_path is not None, f"DeepSpeed could not load {ds_dir}"
         own_rank = self.dist_info.rank if rank_file(path, self.dist_info.rank).is_file() else 0
         saved = load_rank_file(path, own_rank)
         self.micro_steps = int(saved["micro_steps"])
@@ -167,33 +179,6 @@ class DeepSpeedEngine:
     def memory_categories(self) -> dict[str, int]:
         """Bytes per category read from DeepSpeed's optimizer partitions and buffers."""
         return deepspeed_memory_categories(self.ds_engine)
-
-
-def refuse_unexpected_pickles(ds_dir: pathlib.Path) -> None:
-    """Refuse DeepSpeed checkpoint files that reference anything but tensors and DeepSpeed's own records.
-
-    DeepSpeed loads its files with torch.load(weights_only=False); scanning the pickles' globals first
-    (cheap: no tensor is read) keeps a planted pickle from running code.
-
-    Raises:
-        UsageError: naming the file and the unexpected global.
-    """
-    from zero_train.errors import UsageError
-
-    for file in sorted(ds_dir.glob("*.pt")):
-        try:
-            unexpected = (
-                set(torch.serialization.get_unsafe_globals_in_checkpoint(file)) - DEEPSPEED_PICKLE_GLOBALS
-            )
-        except Exception as err:  # not a zip/pickle at all: truncated or garbage
-            raise UsageError(
-                f"cannot read DeepSpeed checkpoint file {file}: {str(err).splitlines()[0]}"
-            ) from err
-        if unexpected:
-            raise UsageError(
-                f"refusing to load {file}: it references {sorted(unexpected)[0]!r}, which a "
-                "DeepSpeed checkpoint never contains (tampered or not a checkpoint)"
-            )
 
 
 def _in_state_dict_order(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
