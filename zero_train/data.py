@@ -13,8 +13,10 @@ by datasets' fingerprinting and a second run (or a second rank) only reads the A
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -249,7 +251,8 @@ def prepare_datasets(
     """load_text_dataset + pack_dataset, run by rank 0 first so the other ranks only read its cache.
 
     A UsageError on rank 0 is sent to every rank and raised there too (one clear line each, no hang).
-    Without an initialized torch.distributed this is just load + pack.
+    Without an initialized torch.distributed this is just load + pack. datasets' progress bars show only on
+    rank 0 and only on a terminal (a log file or a failing run gets no bar noise on stderr).
 
     Args:
         spec, seed, eval_fraction: as in load_text_dataset.
@@ -261,13 +264,15 @@ def prepare_datasets(
     """
     import torch.distributed as dist
 
+    is_first = not dist.is_initialized() or dist.get_rank(process_group) == 0
+
     def build():
-        dsd = load_text_dataset(spec, seed=seed, eval_fraction=eval_fraction)
-        return pack_dataset(dsd, tokenizer, block_size=block_size)
+        with _progress_bars(enabled=is_first and sys.stderr.isatty()):  # other ranks read rank 0's cache
+            dsd = load_text_dataset(spec, seed=seed, eval_fraction=eval_fraction)
+            return pack_dataset(dsd, tokenizer, block_size=block_size)
 
     if not dist.is_initialized():
         return build()
-    is_first = dist.get_rank(process_group) == 0
     packed, error = None, [None]
     if is_first:
         try:
@@ -279,13 +284,20 @@ def prepare_datasets(
     )
     if error[0] is not None:
         raise UsageError(error[0])
-    if is_first:
-        return packed
-    datasets.disable_progress_bars()  # the other ranks only read rank 0's cache: no repeated bars
+    return packed if is_first else build()
+
+
+@contextlib.contextmanager
+def _progress_bars(*, enabled: bool):
+    """datasets' progress bars on or off inside the block; the previous setting is restored after."""
+    was_enabled = datasets.is_progress_bar_enabled()
+    if was_enabled and not enabled:
+        datasets.disable_progress_bars()
     try:
-        return build()
+        yield
     finally:
-        datasets.enable_progress_bars()
+        if was_enabled and not enabled:
+            datasets.enable_progress_bars()
 
 
 def num_tokens(packed: datasets.Dataset) -> int:

@@ -41,6 +41,8 @@ def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
     Returns:
         out_dir as a Path.
     """
+    from zero_train.outputs import check_output_dir
+
     out = pathlib.Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise UsageError(f"export target {str(out)!r} is a file; pass a folder path")
@@ -48,6 +50,7 @@ def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
         raise UsageError(
             f"export folder {str(out)!r} is not empty; pass --force to replace it or choose another"
         )
+    check_output_dir(out, flag="export folder")  # writable, or creatable: before any work
     return out
 
 

@@ -32,7 +32,7 @@ from zero_train.metrics import (
 )
 from zero_train.numerics import NonFiniteGuard
 from zero_train.train_setup import RunPlan, model_builder, num_params, plan_run
-from zero_train.train_state import capture_rng, read_run_info, restore_rng, resume_path, save_checkpoint
+from zero_train.train_state import capture_rng, read_run_info, restore_rng, save_checkpoint
 
 
 def run_training(args: argparse.Namespace) -> dict:
@@ -87,7 +87,7 @@ class Trainer:
             )
         self.probe = self._make_probe()
         self.engine = self._build_engine()
-        self.guard = NonFiniteGuard(args.on_nonfinite)
+        self.guard = NonFiniteGuard(args.on_nonfinite, precision=self.settings.precision)
         self.tokens_per_step = (
             self.settings.micro_batch_size * self.settings.grad_accum * dist_info.world_size * args.block_size
         )
@@ -249,7 +249,7 @@ class Trainer:
 
     def _resume(self) -> tuple[int, int]:
         """(steps done, micro-steps consumed) from --resume, (0, 0) for a fresh start."""
-        ckpt = resume_path(self.args.resume, self.args.save_dir)
+        ckpt = self.plan.resume_checkpoint  # resolved and verified by plan_run, before any collective
         if ckpt is None:
             if self.args.resume == "auto":
                 self.log.info(f"resume auto: no checkpoint in {self.args.save_dir} yet, starting fresh")

@@ -1,9 +1,10 @@
 """Everything a run needs before its first step, checked before any collective that could hang.
 
-Order matters: the flags, the DeepSpeed config, the tokenizer, the model config, the block size and the
-batch algebra are checked on every rank from local information only (each rank prints the same one line
-and exits 2); only then is torch.distributed initialised and the dataset prepared (rank 0 builds it and
-sends its error, if any, to every rank: zero_train.data.prepare_datasets).
+Order matters: the flags, the output paths, the checkpoint to resume (its manifest), the DeepSpeed config,
+the tokenizer, the model config, the block size and the batch algebra are checked on every rank from local
+information only (each rank prints the same one line and exits 2); only then is torch.distributed
+initialised and the dataset prepared (rank 0 builds it and sends its error, if any, to every rank:
+zero_train.data.prepare_datasets).
 """
 
 from __future__ import annotations
@@ -41,16 +42,27 @@ class RunPlan:
     """The transformers PretrainedConfig of --model."""
     config_source: str
     """The config file, or a description of the generated default."""
+    resume_checkpoint: pathlib.Path | None = None
+    """The checkpoint --resume names, verified against its manifest (None: a fresh start)."""
 
 
 def check_flag_combinations(args: argparse.Namespace) -> None:
-    """UsageError for flags that only make sense together, and for an export target that is not empty."""
+    """UsageError for flags that only make sense together, and for outputs that could not be written.
+
+    Every output path is checked now (writable, or creatable), not when the run first writes to it: a bad
+    --memory-report must not cost the whole training run.
+    """
+    from zero_train.outputs import check_output_dir, check_output_file
+
     if args.save_every and not args.save_dir:
         raise UsageError("--save-every needs --save-dir (where to write checkpoints)")
     if args.resume == "auto" and not args.save_dir:
         raise UsageError("--resume auto needs --save-dir (where to look for the latest checkpoint)")
-    if args.save_dir and pathlib.Path(args.save_dir).exists() and not pathlib.Path(args.save_dir).is_dir():
-        raise UsageError(f"--save-dir {args.save_dir!r} is a file; pass a folder")
+    if args.save_dir:
+        check_output_dir(args.save_dir, flag="--save-dir")
+    for flag, path in (("--metrics-file", args.metrics_file), ("--memory-report", args.memory_report)):
+        if path:
+            check_output_file(path, flag=flag)
     if args.export_hf:
         from zero_train.export import check_export_dir
 
@@ -71,8 +83,10 @@ def plan_run(args: argparse.Namespace, *, world_size: int) -> RunPlan:
     """
     from zero_train.ds_config import load_config, resolve_auto, train_settings
     from zero_train.hf import check_block_size, load_tokenizer, model_config
+    from zero_train.train_state import resume_path
 
     check_flag_combinations(args)
+    resume_checkpoint = resume_path(args.resume, args.save_dir)  # a damaged checkpoint fails here, early
     if args.deepspeed_config:
         cfg, source = load_config(args.deepspeed_config), args.deepspeed_config
     else:
@@ -95,6 +109,7 @@ def plan_run(args: argparse.Namespace, *, world_size: int) -> RunPlan:
         tokenizer=tokenizer,
         model_config=config,
         config_source=source,
+        resume_checkpoint=resume_checkpoint,
     )
 
 

@@ -94,5 +94,5 @@ def read_run_info(ckpt: pathlib.Path) -> dict:
         return {}
     try:
         return json.loads(target.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UsageError(f"cannot read {target}: {err}") from err
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: bad JSON or not UTF-8
+        raise UsageError(f"cannot read {target}: {type(err).__name__}; the checkpoint is damaged") from err

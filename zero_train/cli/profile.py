@@ -170,6 +170,9 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    from zero_train.outputs import check_output_dir
+
+    check_output_dir(args.out, flag="--out")  # before any cell runs
     unknown = [name for name in args.engines if name not in CELL_ENGINES]
     if unknown:
         raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(CELL_ENGINES)}")

@@ -41,7 +41,12 @@ class CheckReport:
     """What the config does, one line per topic."""
 
     def raise_if_invalid(self, path: str) -> None:
-        """UsageError listing every problem (each printed as its own `error:` line), if there is any."""
+        """UsageError listing every problem (each printed as its own `error:` line), if there is any.
+
+        A single problem is a single line (`<path>: <problem>`), as every other user error is.
+        """
+        if len(self.problems) == 1:
+            raise UsageError(f"{path}: {self.problems[0]}")
         if self.problems:
             count = len(self.problems)
             raise UsageError(

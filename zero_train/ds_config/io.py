@@ -40,6 +40,10 @@ def load_config(path: str | os.PathLike) -> dict:
             f"config file {str(path)!r} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
             "fix the JSON syntax"
         ) from None
+    except RecursionError:
+        raise UsageError(
+            f"config file {str(path)!r} nests too deeply to be a DeepSpeed config; check the file"
+        ) from None
     if not isinstance(cfg, dict):
         raise UsageError(
             f"config file {str(path)!r} holds a JSON {type(cfg).__name__}, not an object; "
@@ -62,12 +66,16 @@ def write_config(cfg: dict, path: str | os.PathLike) -> None:
     """
     path = pathlib.Path(path)
     if not path.parent.is_dir():
-        raise UsageError(
-            f"output directory {str(path.parent)!r} does not exist; create it or choose another -o"
-        )
+        problem = "is a file" if path.parent.exists() else "does not exist; create it"
+        raise UsageError(f"output directory {str(path.parent)!r} {problem} or choose another -o")
     if path.is_dir():
         raise UsageError(f"output path {str(path)!r} is a directory; give a file name with -o")
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise UsageError(
+            f"cannot write {str(path)!r}: {err.strerror or err}; choose a writable location with -o"
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(config_text(cfg))
