@@ -44,12 +44,16 @@ def cell_name(record: dict) -> str:
 
 
 def cell_sort_key(record: dict) -> tuple:
-    """Model, precision, world size, then the engines in the order of the ZeRO stages."""
-    engine = record.get("engine")
+    """Model, precision (fp32 first, as theory.PRECISIONS), world size, then the engines by ZeRO stage."""
+    engine, precision = record.get("engine"), record.get("precision")
     engine_index = ENGINE_ORDER.index(engine) if engine in ENGINE_ORDER else len(ENGINE_ORDER)
+    precision_index = (
+        theory.PRECISIONS.index(precision) if precision in theory.PRECISIONS else len(theory.PRECISIONS)
+    )
     return (
         str(record.get("model")),
-        str(record.get("precision")),
+        precision_index,
+        str(precision),
         record.get("world_size") or 0,
         engine_index,
     )

@@ -28,7 +28,7 @@ def _title(summary: dict) -> str:
     if not groups:
         return "# Memory report: no cell succeeded"
     models = sorted({f"{g['model']} ({g['num_params']:,} params)" for g in groups})
-    precisions = sorted({g["precision"] for g in groups})
+    precisions = list(dict.fromkeys(g["precision"] for g in groups))  # in group order: fp32 first
     sizes = sorted({w for g in groups for w in g["world_sizes"]})
     return (
         f"# Memory report: {', '.join(models)}, {'/'.join(precisions)}, "
@@ -208,10 +208,9 @@ def render_report(summary: dict, plots: dict[str, list[str]]) -> str:
     cells = summary["cells"]
     sections = [_title(summary), _source(summary), PREAMBLE, theory_note(summary)]
     if cells:
-        sections += ["## Bytes per parameter"] + [
-            _bytes_per_param_section(group) for group in summary["groups"]
-        ]
-        sections += _images(plots["bytes_per_param"])
+        sections.append("## Bytes per parameter")
+        for group, image in zip(summary["groups"], plots["bytes_per_param"], strict=True):
+            sections += [_bytes_per_param_section(group), *_images([image])]
         sections += [_category_section(cells), *_images(plots["categories"])]
         sections += [_states_section(cells), _peak_section(cells), _comm_section(cells)]
         sections.append(_explanations_section(cells))
