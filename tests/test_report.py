@@ -316,10 +316,12 @@ def test_unwritable_out(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     proc = run_cli("report", str(tmp_path / "profile"), "--out", str(blocker / "report"), timeout=60)
-    assert_usage_error(proc, "cannot create the report directory")
+    assert_usage_error(proc, "cannot be created")
     assert blocker.read_text() == "not a directory"
     proc = run_cli("report", str(tmp_path / "profile"), "--out", str(blocker), timeout=60)
     assert_usage_error(proc, "is a file")
+    proc = run_cli("report", str(tmp_path / "profile"), "--out", "/proc/zero-train-report", timeout=60)
+    assert_usage_error(proc, "is not writable")
     proc = run_cli("report", str(tmp_path / "profile"), "--out", str(tmp_path), timeout=60)
     assert_usage_error(proc, "would contain the run records")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "profile"]

@@ -110,8 +110,11 @@ def write_report(directory, out) -> dict[str, pathlib.Path]:
     Raises:
         UsageError: no or invalid records, or OUT cannot be written; nothing is left in OUT then.
     """
-    directory, out = pathlib.Path(directory), pathlib.Path(out)
+    from zero_train.outputs import check_output_dir
+
+    directory = pathlib.Path(directory)
     records = _load(directory)
+    out = check_output_dir(out, flag="--out")  # probed before any work: a file, /proc, a read-only folder
     _check_out(directory, out)
     rows = analyze(records)
     created = _make_out(out)
