@@ -1,8 +1,16 @@
-"""zero_train.numerics.NonFiniteGuard: stop / skip policies and fp16 loss-scale skipping."""
+"""zero_train.numerics.NonFiniteGuard: stop / skip policies and fp16 loss-scale skipping.
+
+Unit tests on real values, then scripts/train.py end to end with an absurd learning rate: fp32 under
+"stop" (exit 1 at the first non-finite step), under "skip" (tolerated steps recorded, exit 1 after 8 in a
+row), and fp16 with dynamic loss scaling (each overflow skips the step and halves the scale; exit 1 once 64
+steps in a row overflowed).
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import pathlib
 
 import pytest
 import torch
@@ -86,3 +94,58 @@ def test_fp16_overflow_skips_are_tolerated_under_stop_until_the_scale_cannot_hel
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="--on-nonfinite must be one of stop, skip"):
         NonFiniteGuard("ignore")
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# scripts/train.py, one process, an absurd learning rate: the weights blow up after the warmup's first steps
+DIVERGING = ["--model", "tiny", "--block-size", "16", "--no-progress", "--lr", "1e30", "--max-steps", "100"]
+END_TO_END = {
+    "fp32-stop": (
+        ["--engine", "ddp"],
+        r"step (\d+): non-finite loss nan and grad norm nan; likely cause: learning rate too high \(lower --lr "
+        r"or add warmup\), or bad data \(a corrupt batch\); pass --on-nonfinite skip to go on regardless",
+    ),
+    "fp32-skip": (
+        ["--engine", "ddp", "--on-nonfinite", "skip"],
+        r"step (\d+): non-finite loss nan and grad norm nan; .* 8 steps in a row under --on-nonfinite skip",
+    ),
+    "fp16-loss-scaling": (
+        ["--engine", "zero1", "--precision", "fp16"],
+        r"step (\d+): 64 optimizer steps in a row skipped for fp16 overflow .* lower --lr or use bf16",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(END_TO_END))
+def test_a_diverging_run_stops_with_one_line_naming_the_step(tmp_path, case):
+    """Through scripts/train.py: exit 1, one `error:` line naming the step and the likely cause."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from zero_train.offline import stdlib_files
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(20_000)))
+    flags, pattern = END_TO_END[case]
+    metrics = tmp_path / "metrics.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "scripts/train.py", *DIVERGING, *flags, "--dataset", str(corpus), "--metrics-file",
+         str(metrics)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+    )  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(errors) == 1 and (match := re.match(f"error: {pattern}", errors[0])), errors
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    stopped_at = int(match.group(1))
+    assert [r["step"] for r in records] == list(range(1, stopped_at))  # the stopping step is not recorded
+    if case == "fp32-skip":  # the tolerated steps are recorded as they were: non-finite
+        assert sum(not math.isfinite(r["loss"]) for r in records) == 7
+    if case == "fp16-loss-scaling":  # every overflow skipped the step and halved the scale (down to 1)
+        skipped = [r for r in records if r["skipped"]]
+        assert len(skipped) == 63 and all(not r["skipped"] for r in records[: -len(skipped)])
+        scales = [r["loss_scale"] for r in skipped]
+        assert all(later == max(1.0, earlier / 2) for earlier, later in zip(scales, scales[1:], strict=False))
