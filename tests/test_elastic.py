@@ -203,10 +203,17 @@ def test_deepspeed_checkpoint_of_two_ranks_resumes_on_one_and_three_through_univ
     leftovers = [p.name for p in (ckpt / "deepspeed").iterdir() if "universal" in p.name]
     assert leftovers == ["universal"]  # no staging folder, no DeepSpeed `latest_universal` pointer
 
+    from safetensors.torch import load_file
+
     from zero_train import checkpoint
     from zero_train.dist import DistInfo
     from zero_train.engines.deepspeed_universal import ensure_universal
     from zero_train.errors import UsageError
+    from zero_train.export import export_checkpoint
+
+    exported = load_file(export_checkpoint(ckpt, tmp_path / "hf") / "model.safetensors")  # ignores universal/
+    saved = torch.load(record, weights_only=True)["tensors"]
+    assert all(torch.equal(tensor, saved[name][0]) for name, tensor in exported.items())
 
     damaged = universal / "zero" / "transformer.wte.weight" / "exp_avg.pt"
     damaged.write_bytes(damaged.read_bytes()[:-7])
