@@ -139,7 +139,15 @@ def build_model(config: transformers.PretrainedConfig, *, dtype: torch.dtype = t
     Returns:
         A transformers.PreTrainedModel.
     """
-    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return _causal_lm_loss(AutoModelForCausalLM.from_config(config, dtype=dtype))
+
+
+def _causal_lm_loss(model):
+    """Name the loss transformers uses anyway: class names like GPT2LMHeadModel don't match its
+    `ForCausalLM` pattern, so every run would print "loss_type=None ... unrecognized" and fall back to it."""
+    if getattr(model, "loss_type", None) is None:
+        model.loss_type = "ForCausalLM"
+    return model
 
 
 def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, vocab_size: int | None = None):
@@ -157,7 +165,7 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, vocab_s
         return build_model(model_config(name_or_path, vocab_size=vocab_size), dtype=dtype)
     model_config(name_or_path, vocab_size=vocab_size)  # clear errors before loading weights
     with _hub_errors_as_usage(name_or_path, "model"):
-        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        return _causal_lm_loss(AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype))
 
 
 def max_context(config: transformers.PretrainedConfig) -> int:
