@@ -18,7 +18,7 @@ echo "[demo] 1/3 what theory says for $model, $precision, 2 ranks, micro-batch 2
 "$zt" config --stage 2 --precision "$precision" --micro-batch-size 2 --world-size 2 --model "$model" \
   -o "$out/estimate/ds_config.json"
 "$zt" estimate --model "$model" --world-size 2 --config "$out/estimate/ds_config.json" \
-  --micro-batch-size 2 --block-size 64
+  --micro-batch-size 2 --block-size 64 --device cpu
 echo "[demo] 2/3 measuring 6 engines x 2 ranks ($steps steps each) into $out"
 "$zt" profile --model "$model" --world-sizes 2 --engines ddp,zero1,torch-zero,ds1,ds2,ds3 \
   --precision "$precision" --steps "$steps" --micro-batch-size 2 --block-size 64 --out "$out"

@@ -59,19 +59,33 @@ def test_json_has_the_same_numbers_and_calls_deepspeeds_estimator(capsys):
 
 
 def test_gpu_memory_picks_the_lowest_stage_that_fits(capsys):
-    result = json.loads(
-        run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "10", "--json")
-    )
-    # ours: 16-bit params whole (15 GB) at stages 0-2, + DeepSpeed's 1 GB default reduce bucket
+    argv = ["--params", "7.5e9", "--world-size", "64", "--json"]
+    result = json.loads(run_estimate(capsys, *argv, "--gpu-memory", "10"))
+    # ours is the peak: 16-bit params whole (15 GB) at stages 0-2, whole gradients during ZeRO-1's backward
+    # (15 GB more), DeepSpeed's 1 GB default reduce bucket; ZeRO-3: 1.88 + 2 GB gathered (max_live 1e9) + 1
     assert [row["fits"] for row in result["stages"]] == [False, False, False, True]
     assert result["recommended_stage"] == 3
     assert "recommended: ZeRO-3" in run_estimate(
         capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "10"
     )
-    roomy = json.loads(
-        run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "18", "--json")
-    )
-    assert roomy["recommended_stage"] == 1
+    assert json.loads(run_estimate(capsys, *argv, "--gpu-memory", "18"))["recommended_stage"] == 2
+    assert json.loads(run_estimate(capsys, *argv, "--gpu-memory", "33"))["recommended_stage"] == 1
+
+
+def test_ours_is_the_peak_zero1_holds_whole_gradients_in_backward(capsys):
+    """The estimate must predict the PEAK: ZeRO-1 reduces only after backward produced all 2 Psi of gradients."""
+    result = json.loads(run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--json"))
+    psi, zero1 = 7_500_000_000, result["stages"][1]
+    assert zero1["ours_peak_phase"] == "backward_end"
+    assert zero1["ours_phases"]["backward_end"]["grads"] == 2 * psi  # whole 16-bit gradients
+    assert zero1["ours_bytes"] >= zero1["paper_bytes"]  # the paper counts them whole too (31.4 GB)
+    assert zero1["ours_categories"]["grads"] == pytest.approx(2 * psi / 64, abs=2)  # step boundary: partition
+    for row in result["stages"]:
+        assert row["ours_bytes"] == max(sum(terms.values()) for terms in row["ours_phases"].values())
+        states = sum(
+            row["ours_categories"][c] for c in ("params", "grads", "master_params", "optimizer_states")
+        )
+        assert row["ours_bytes"] >= states
 
 
 def test_model_counts_params_buffers_and_activations(capsys, tmp_path):
@@ -85,9 +99,11 @@ def test_model_counts_params_buffers_and_activations(capsys, tmp_path):
     result = json.loads(run_estimate(capsys, *argv))
     assert result["num_params"] == count_params(load_model("tiny"))
     assert result["precision"] == "bf16"
-    stage2 = result["stages"][2]["ours_categories"]
-    assert stage2["comm_buffers"] == 1000 * 2
-    assert stage2["activations"] > 0
+    stage2 = result["stages"][2]
+    # DeepSpeed ZeRO-2 holds its reduce bucket during backward only (released at its end)
+    assert stage2["ours_phases"]["backward_end"]["comm_buffers"] == 1000 * 2
+    assert stage2["ours_categories"]["comm_buffers"] == 0
+    assert stage2["ours_categories"]["activations"] == stage2["ours_phases"]["forward"]["activations"] > 0
     assert (
         result["stages"][3]["deepspeed_bytes"]
         > result["stages"][2]["deepspeed_bytes"] - 2 * result["num_params"]

@@ -176,21 +176,43 @@ def test_ddp_model_states_match_the_paper_and_the_zero1_gap_is_explained(report)
     assert "unexplained" not in sentence
 
 
-@pytest.mark.multiproc
-def test_peak_and_comm_ratios(report):
+def our_peak(cell: dict):
+    """Our peak model of a cell, computed here from tiny's shape and the cell's settings."""
     from zero_train.hf import model_config
     from zero_train.memory import theory
+    from zero_train.memory.peak import engine_peak
 
     shape = theory.model_shape(model_config("tiny"))
+    return engine_peak(
+        cell["engine"], shape, cell["world_size"], precision="fp32", micro_batch_size=2, block_size=32,
+        ds_config=cell["ds_config"], backend="gloo",
+    )  # fmt: skip
+
+
+def peak_minus_other(cell: dict) -> int:
+    """The largest measured peak minus that rank's "other" between steps, over the ranks."""
+    return max(rank["peak_bytes"] - rank["other_between_steps"] for rank in cell["ranks"])
+
+
+def cell_other_drift(rank: dict) -> int:
+    """How much more "other" a rank held at the step boundary than between steps."""
+    return abs(rank["categories"]["other"] - rank["other_between_steps"])
+
+
+@pytest.mark.multiproc
+def test_peak_and_comm_ratios(report):
     for cell in report["cells"].values():
-        ours = theory.engine_categories(
-            cell["engine"], shape, cell["world_size"], precision="fp32", micro_batch_size=2, block_size=32,
-            ds_config=cell["ds_config"],
-        )  # fmt: skip
+        model = our_peak(cell)
         peak = cell["peak"]
-        assert peak["ours"] == sum(ours.values()) + cell["categories"]["other"]
+        reported = next(r for r in cell["ranks"] if r["rank"] == cell["reported_rank"])
+        assert peak["other_source"] == "between steps"  # the probe measures the baseline between steps
+        assert peak["other"] == reported["other_between_steps"] == peak["other_between_steps"]
+        assert cell_other_drift(reported) < 0.05 * cell["categories"]["other"]
+        assert cell["ours_peak"]["peak_bytes"] == model.peak_bytes == peak["ours_without_other"]
+        assert peak["ours"] == model.peak_bytes + peak["other"]
         assert peak["ours_ratio"] == pytest.approx(peak["ours"] / cell["peak_bytes"])
         assert peak["within_goal"] == (abs(peak["ours_ratio"] - 1) <= 0.10)
+        assert peak["measured_without_other"] == peak_minus_other(cell)
         comm = cell["comm"]
         rank = next(r for r in cell["ranks"] if r["rank"] == cell["reported_rank"])
         measured = comm_paper_unit(rank["comm_bytes_per_step"], cell["world_size"])
@@ -200,6 +222,30 @@ def test_peak_and_comm_ratios(report):
     ddp, ds2 = report["cells"]["ddp-w2-fp32"]["comm"], report["cells"]["ds2-w2-fp32"]["comm"]
     assert ddp["ratio"] == pytest.approx(1.0, abs=0.01)  # one all-reduce of every gradient
     assert ds2["ratio"] == pytest.approx(1.5, abs=0.01)  # all-reduce of the buckets + all-gather
+
+
+@pytest.mark.multiproc
+def test_our_peak_within_10_percent_of_the_measured_peak_minus_other(report):
+    """Issue 5's goal on real runs (tiny: ddp, zero1, ds2 at 1 and 2 ranks), with nothing hidden in "other".
+
+    ours + other within 10% of the peak, and ours alone never more than 10% below the peak minus other.
+    Above it by up to 25% is allowed HERE: the CPU peak is sampled every millisecond, a lower bound, and on
+    tiny (its tied embedding is 82% of the model) DeepSpeed ZeRO-2's peak at 2 ranks is the sum of the
+    embedding's two gradient contributions and their sum, alive for one addition kernel: 13.7 MB above
+    other when the sampler misses it, 15.35 MB by an exact tally of every tensor the ops allocate (6.41 MB
+    kept between steps + 8.94 MB), ours 15.28 MB. The two-sided 10% check runs where the sampled peak is
+    reliable: tests/test_memory_accuracy.py
+    (ddp, zero1, torch-zero) and tests/test_peak_model.py (all six engines, gpt2-25m).
+    """
+    for name, cell in report["cells"].items():
+        model = our_peak(cell)
+        measured = peak_minus_other(cell)
+        assert 0.90 * measured <= model.peak_bytes <= 1.25 * measured, (name, model.phase_bytes, measured)
+        assert cell["peak"]["within_goal"], name
+        sentence = next(s for s in cell["explanations"] if s.startswith("our model"))
+        assert (
+            f"{model.peak_bytes / 1e6:.2f} MB" in sentence or f"{model.peak_bytes / 1e6:.1f} MB" in sentence
+        )
 
 
 @pytest.mark.multiproc
@@ -358,7 +404,8 @@ def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_our_model_keeps_torch_zero_masters_whole():
-    from zero_train.memory.theory import ModelShape, engine_categories
+    from zero_train.memory.peak import engine_categories
+    from zero_train.memory.theory import ModelShape
 
     shape = ModelShape(num_params=1_000_000)
     bf16 = engine_categories("torch-zero", shape, 4, precision="bf16", micro_batch_size=1, block_size=1)

@@ -1,6 +1,7 @@
-"""Memory: measuring (CPU/CUDA allocator), probing training runs, run records, and theory (paper, DeepSpeed, ours).
+"""Memory: measuring (CPU/CUDA allocator), probing training runs, run records, theory (paper, DeepSpeed) and ours.
 
 from zero_train.memory.measure import allocated_bytes, peak_bytes, reset_peak
 from zero_train.memory.probe import MemoryProbe
-from zero_train.memory.theory import paper_bytes, deepspeed_estimate, our_categories
+from zero_train.memory.theory import paper_bytes, deepspeed_estimate
+from zero_train.memory.peak import engine_peak      # our per-phase peak model
 """

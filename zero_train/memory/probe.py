@@ -24,6 +24,10 @@ What is measured, per rank:
   temporaries of a forward; those show up in the phase peaks instead.
 - allocator_bytes = allocator level at attribution + activations, i.e. the training-time footprint;
   categories + other == allocator_bytes exactly. peak_bytes: the highest level seen in the whole run.
+- other_between_steps: the allocator level at the end of the last "step" phase minus the engine's
+  categories then (what it keeps for the next forward). It equals "other" unless something no category
+  owns lives only around the step boundary (DeepSpeed ZeRO-2 can hold a gradient there): the baseline a
+  peak model is compared against.
 - comm_bytes_per_step: the last step's bytes per collective from zero_train.memory.comm.CommLedger.
 """
 
@@ -81,6 +85,7 @@ class MemoryProbe:
         self.activation_bytes = 0
         self.attribution: dict | None = None
         self.comm_bytes_per_step: dict | None = None
+        self.other_between_steps: int | None = None
         self.ledger = self._open_ledger()
         measure.reset_peak(self.device)
         self.run_peak_bytes = self.baseline_bytes
@@ -114,6 +119,9 @@ class MemoryProbe:
         self._record_phase(name, current, peak)
         if counter is not None:
             self.activation_bytes = max(self.activation_bytes, counter.total)
+        if name == ATTRIBUTION_PHASE and self.engine is not None:
+            held = sum(int(value) for value in self.engine.memory_categories().values())
+            self.other_between_steps = current - held
 
     def _param_storages(self) -> set[int]:
         if self.engine is None:
@@ -158,6 +166,7 @@ class MemoryProbe:
             peak_bytes=max(self.run_peak_bytes, measure.peak_bytes(self.device)),
             baseline_bytes=self.baseline_bytes,
             comm_bytes_per_step=self.comm_bytes_per_step,
+            other_between_steps=self.other_between_steps,
         )
 
     def finish(self, engine, *, meta: dict, step_times_s: list[float], tokens_per_step: int) -> dict | None:

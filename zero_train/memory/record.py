@@ -8,7 +8,8 @@ reads them. The schema is in notes/CONTRACTS.md; in short:
      "block_size": 64, "device": "cpu", "ds_config": {...}, "steps": 3,
      "step_time_s": {"median", "min", "max"}, "tokens_per_s": 1234.0,
      "ranks": [{"rank", "phases": [{"name", "current_bytes", "peak_bytes"}], "categories": {...},
-                "allocator_bytes", "peak_bytes", "comm_bytes_per_step": {...} | null}],
+                "allocator_bytes", "peak_bytes", "comm_bytes_per_step": {...} | null,
+                "other_between_steps": int | null (optional; records before it lack the key)}],
      "error": null | "one line"}
 
 Per rank, CATEGORIES plus "other" sum exactly to allocator_bytes (see zero_train.memory.probe for

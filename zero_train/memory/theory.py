@@ -11,11 +11,10 @@ Three answers to "how many bytes does one rank need at ZeRO stage s on N ranks":
     `estimate_zero{2,3}_model_states_mem_needs`, the functions their `*_all_live` / `*_all_cold`
     printers call). They assume mixed precision, count 18 bytes/param for the sharded part (fp32
     gradients too) and ZeRO-3's largest layer gathered; DeepSpeed has NO ZeRO-1 (or stage-0) estimator.
-(c) ours: the model states as the engines really hold them at the step boundary (`engine_categories`
-    adds what was measured here: DeepSpeed's fp32 master partition even in fp32, ZeRO-1's gradients
-    already partitioned at the step), plus what (a) and (b) ignore:
-    communication buckets read from the DeepSpeed config (DDP: its flat gradient buckets) and
-    activations for micro-batch x block size on the model's shape.
+(c) ours (zero_train.memory.peak): the PEAK per rank, phase by phase (forward, backward, optimizer
+    step), from what each engine's code allocates: model states as the engines really hold them, plus
+    what (a) and (b) ignore: communication buckets, activations (`activation_bytes`, below), gradients
+    before they are reduced, fp32 gradient copies, optimizer temporaries, ZeRO-3's gathered parameters.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 GB = 1e9  # the paper's GB
 ADAM_K = 12  # fp32 master params + momentum + variance, bytes per parameter (paper section 3.1)
 DEFAULT_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default, in elements
-DDP_BUCKET_VIEW = False  # torch DDP default: flat bucket copies of every gradient
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -48,6 +46,11 @@ class ModelShape:
     """Attention heads."""
     vocab_size: int = 0
     """Embedding rows (the logits are micro_batch x block x vocab)."""
+    param_numels: tuple[int, ...] = ()
+    """Elements of every parameter tensor, in `model.parameters()` order (tied weights once); () = unknown
+    (then whole-tensor sharding is taken as an even split and no largest tensor is known)."""
+    tied_embedding_params: int = 0
+    """Elements of the input embedding when the LM head shares it (GPT-2), else 0."""
 
 
 def precision_bytes(precision: str) -> dict[str, int]:
@@ -130,68 +133,32 @@ def deepspeed_estimate(
     return None
 
 
-ACTIVATION_VALUES_PER_TOKEN_CHANNEL = 31
+ACTIVATION_VALUES_PER_TOKEN_CHANNEL = 30
 """Values autograd saves per (token, hidden channel) per transformer block: measured here with
-saved-tensor hooks on Hugging Face GPT-2 (SDPA attention, gelu_new, no dropout). Korthikanti et al.
-2022 ("Reducing Activation Recomputation", eq. 1) give 34 bytes of 16-bit values and masks plus the
-5as/h attention-score term that fused attention does not store."""
+saved-tensor hooks on Hugging Face GPT-2 (transformers 5.x, SDPA attention, gelu_new, no dropout):
+30.03 for gpt2-25m and 30.2 for `tiny` in fp32 and bf16, the fraction being per-token statistics
+(layer-norm mean/rstd, attention log-sum-exp; < 0.1% of the total, left out). Korthikanti et al. 2022
+("Reducing Activation Recomputation", eq. 1) give 34 bytes of 16-bit values and masks plus the
+5as/h attention-score term that fused attention does not store. Llama shapes (RMSNorm, SwiGLU) save
+fewer (about 21-23): this constant describes GPT-2."""
 
 
 def activation_bytes(shape: ModelShape, *, micro_batch_size: int, block_size: int, precision: str) -> int:
     """Activations saved for backward in one micro-batch's forward (0 if the shape is unknown).
 
-    Per block: b*s*h*ACTIVATION_VALUES_PER_TOKEN_CHANNEL values in the model dtype; plus the loss's
-    fp32 log-softmax over the vocabulary (b*s*V*4 bytes), which dominates small models.
+    Per block: b*s*h*ACTIVATION_VALUES_PER_TOKEN_CHANNEL values in the model dtype; after the blocks, the
+    final layer norm's input and the LM head's input (2*b*s*h values); and the loss's fp32 log-softmax
+    over the vocabulary (b*s*V*4 bytes), which dominates small models. gpt2-25m, micro-batch 2 x block
+    64: 75.37 MB (fp32) and 39.78 MB (bf16), measured 75.43 and 39.83.
     """
     if not (shape.num_layers and shape.hidden_size):
         return 0
     tokens = micro_batch_size * block_size
     value_bytes = 4 if precision == "fp32" else 2
     per_block = tokens * shape.hidden_size * ACTIVATION_VALUES_PER_TOKEN_CHANNEL * value_bytes
+    head_inputs = 2 * tokens * shape.hidden_size * value_bytes
     log_softmax = tokens * shape.vocab_size * 4
-    return int(shape.num_layers * per_block + log_softmax)
-
-
-def buffer_bytes(shape: ModelShape, stage: int, *, precision: str, ds_config: dict | None) -> int:
-    """Communication buffers a rank allocates for gradients.
-
-    stage 0 (torch DDP): flat bucket copies of all gradients (gradient_as_bucket_view=False).
-    stages 1-3 (DeepSpeed, contiguous_gradients): one reduce bucket of reduce_bucket_size elements
-    in the gradient dtype, whatever the model size (hence DeepSpeed's large overhead on small models
-    with its default 5e8). ZeRO-3's gathered layers are transient (freed before the step): they show
-    in the forward peak, not here.
-    """
-    grad_bytes = precision_bytes(precision)["grads"]
-    if stage == 0:
-        return 0 if DDP_BUCKET_VIEW else shape.num_params * grad_bytes
-    zero = (ds_config or {}).get("zero_optimization", {})
-    bucket = zero.get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET_SIZE)
-    bucket = DEFAULT_REDUCE_BUCKET_SIZE if not isinstance(bucket, (int, float)) else int(bucket)
-    return int(bucket * grad_bytes) if zero.get("contiguous_gradients", True) else 0
-
-
-def our_categories(
-    shape: ModelShape,
-    world_size: int,
-    stage: int,
-    *,
-    precision: str,
-    micro_batch_size: int,
-    block_size: int,
-    ds_config: dict | None = None,
-) -> dict[str, int]:
-    """Our per-rank model for a DeepSpeed stage: paper categories + buffers + activations.
-
-    Returns:
-        params, grads, master_params, optimizer_states, comm_buffers, activations (bytes).
-    """
-    states = paper_categories(shape.num_params, world_size, stage, precision=precision)
-    categories = {name: int(value) for name, value in states.items()}
-    categories["comm_buffers"] = buffer_bytes(shape, stage, precision=precision, ds_config=ds_config)
-    categories["activations"] = activation_bytes(
-        shape, micro_batch_size=micro_batch_size, block_size=block_size, precision=precision
-    )
-    return categories
+    return int(shape.num_layers * per_block + head_inputs + log_softmax)
 
 
 def model_shape(config) -> ModelShape:
@@ -205,60 +172,21 @@ def model_shape(config) -> ModelShape:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    num_params = sum(p.numel() for p in model.parameters())  # parameters() deduplicates tied weights
+    numels = tuple(p.numel() for p in model.parameters())  # parameters() deduplicates tied weights
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head is not None and embedding is not None and head.weight is embedding.weight
     return ModelShape(
-        num_params=num_params,
+        num_params=sum(numels),
         largest_layer_params=largest,
         num_layers=getattr(config, "num_hidden_layers", 0) or 0,
         hidden_size=getattr(config, "hidden_size", 0) or 0,
         num_heads=getattr(config, "num_attention_heads", 0) or 0,
         vocab_size=getattr(config, "vocab_size", 0) or 0,
+        param_numels=numels,
+        tied_embedding_params=embedding.weight.numel() if tied else 0,
     )
 
 
 ENGINE_STAGES = {"ddp": 0, "zero1": 1, "torch-zero": 1, "ds1": 1, "ds2": 2, "ds3": 3}
-
-
-def engine_categories(
-    engine: str,
-    shape: ModelShape,
-    world_size: int,
-    *,
-    precision: str,
-    micro_batch_size: int,
-    block_size: int,
-    ds_config: dict | None = None,
-) -> dict[str, int]:
-    """Our model for one engine of the profile matrix, as it really holds its tensors.
-
-    ddp, zero1, torch-zero: the paper's categories for their stage; ddp and torch-zero (which wraps
-    DDP) add DDP's flat gradient buckets (one gradient-sized copy), and torch-zero keeps the fp32
-    master copies of a 16-bit model whole on every rank (zero_train.engines.torch_zero: the
-    ZeroRedundancyOptimizer shards only the Adam states over them). ds1/ds2/ds3: `our_categories`,
-    plus two things measured with DeepSpeed 0.19 on CPU: it keeps an fp32 master partition even in
-    fp32 (stage_1_and_2 / stage3 clone the partition), and at the step boundary ZeRO-1 holds only its
-    reduced gradient partition, like ZeRO-2 (the paper counts ZeRO-1's gradients whole).
-
-    Returns:
-        params, grads, master_params, optimizer_states, comm_buffers, activations (bytes).
-    """
-    if engine not in ENGINE_STAGES:
-        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINE_STAGES)}")
-    stage = ENGINE_STAGES[engine]
-    kwargs = dict(precision=precision, micro_batch_size=micro_batch_size, block_size=block_size)
-    if engine.startswith("ds"):
-        categories = our_categories(shape, world_size, stage, ds_config=ds_config, **kwargs)
-        if precision == "fp32":
-            categories["master_params"] += int(4 * shape.num_params / world_size)
-        if stage == 1:  # at the step boundary ZeRO-1 holds only its reduced gradient partition
-            categories["grads"] = int(shape.num_params * precision_bytes(precision)["grads"] / world_size)
-        return categories
-    states = paper_categories(shape.num_params, world_size, stage, precision=precision)
-    categories = {name: int(value) for name, value in states.items()}
-    if engine == "torch-zero":  # fp32 masters of EVERY parameter on every rank: only Adam's moments are sharded
-        categories["master_params"] = shape.num_params * precision_bytes(precision)["master_params"]
-    ddp_buckets = engine in ("ddp", "torch-zero")
-    categories["comm_buffers"] = shape.num_params * precision_bytes(precision)["grads"] if ddp_buckets else 0
-    categories["activations"] = activation_bytes(shape, **kwargs)
-    return categories
+"""The ZeRO stage each engine of the profile matrix implements (the paper's row it is compared with)."""

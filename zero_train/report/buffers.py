@@ -6,7 +6,7 @@
   largest; zero_train.sharding.partition) plus, on gloo, the ring's receive buffer (at most
   RECV_BUFFER_ELEMENTS elements).
 - DeepSpeed: one reduce bucket of zero_optimization.reduce_bucket_size elements (default 5e8) in the
-  gradient dtype, with contiguous_gradients.
+  gradient dtype, with contiguous_gradients; ZeRO-1/2 hold it only during backward, ZeRO-3 keeps it.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def _zero1_words(row: dict, facts: ModelFacts | None) -> tuple[str, int | None]:
 
 
 def _deepspeed_words(row: dict) -> tuple[str, int]:
+    """DeepSpeed's reduce bucket: kept by ZeRO-3, released at the end of backward by ZeRO-1/2."""
     zero = (row.get("ds_config") or {}).get("zero_optimization", {})
     bucket = zero.get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET_SIZE)
     bucket = int(bucket) if isinstance(bucket, (int, float)) else DEFAULT_REDUCE_BUCKET_SIZE
@@ -73,10 +74,16 @@ def _deepspeed_words(row: dict) -> tuple[str, int]:
         "" if bucket == DEFAULT_REDUCE_BUCKET_SIZE else
         f"; DeepSpeed's default 5e8 would hold {units.mb(DEFAULT_REDUCE_BUCKET_SIZE * element_size)}"
     )  # fmt: skip
-    return (
+    words = (
         f"DeepSpeed's reduce bucket: zero_optimization.reduce_bucket_size = {bucket:,} elements x "
-        f"{element_size} bytes = {units.mb(bucket * element_size)}{default_note}",
-        bucket * element_size,
+        f"{element_size} bytes = {units.mb(bucket * element_size)}{default_note}"
+    )
+    if row["zero_stage"] == 3:
+        return words, bucket * element_size
+    return (
+        words + "; ZeRO-1/2 allocate it for backward and release it at its end (_release_ipg_buffers), so "
+        "none is alive at the step boundary (our model counts it in the backward phases)",
+        0,
     )
 
 
@@ -101,7 +108,7 @@ def buffer_sentence(
         words, predicted = _deepspeed_words(row)
     sentence = f"comm_buffers: {row['engine']} holds {units.mb(measured)}: {words}"
     if ours is not None and predicted is not None and is_large(ours - predicted, footprint):
-        sentence += f"; our model counts {units.mb(ours)} (it leaves these out)"
+        sentence += f"; our model counts {units.mb(ours)} at the step boundary instead"
     if predicted is not None and is_large(measured - predicted, footprint):
         alive = "not alive at the step boundary" if measured < predicted else "more than predicted"
         sentence += f"; {alive}: unexplained {units.mb(measured - predicted)}"

@@ -7,14 +7,20 @@ peak (the one that decides whether a run fits); every rank's own numbers stay in
 Row keys (summary.json's "cells"; zero_train.report.summary documents the file):
     cell, engine, zero_stage, world_size, precision, model, num_params, micro_batch_size, block_size,
     steps, tokens_per_s, error, reported_rank, ranks, categories, allocator_bytes, peak_bytes,
-    baseline_bytes, bytes_per_param, model_states, ours_categories, paper_categories, footprint, peak,
-    comm, notes (and explanations, added by zero_train.report.explain)
+    baseline_bytes, bytes_per_param, model_states, ours_categories, ours_peak, paper_categories,
+    footprint, peak, comm, notes (and explanations, added by zero_train.report.explain)
+
+"ours" is zero_train.memory.peak: ours_categories its step-boundary categories (compared with the
+measured categories), ours_peak its phases and peak (compared with the measured peak). No estimator
+predicts "other" (the interpreter, libraries, data): the peak comparison adds the measured "other" to
+every estimate, and also compares ours alone with the measured peak minus "other".
 """
 
 from __future__ import annotations
 
 from zero_train.errors import UsageError
 from zero_train.memory import theory
+from zero_train.memory.peak import MEASURED_PHASE, STATE_CATEGORIES, PeakModel, backend_for, engine_peak
 from zero_train.memory.record import CATEGORIES, MODEL_STATE_CATEGORIES
 from zero_train.report.models import FactsLookup
 from zero_train.report.traffic import comm_comparison
@@ -91,6 +97,7 @@ def _rank_row(rank: dict) -> dict:
         baseline_bytes=rank.get("baseline_bytes"),
         phases=rank.get("phases", []),
         comm_bytes_per_step=rank.get("comm_bytes_per_step"),
+        other_between_steps=rank.get("other_between_steps"),
     )
 
 
@@ -106,11 +113,17 @@ def _meta(record: dict) -> dict:
     return row
 
 
-def ours_categories(record: dict, lookup: FactsLookup) -> dict[str, int] | None:
-    """Our model of the engine (zero_train.memory.theory.engine_categories), None without model facts."""
+def our_model(record: dict, lookup: FactsLookup, rank: int | None = None) -> PeakModel | None:
+    """Our model of the record's engine (zero_train.memory.peak.engine_peak), None without model facts.
+
+    Args:
+        record: the run record.
+        lookup: its model's facts.
+        rank: the rank to model (None: the rank our model gives the highest peak).
+    """
     if lookup.facts is None or record["engine"] not in theory.ENGINE_STAGES:
         return None
-    return theory.engine_categories(
+    return engine_peak(
         record["engine"],
         lookup.facts.shape,
         record["world_size"],
@@ -118,6 +131,8 @@ def ours_categories(record: dict, lookup: FactsLookup) -> dict[str, int] | None:
         micro_batch_size=record["micro_batch_size"],
         block_size=record["block_size"],
         ds_config=record.get("ds_config"),
+        backend=backend_for(record.get("device")),
+        rank=rank,
     )
 
 
@@ -138,22 +153,74 @@ def _model_states(record: dict, measured: int, ours: dict | None, largest_layer:
     )
 
 
-def _peak(peak_bytes: int, other: int, states: dict, ours: dict | None) -> dict:
-    """Measured peak beside each estimate plus the measured "other" (no estimator predicts "other")."""
+def _phase_peaks(rank: dict, other: int, model: PeakModel | None) -> dict:
+    """Per probe phase ("forward" = forward + backward, "step"): measured peak minus "other" beside ours
+    (`model` describes the same rank)."""
+    measured = {phase["name"]: phase["peak_bytes"] - other for phase in rank["phases"]}
+    result = {}
+    for name in ("forward", "step"):
+        ours = None
+        if model is not None:
+            ours = max(total for phase, total in model.phase_bytes.items() if MEASURED_PHASE[phase] == name)
+        result[name] = dict(measured=measured.get(name), ours=ours, ratio=ratio(ours, measured.get(name)))
+    return result
+
+
+def baseline_other(rank: dict) -> int:
+    """The "other" a peak estimate is given: the probe's other between steps (the level at the end of the step
+    minus the engine's categories then) when the record has it, else "other" at the step boundary."""
+    between = rank.get("other_between_steps")
+    return rank["categories"]["other"] if between is None else between
+
+
+def _estimated_between_steps(rank: dict, same_rank: PeakModel | None) -> int | None:
+    """For records without the probe's other_between_steps: the end-of-step level minus our model's states
+    at rest (what the engine keeps for the next forward); None without a step phase or our model."""
+    step = next((phase for phase in rank["phases"] if phase["name"] == "step"), None)
+    if step is None or same_rank is None:
+        return None
+    return step["current_bytes"] - sum(same_rank.phases["forward"].get(name, 0) for name in STATE_CATEGORIES)
+
+
+def _peak(
+    rank: dict, ranks: list[dict], states: dict, model: PeakModel | None, same_rank: PeakModel | None
+) -> dict:
+    """Measured peak beside each estimate plus the measured baseline "other" (no estimator predicts it), and
+    ours alone beside the largest measured peak minus that baseline over the ranks.
+
+    Args:
+        rank: the reported rank's row (the highest measured peak).
+        ranks: every rank's row.
+        states: the model-state comparison (paper, DeepSpeed).
+        model: our model of the rank with the highest predicted peak (what must fit).
+        same_rank: our model of the reported rank (the phase by phase comparison).
+    """
+    peak_bytes, other = rank["peak_bytes"], baseline_other(rank)
 
     def plus_other(estimate):
         return None if estimate is None else estimate + other
 
-    ours_total = None if ours is None else sum(ours.values())
+    ours = None if model is None else model.peak_bytes
     result = dict(measured=peak_bytes, other=other, other_share=ratio(other, peak_bytes))
-    for name, estimate in (
-        ("paper", states["paper"]),
-        ("deepspeed", states["deepspeed"]),
-        ("ours", ours_total),
-    ):
+    for name, estimate in (("paper", states["paper"]), ("deepspeed", states["deepspeed"]), ("ours", ours)):
         result[name] = plus_other(estimate)
         result[f"{name}_ratio"] = ratio(plus_other(estimate), peak_bytes)
-    result["within_goal"] = None if ours is None else abs(result["ours_ratio"] - 1) <= PEAK_GOAL
+    result["within_goal"] = None if model is None else abs(result["ours_ratio"] - 1) <= PEAK_GOAL
+    phases = {phase["name"]: phase["peak_bytes"] for phase in rank["phases"]}
+    without = max(r["peak_bytes"] - baseline_other(r) for r in ranks)
+    measured_between = rank.get("other_between_steps")
+    result.update(
+        other_source="between steps" if measured_between is not None else "at the step boundary",
+        other_between_steps=measured_between
+        if measured_between is not None
+        else _estimated_between_steps(rank, same_rank),
+        ours_without_other=ours,
+        measured_without_other=without,
+        ratio_without_other=ratio(ours, without),
+        ours_phase=None if model is None else model.peak_phase,
+        measured_phase=max(phases, key=phases.get) if phases else None,
+        phases=_phase_peaks(rank, other, same_rank),
+    )
     return result
 
 
@@ -206,7 +273,9 @@ def compare_cell(record: dict, lookup: FactsLookup) -> dict:
     _check_theory_fields(record)
     rank = _rank_row(reported_rank(record))
     categories, num_params = rank["categories"], record["num_params"]
-    ours = ours_categories(record, lookup)
+    model = our_model(record, lookup)
+    same_rank = our_model(record, lookup, rank=rank["rank"])
+    ours = None if same_rank is None else same_rank.boundary
     largest_layer = lookup.facts.shape.largest_layer_params if lookup.facts else 0
     states = _model_states(record, rank["model_state_bytes"], ours, largest_layer)
     footprint_measured = rank["allocator_bytes"] - categories["other"]
@@ -220,6 +289,7 @@ def compare_cell(record: dict, lookup: FactsLookup) -> dict:
         bytes_per_param=_bytes_per_param(categories, rank["allocator_bytes"], rank["peak_bytes"], num_params),
         model_states=states,
         ours_categories=ours,
+        ours_peak=None if model is None else model.as_dict(),
         paper_categories=theory.paper_categories(
             num_params, record["world_size"], record["zero_stage"], precision=record["precision"]
         ),
@@ -228,7 +298,7 @@ def compare_cell(record: dict, lookup: FactsLookup) -> dict:
             ours=None if ours is None else sum(ours.values()),
             ratio=None if ours is None else ratio(sum(ours.values()), footprint_measured),
         ),
-        peak=_peak(rank["peak_bytes"], categories["other"], states, ours),
+        peak=_peak(rank, [_rank_row(r) for r in record["ranks"]], states, model, same_rank),
         comm=comm_comparison(record, rank["comm_bytes_per_step"]),
         notes=[] if lookup.facts else [f"our model: n/a, {lookup.problem}"],
     )

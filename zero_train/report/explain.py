@@ -5,10 +5,11 @@ known cause is named with the setting or code that produces it (and the bytes it
 no rule accounts for is called "unexplained", with its size. Gaps below GAP_FRACTION of the quantity
 compared or below MIN_GAP_BYTES (zero_train.report.compare.is_large) are not worth a sentence.
 
-Model states: measured vs the paper, by category. `ours` (theory.engine_categories) encodes the known
-departures from the paper (DeepSpeed's fp32 master copy in fp32 runs, ZeRO-1's partitioned gradients at
-the step boundary), so paper -> ours is explained by rule and ours -> measured must be explained by the
-layout (whole-tensor sharding) or called unexplained.
+Model states: measured vs the paper, by category. `ours` (zero_train.memory.peak, its categories at the
+step boundary) encodes the known departures from the paper (DeepSpeed's fp32 master copy in fp32 runs,
+ZeRO-1's partitioned gradients at the step boundary), so paper -> ours is explained by rule and
+ours -> measured must be explained by the layout (whole-tensor sharding) or called unexplained. The peak
+is explained phase by phase in zero_train.report.explain_peak.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from zero_train.memory.record import MODEL_STATE_CATEGORIES
 from zero_train.report import units
 from zero_train.report.buffers import buffer_sentence
 from zero_train.report.compare import is_large
-from zero_train.report.explain_runtime import comm_sentences, other_sentences, peak_sentences
+from zero_train.report.explain_peak import peak_sentences
+from zero_train.report.explain_runtime import comm_sentences, other_sentences
 from zero_train.report.models import ModelFacts
 
 CATEGORY_WORDS = {
@@ -31,7 +33,7 @@ CATEGORY_WORDS = {
 
 
 def _paper_to_ours(row: dict, category: str) -> str | None:
-    """Why our model departs from the paper for `category` (a rule of theory.engine_categories)."""
+    """Why our model departs from the paper for `category` (a rule of zero_train.memory.peak_engines)."""
     engine, world_size = row["engine"], row["world_size"]
     ours = row["ours_categories"][category]
     if engine.startswith("ds") and category == "master_params" and row["precision"] == "fp32":
@@ -49,7 +51,8 @@ def _paper_to_ours(row: dict, category: str) -> str | None:
     if engine == "ds1" and category == "grads":
         return (
             f"at the step boundary DeepSpeed ZeRO-1 holds only its reduced gradient partition "
-            f"({units.mb(ours)}, 1/{world_size}), like ZeRO-2; the paper counts ZeRO-1's gradients whole"
+            f"({units.mb(ours)}, 1/{world_size}), like ZeRO-2; the paper counts ZeRO-1's gradients whole, "
+            "which they are during backward (our model's end of backward)"
         )
     return None
 
@@ -174,6 +177,6 @@ def explain_cell(row: dict, facts: ModelFacts | None, reference: dict | None) ->
         *buffer_sentences(row, facts),
         *activation_sentences(row),
         *other_sentences(row, reference),
-        *peak_sentences(row, facts),
+        *peak_sentences(row),
         *comm_sentences(row, facts),
     ]

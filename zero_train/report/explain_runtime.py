@@ -1,6 +1,7 @@
-"""Sentences about what no model-state formula covers: "other", the peak, communication per step.
+"""Sentences about what no model-state formula covers: "other" and communication per step.
 
-Pure functions over comparison rows (zero_train.report.compare); see zero_train.report.explain.
+Pure functions over comparison rows (zero_train.report.compare); see zero_train.report.explain (the peak's
+sentences are in zero_train.report.explain_peak).
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ DEEPSPEED_FIRST_INIT_BYTES = 16_000_000
 Measured here (DeepSpeed 0.19.8, torch 2.13 CPU, one gloo rank, ZeRO-1 fp32): +15.5 MB with `tiny`,
 +16.1 MB with `gpt2-25m`, while about 570 modules are imported and DeepSpeed's shared-memory comm op
 is loaded; a second initialize in the same process adds 0.1-0.8 MB beyond its tensors."""
-ADAMW_FLAT_TEMPORARY_BYTES = 8
-"""Peak rise of one torch.optim.AdamW step (single-tensor implementation, CPU) per element of a single flat
-fp32 parameter: two fp32 temporaries (measured here: +8.0 bytes per element for a 25M-element tensor)."""
 # The phase whose end level is where a phase starts (forward follows the previous step).
 PHASE_STARTS = {"forward": ("step", "engine_initialized"), "step": ("forward",), "engine_initialized": ()}
 
 
-def _phase(row: dict, name: str) -> dict | None:
+def phase_record(row: dict, name: str) -> dict | None:
+    """The reported rank's record of phase `name` (current_bytes at its end, peak_bytes inside), if any."""
     rank = next(r for r in row["ranks"] if r["rank"] == row["reported_rank"])
     return next((p for p in rank["phases"] if p["name"] == name), None)
 
@@ -61,7 +60,7 @@ def other_sentences(row: dict, reference: dict | None) -> list[str]:
     if abs(extra) < 1e6:
         return sentences + [sentence + "."]
     sentence += f"; unexplained: {units.mb(extra)}"
-    built, reference_built = _phase(row, "model_built"), _phase(reference, "model_built")
+    built, reference_built = phase_record(row, "model_built"), phase_record(reference, "model_built")
     if built and reference_built and row["engine"] != "ds3":  # ZeRO-3 builds the model already partitioned
         before = built["current_bytes"] - reference_built["current_bytes"]
         sentence += (
@@ -70,157 +69,14 @@ def other_sentences(row: dict, reference: dict | None) -> list[str]:
     return sentences + [sentence + "."]
 
 
-def _phase_rise(row: dict, name: str) -> int | None:
+def phase_rise(row: dict, name: str) -> int | None:
     """How far the reported rank's level rose inside phase `name` above the level it started from."""
-    phase = _phase(row, name)
+    phase = phase_record(row, name)
     for previous in PHASE_STARTS.get(name, ()):
-        start = _phase(row, previous)
+        start = phase_record(row, previous)
         if phase is not None and start is not None:
             return phase["peak_bytes"] - start["current_bytes"]
     return None
-
-
-def _peak_phase(row: dict) -> dict | None:
-    """The phase where the reported rank's peak was seen (None: no phases recorded)."""
-    rank = next(r for r in row["ranks"] if r["rank"] == row["reported_rank"])
-    return max(rank["phases"], key=lambda p: p["peak_bytes"]) if rank["phases"] else None
-
-
-def _transient(row: dict) -> int | None:
-    phase = _peak_phase(row)
-    return None if phase is None else _phase_rise(row, phase["name"])
-
-
-def _gathered_parameters(row: dict) -> tuple[int, str]:
-    """ZeRO-3: bytes of the parameters gathered at once in forward (bounded by stage3_max_live_parameters)."""
-    zero = (row.get("ds_config") or {}).get("zero_optimization", {})
-    live = int(zero.get("stage3_max_live_parameters", 1e9))
-    gathered = min(row["num_params"], live) * element_bytes(row["precision"])
-    words = (
-        f"ZeRO-3's gathered parameters ({units.mb(gathered)}: stage3_max_live_parameters = {live:,} lets "
-        f"{'all' if live >= row['num_params'] else 'that many of'} the {row['num_params']:,} be live at once)"
-    )
-    return gathered, words
-
-
-def _forward_cause(row: dict, facts: ModelFacts | None) -> str:
-    """The forward(+backward) phase: activations, the loss's temporaries, ZeRO-3's gathered parameters."""
-    rise = _phase_rise(row, "forward") or 0
-    activations = row["categories"]["activations"]
-    vocab = facts.shape.vocab_size if facts else 0
-    logits = row["micro_batch_size"] * row["block_size"] * vocab * 4
-    parts = [
-        f"the activations ({units.mb(activations)})",
-        f"about 3 logits-sized fp32 temporaries of the loss (logits, log-softmax, gradient: 3 x "
-        f"{row['micro_batch_size']} x {row['block_size']} x {vocab:,} x 4 bytes = {units.mb(3 * logits)})",
-    ]
-    predicted = activations + 3 * logits
-    if row["engine"] == "ds3":
-        gathered, words = _gathered_parameters(row)
-        parts.append(words)
-        predicted += gathered
-    words = " + ".join(parts)
-    if is_large(rise - predicted, rise):
-        words += f"; unexplained: {units.mb(rise - predicted)}"
-        if row["engine"] in ("ds1", "ds2") and rise > predicted:
-            whole = 4 * row["num_params"] * (1 - 1 / row["world_size"])
-            words += (
-                f" (a candidate, not measured: backward produces whole gradients before DeepSpeed reduces them "
-                f"into its 1/{row['world_size']} partition, up to {units.mb(whole)} above the step boundary)"
-            )
-    return words
-
-
-def _peak_cause(row: dict, facts: ModelFacts | None, phase: str) -> str:
-    if phase == "forward":
-        return _forward_cause(row, facts)
-    if phase == "step" and row["engine"].startswith("ds"):
-        return _deepspeed_step_cause(row)
-    if phase == "step":
-        return _torch_step_cause(row, facts)
-    return f"temporaries of the {phase} phase: unexplained in detail"
-
-
-def _torch_step_cause(row: dict, facts: ModelFacts | None) -> str:
-    """Our engines' step: fp32 master gradients (mixed precision), then AdamW one tensor at a time."""
-    rise = _transient(row) or 0
-    parts, predicted = [], 0
-    if row["precision"] != "fp32" and row["engine"] in ("ddp", "torch-zero"):
-        master_grads = 4 * row["num_params"]
-        parts.append(
-            f"the fp32 master gradient of every parameter ({units.mb(master_grads)}, grads_to_master)"
-        )
-        predicted += master_grads
-    if row["precision"] != "fp32" and row["engine"] == "zero1":
-        master_grads = 4 * row["num_params"] / row["world_size"]
-        parts.append(
-            f"the fp32 master gradients of the owned region ({units.mb(master_grads)}, 4/N bytes/param)"
-        )
-        predicted += master_grads
-    if facts is not None:
-        largest = max(facts.param_numels)
-        parts.append(
-            f"torch's single-tensor AdamW temporaries, one tensor at a time (2 x 4 bytes x the largest tensor's "
-            f"{largest:,} elements = {units.mb(ADAMW_FLAT_TEMPORARY_BYTES * largest)})"
-        )
-        predicted += ADAMW_FLAT_TEMPORARY_BYTES * largest
-    words = f"the optimizer step's temporaries: {' + '.join(parts) or 'no rule'}"
-    residual = rise - predicted
-    if is_large(residual, rise):
-        words += f"; unexplained: {units.mb(residual)}"
-    return words
-
-
-def _deepspeed_step_cause(row: dict) -> str:
-    """DeepSpeed's step: torch AdamW over one flat fp32 partition allocates partition-sized temporaries."""
-    rise = _transient(row) or 0
-    optimizer = (row.get("ds_config") or {}).get("optimizer", {})
-    if not optimizer.get("params", {}).get("torch_adam"):
-        return (
-            f"DeepSpeed's optimizer step temporaries ({rise / row['num_params']:.1f} bytes/param): unexplained in "
-            "detail, no estimator (ours included) models them"
-        )
-    predicted = ADAMW_FLAT_TEMPORARY_BYTES * row["num_params"] / row["world_size"]
-    words = (
-        f"DeepSpeed runs torch's AdamW (torch_adam) on ONE flat fp32 partition (Psi/{row['world_size']} elements), "
-        f"and its single-tensor update allocates two partition-sized fp32 temporaries, "
-        f"{ADAMW_FLAT_TEMPORARY_BYTES}/{row['world_size']} bytes/param = {units.mb(predicted)} (per-tensor engines "
-        "allocate them one tensor at a time); no estimator, ours included, models them"
-    )
-    residual = rise - predicted
-    if is_large(residual, rise):
-        words += f"; unexplained: {units.mb(residual)}"
-    return words
-
-
-def peak_sentences(row: dict, facts: ModelFacts | None) -> list[str]:
-    """Where the peak happened, what was alive then, and how our estimate compares with it."""
-    peak, footprint = row["peak_bytes"], row["allocator_bytes"]
-    phase = _peak_phase(row)
-    if phase is None:
-        return [f"peak {units.mb(peak)}: no phases recorded, so where it happened is unknown."]
-    rise = _phase_rise(row, phase["name"])
-    rise = "" if rise is None else f", {units.mb(rise)} above the level that phase started from"
-    sentence = f"peak {units.mb(peak)} in the {phase['name']} phase{rise}: "
-    if peak < footprint:
-        activations = row["categories"]["activations"]
-        sentence += (
-            f"below the footprint ({units.mb(footprint)} = step-boundary level + {units.mb(activations)} of "
-            "activations) because gradients are freed before the next forward and activations are released "
-            "during backward as gradients appear: the two never coexist in full"
-        )
-    else:
-        sentence += _peak_cause(row, facts, phase["name"])
-    sentences = [sentence + "."]
-    estimate = row["peak"]
-    if estimate["ours"] is not None:
-        verdict = "within" if estimate["within_goal"] else "OUTSIDE"
-        sentences.append(
-            f"our estimate of the peak, ours {units.mb(row['footprint']['ours'])} + the measured other "
-            f"{units.mb(estimate['other'])} = {units.mb(estimate['ours'])}, is {units.ratio_text(estimate['ours_ratio'])} "
-            f"x the measured peak: {verdict} the 10% goal."
-        )
-    return sentences
 
 
 def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> str | None:

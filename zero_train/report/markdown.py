@@ -129,9 +129,18 @@ def _goal_mark(peak: dict) -> str:
     return "yes" if peak["within_goal"] else "**no**"
 
 
+def _phase_name(peak: dict) -> str:
+    """Our peak phase beside the probe phase the measured peak was in, e.g. `backward_end / fwd+bwd`."""
+    measured = {"forward": "fwd+bwd", "step": "step"}.get(
+        peak["measured_phase"], peak["measured_phase"] or "n/a"
+    )
+    return f"{peak['ours_phase'] or 'n/a'} / {measured}"
+
+
 def _peak_section(cells: list[dict]) -> str:
     header = ["cell", "peak MB", "other MB", "other share", "paper+other ÷ peak", "DS+other ÷ peak",
-              "ours+other ÷ peak", f"ours within {PEAK_GOAL:.0%}", "ours ÷ footprint w/o other"]  # fmt: skip
+              "ours+other ÷ peak", f"ours within {PEAK_GOAL:.0%}", "ours ÷ (peak − other)",
+              "peak phase: ours / measured"]  # fmt: skip
     rows = []
     for cell in cells:
         peak = cell["peak"]
@@ -139,17 +148,41 @@ def _peak_section(cells: list[dict]) -> str:
             cell["cell"], _mb(peak["measured"]), _mb(peak["other"]),
             units.percent(peak["other_share"]), units.ratio_text(peak["paper_ratio"]),
             units.ratio_text(peak["deepspeed_ratio"]), units.ratio_text(peak["ours_ratio"]), _goal_mark(peak),
-            units.ratio_text(cell["footprint"]["ratio"]),
+            units.ratio_text(peak["ratio_without_other"]), _phase_name(peak),
         ])  # fmt: skip
     within = [c for c in cells if c["peak"]["within_goal"]]
     return (
         "## Peak: measured vs estimates\n\n"
-        'No estimator predicts "other" (interpreter, libraries, data: see the explanations), so each '
-        'estimate is given the measured "other" and compared with the measured peak; the last column '
-        'compares ours with the measured footprint without "other" (model states + buffers + activations), '
-        f"the part a memory model can predict. Goal: ours within {PEAK_GOAL:.0%} of the peak for every engine. "
-        f"**{len(within)} of {len(cells)} cells meet it.**\n\n" + table(header, rows)
+        'No estimator predicts "other" (the interpreter, libraries, data: see the explanations), so each estimate '
+        'is given the measured "other" and compared with the measured peak; "other" here is the level between '
+        "steps when the record has it (the probe's other_between_steps), else the one attributed at the step "
+        'boundary. "ours ÷ (peak − other)" compares our model alone with the part of the peak a memory model can '
+        "predict (the largest over the ranks). The paper and DeepSpeed's estimator count model states only; ours "
+        "is the peak over its phases "
+        f"(end of forward, start and end of backward, optimizer step). Goal: ours within {PEAK_GOAL:.0%} of the "
+        f"peak for every engine. **{len(within)} of {len(cells)} cells meet it.**\n\n" + table(header, rows)
     )
+
+
+def _phase_section(cells: list[dict]) -> str:
+    header = ["cell", "fwd+bwd measured", "ours", "ours ÷ meas.", "step measured", "ours", "ours ÷ meas."]
+    rows = []
+    for cell in cells:
+        row = [cell["cell"]]
+        for name in ("forward", "step"):
+            phase = cell["peak"]["phases"][name]
+            row += [_mb_or_na(phase["measured"]), _mb_or_na(phase["ours"]), units.ratio_text(phase["ratio"])]
+        rows.append(row)
+    return (
+        "## Peak by phase (MB, without other)\n\n"
+        'The probe measures two phases: "fwd+bwd" runs the forward and the backward of the micro-batch (ours: '
+        'the largest of the end of forward, the start of backward and the end of backward), "step" the '
+        "optimizer step; measured = the phase's peak minus the cell's \"other\".\n\n" + table(header, rows)
+    )
+
+
+def _mb_or_na(value: float | None) -> str:
+    return "n/a" if value is None else _mb(value)
 
 
 def _comm_section(cells: list[dict]) -> str:
@@ -212,7 +245,12 @@ def render_report(summary: dict, plots: dict[str, list[str]]) -> str:
         for group, image in zip(summary["groups"], plots["bytes_per_param"], strict=True):
             sections += [_bytes_per_param_section(group), *_images([image])]
         sections += [_category_section(cells), *_images(plots["categories"])]
-        sections += [_states_section(cells), _peak_section(cells), _comm_section(cells)]
+        sections += [
+            _states_section(cells),
+            _peak_section(cells),
+            _phase_section(cells),
+            _comm_section(cells),
+        ]
         sections.append(_explanations_section(cells))
     sections.append(_failed_section(summary["failed"]))
     return "\n\n".join(sections) + "\n"

@@ -52,9 +52,13 @@ def theory_note(summary: dict) -> str:
         "`estimate_zero3_...`), which assume mixed precision (18 B/param sharded, fp32 gradients included; "
         "ZeRO-3 adds the largest layer) whatever the run's precision. DeepSpeed has no estimator for stage 0 "
         "or 1: n/a.",
-        "- **Ours**: `zero_train.memory.theory.engine_categories`, the engines as they really hold their "
-        "tensors (DeepSpeed's fp32 master partition even in fp32, ZeRO-1's partitioned gradients at the "
-        "step, DDP's gradient buckets, DeepSpeed's reduce bucket from the config) plus activations from the "
-        "model's shape. It is what `zero-train estimate` prints.",
+        "- **Ours**: `zero_train.memory.peak`, a per-phase peak model: for each engine, what the rank holds at "
+        "the end of forward (activations, logits), at the start of backward (activations, the loss's "
+        "gradients), at the end of backward (gradients before they are reduced: whole for DDP and DeepSpeed "
+        "ZeRO-1, a tied embedding's gradient contributions) and in the optimizer step (fp32 gradient copies, "
+        "AdamW's temporaries, gloo's all-gather buffer), on top of the model states as the engines really "
+        "keep them (DeepSpeed's fp32 master partition even in fp32, DDP's gradient buckets, our ZeRO-1's "
+        "padding and ring buffer); the peak is the largest phase. Its step-boundary categories are the "
+        '"ours" column of the model-state table. It is what `zero-train estimate` prints.',
     ]
     return "\n".join(lines)

@@ -4,7 +4,8 @@
   the measured peak marked.
 - bytes_per_param.png: bytes per parameter against world size. Left: model states, measured points
   per engine beside the paper's curve per stage and DeepSpeed's estimator (stages 2, 3). Right: the
-  footprint without "other" (what a memory model can predict), measured points beside our model's curves.
+  peak without "other" (what a memory model can predict), measured points beside our peak model's curves
+  (zero_train.memory.peak).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pathlib
 import re
 
 from zero_train.memory import theory
+from zero_train.memory.peak import backend_for, engine_peak
 from zero_train.memory.record import CATEGORIES
 from zero_train.report import units
 from zero_train.report.compare import ENGINE_ORDER
@@ -102,22 +104,22 @@ def _measured_points(axis, rows: list[dict], value) -> None:
 
 def _ours_curves(axis, rows: list[dict], x_values: list[int], facts) -> None:
     first = rows[0]
+    settings = dict(precision=first["precision"], micro_batch_size=first["micro_batch_size"],
+                    block_size=first["block_size"], backend=backend_for(first.get("device")))  # fmt: skip
     for engine in _engines(rows):
         if engine not in theory.ENGINE_STAGES:
             continue
         config = next(r for r in rows if r["engine"] == engine).get("ds_config")
         values = [
-            sum(theory.engine_categories(engine, facts.shape, n, precision=first["precision"],
-                micro_batch_size=first["micro_batch_size"], block_size=first["block_size"],
-                ds_config=config).values()) / first["num_params"]
+            engine_peak(engine, facts.shape, n, ds_config=config, **settings).peak_bytes / first["num_params"]
             for n in x_values
-        ]  # fmt: skip
+        ]
         axis.plot(x_values, values, color=STAGE_COLORS[theory.ENGINE_STAGES[engine]], linewidth=1,
                   linestyle=(0, (1 + _engines(rows).index(engine), 1)), label=f"ours, {engine}")  # fmt: skip
 
 
 def plot_bytes_per_param(rows: list[dict], path: pathlib.Path, title: str) -> None:
-    """Bytes/param vs world size: model states with the theory curves; footprint with our model."""
+    """Bytes/param vs world size: model states with the theory curves; the peak with our peak model."""
     plt = _pyplot()
     lookup = model_facts(rows[0]["model"], rows[0]["num_params"])
     largest = lookup.facts.shape.largest_layer_params if lookup.facts else 0
@@ -129,8 +131,8 @@ def plot_bytes_per_param(rows: list[dict], path: pathlib.Path, title: str) -> No
     left.set_title("model states")
     if lookup.facts is not None:
         _ours_curves(right, rows, x_values, lookup.facts)
-    _measured_points(right, rows, lambda c: c["footprint"]["measured"] / c["num_params"])
-    right.set_title('footprint without "other" (states + buffers + activations)')
+    _measured_points(right, rows, lambda c: c["peak"]["measured_without_other"] / c["num_params"])
+    right.set_title('peak without "other" (what a memory model can predict)')
     for axis in (left, right):
         axis.set_xscale("log", base=2)
         axis.set_xticks(x_values, [str(n) for n in x_values])

@@ -1,0 +1,185 @@
+"""Our memory model: per rank, the bytes alive at the highest point of each phase of a step, and the peak.
+
+The ZeRO paper (Rajbhandari et al. 2020, arXiv:1910.02054, sections 3.1 and 5.1) counts model states,
+what a rank keeps between steps. A run fails at its PEAK: model states plus what lives only for part of
+a step. For each engine of the profile matrix the phases hold (zero_train.memory.peak_engines, each term
+from the code that allocates it and the bytes it was measured to add):
+
+    forward         states at rest + activations + the logits (and their fp32 copy for the loss)
+                    + ZeRO-3's gathered parameters
+    backward_start  at the LM head: every activation still saved + the loss's gradients + the LM
+                    head's weight gradient (+ DeepSpeed's reduce bucket; ZeRO-2's gradient partition
+                    from its first reduction on)
+    backward_end    every gradient produced and not yet reduced (DDP, DeepSpeed ZeRO-1: whole) + a tied
+                    embedding's two gradient contributions and their sum
+    step            gradients still held + fp32 copies of 16-bit gradients + AdamW's temporaries
+                    (+ DeepSpeed's fp64 copy for a gradient norm, on gloo its all-gather buffer)
+
+peak = max over the phases. The paper's ZeRO-1 row counts whole 16-bit gradients (2 Psi) with K Psi/N:
+so does our backward_end for DeepSpeed ZeRO-1, which is why its peak stays above the paper's 31.4 GB for
+7.5e9 parameters on 64 ranks, while at the step boundary it holds only its gradient partition.
+
+The probe (zero_train.memory.probe) measures forward and backward as ONE phase ("forward") and the step
+as another: MEASURED_PHASE maps ours onto them. Not modelled: gradient accumulation over several
+micro-batches (gradients then live through later forwards), activation checkpointing, offload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zero_train.memory.peak_engines import ddp_phases, deepspeed_boundary, deepspeed_phases, zero1_phases
+from zero_train.memory.peak_terms import (
+    DeepSpeedSettings,
+    Run,
+    Share,
+    activations,
+    flat_partitions,
+    whole_tensor_shares,
+)
+from zero_train.memory.theory import ENGINE_STAGES, ModelShape
+
+PHASES = ("forward", "backward_start", "backward_end", "step")
+MEASURED_PHASE = {
+    "forward": "forward",
+    "backward_start": "forward",
+    "backward_end": "forward",
+    "step": "step",
+}
+"""The probe's phase each of ours falls in (its "forward" phase runs forward and backward)."""
+STATE_CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "comm_buffers")
+TERM_WORDS = {
+    "params": "parameters",
+    "grads": "gradients",
+    "master_params": "fp32 master parameters",
+    "optimizer_states": "Adam states",
+    "comm_buffers": "communication buffers",
+    "activations": "activations",
+    "loss_temporaries": "logits and their fp32 copy",
+    "loss_gradients": "the loss's gradients and the LM head's weight gradient",
+    "tied_gradient_copies": "the tied embedding's gradient contributions",
+    "grad_partition_copy": "the copy of the gradient partition",
+    "fp32_grads": "fp32 gradients",
+    "adamw_temporaries": "AdamW's temporaries",
+    "gathered_params": "ZeRO-3's gathered parameters",
+    "gather_buffer": "gloo's all-gather buffer",
+    "norm_fp64_copy": "the fp64 copy a gradient norm takes",
+}
+"""Words for every term of a phase (report sentences, estimate notes)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PeakModel:
+    """Our model of one engine on one run: what the rank with the highest peak holds, phase by phase."""
+
+    engine: str
+    """Engine of the profile matrix (theory.ENGINE_STAGES)."""
+    rank: int
+    """The rank modelled (by default the one with the highest peak)."""
+    phases: dict[str, dict[str, int]]
+    """phase (PHASES) -> term -> bytes at that phase's highest point."""
+    boundary: dict[str, int]
+    """Categories at the step boundary (STATE_CATEGORIES + activations), as the probe attributes them."""
+
+    @property
+    def phase_bytes(self) -> dict[str, int]:
+        """phase -> total bytes."""
+        return {name: sum(terms.values()) for name, terms in self.phases.items()}
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase with the most bytes (the earlier one on ties)."""
+        totals = self.phase_bytes
+        return max(PHASES, key=lambda name: (totals[name], -PHASES.index(name)))
+
+    @property
+    def peak_bytes(self) -> int:
+        """The predicted peak: the most any phase holds."""
+        return self.phase_bytes[self.peak_phase]
+
+    def as_dict(self) -> dict:
+        """JSON-ready: engine, rank, peak_phase, peak_bytes, phase_bytes, phases, boundary."""
+        return dict(engine=self.engine, rank=self.rank, peak_phase=self.peak_phase, peak_bytes=self.peak_bytes,
+                    phase_bytes=self.phase_bytes, phases=self.phases, boundary=self.boundary)  # fmt: skip
+
+
+def backend_for(device: str | None) -> str:
+    """The collective backend a run on `device` uses: "gloo" on CPU, "nccl" otherwise."""
+    return "gloo" if str(device or "cpu").startswith("cpu") else "nccl"
+
+
+def _state(terms: dict[str, int]) -> dict[str, int]:
+    return {name: terms.get(name, 0) for name in STATE_CATEGORIES}
+
+
+def _rank_models(engine: str, run: Run) -> list[PeakModel]:
+    """Our model of every rank that differs: whole-tensor shares (zero1, torch-zero), DeepSpeed's partitions
+    (the tensors each slice touches), one rank for DDP."""
+    stage = ENGINE_STAGES[engine]
+    if engine.startswith("ds"):
+        return [
+            PeakModel(engine=engine, rank=part.rank, phases=deepspeed_phases(run, stage, part),
+                      boundary=_state(deepspeed_boundary(run, stage, part)))
+            for part in flat_partitions(run)
+        ]  # fmt: skip
+    if engine == "ddp":
+        shares = [Share(rank=0, owned=run.shape.num_params, largest=run.largest_tensor)]
+    else:
+        shares = whole_tensor_shares(run)
+    models = []
+    for share in shares:
+        phases = zero1_phases(run, share) if engine == "zero1" else ddp_phases(run, share)
+        boundary = _state(phases["step"])  # the step's transients are not categories
+        models.append(PeakModel(engine=engine, rank=share.rank, phases=phases, boundary=boundary))
+    return models
+
+
+def engine_peak(
+    engine: str,
+    shape: ModelShape,
+    world_size: int,
+    *,
+    precision: str,
+    micro_batch_size: int,
+    block_size: int,
+    ds_config: dict | None = None,
+    backend: str = "nccl",
+    rank: int | None = None,
+) -> PeakModel:
+    """Our per-phase model of one engine (the rank with the highest peak, or `rank`).
+
+    Args:
+        engine: "ddp", "zero1", "torch-zero", "ds1", "ds2" or "ds3".
+        shape: the model (theory.model_shape; a bare parameter count gives no activations).
+        world_size: N, the data-parallel ranks.
+        precision: "fp32", "bf16" or "fp16".
+        micro_batch_size, block_size: one micro-batch per step (T = their product tokens).
+        ds_config: the DeepSpeed config (buckets, torch_adam, ZeRO-3 limits); None: DeepSpeed's defaults.
+        backend: "gloo" (CPU runs) or "nccl" (GPUs).
+        rank: model this rank (whole-tensor sharding and DeepSpeed's slices give ranks different shares);
+            None: the rank with the highest peak.
+
+    Returns:
+        The PeakModel; .boundary["activations"] holds the activations of one micro-batch.
+
+    Raises:
+        ValueError: an unknown engine.
+    """
+    if engine not in ENGINE_STAGES:
+        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINE_STAGES)}")
+    settings = DeepSpeedSettings.from_config(ds_config, ENGINE_STAGES[engine])
+    run = Run(shape=shape, world_size=world_size, precision=precision, micro_batch_size=micro_batch_size,
+              block_size=block_size, deepspeed=settings, backend=backend)  # fmt: skip
+    models = _rank_models(engine, run)
+    chosen = [model for model in models if model.rank == rank]
+    model = chosen[0] if chosen else max(models, key=lambda m: (m.peak_bytes, -m.rank))
+    alike = len(models) == 1  # DDP (and a model without tensor sizes): every rank holds the same
+    return PeakModel(engine=engine, rank=(rank or 0) if alike else model.rank, phases=model.phases,
+                     boundary=dict(model.boundary, activations=activations(run)))  # fmt: skip
+
+
+def engine_categories(engine: str, shape: ModelShape, world_size: int, **settings) -> dict[str, int]:
+    """Our model's categories at the step boundary (params, grads, master_params, optimizer_states,
+    comm_buffers) plus one micro-batch's activations: what the probe attributes. Same arguments as
+    `engine_peak`."""
+    return engine_peak(engine, shape, world_size, **settings).boundary

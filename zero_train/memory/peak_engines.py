@@ -1,0 +1,217 @@
+"""Per engine, the bytes one rank holds at the highest point of each phase (zero_train.memory.peak).
+
+Every function returns {phase: {term: bytes}} for the phases of zero_train.memory.peak.PHASES. Terms named
+like the probe's categories (params, grads, master_params, optimizer_states, comm_buffers) are model
+states; the others are transients (zero_train.memory.peak_terms). States "at rest" are what the engine
+keeps between steps, i.e. during the next forward.
+"""
+
+from __future__ import annotations
+
+from zero_train.memory.peak_terms import (
+    FP32_BYTES,
+    FP64_BYTES,
+    Partition,
+    Run,
+    Share,
+    activations,
+    adamw_temporaries,
+    loss_backward,
+    loss_backward_moments,
+    loss_forward,
+    reduce_buckets,
+    tied_gradient_copies,
+    zero1_comm_buffers,
+)
+
+Phases = dict[str, dict[str, int]]
+
+
+def _add(*parts: dict[str, int]) -> dict[str, int]:
+    """The terms of several dicts, summed by name, zero terms dropped."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.items():
+            total[name] = total.get(name, 0) + int(value)
+    return {name: value for name, value in total.items() if value}
+
+
+def _largest(*moments: dict[str, int]) -> dict[str, int]:
+    """The moment of a phase holding the most bytes (the first on ties)."""
+    return max(moments, key=lambda terms: sum(terms.values()))
+
+
+def _phases(rest: dict, *, forward: dict, backward_start: dict, backward_end: dict, step: dict) -> Phases:
+    return dict(
+        forward=_add(rest, forward),
+        backward_start=_add(rest, backward_start),
+        backward_end=_add(rest, backward_end),
+        step=_add(rest, step),
+    )
+
+
+def _forward_terms(run: Run) -> tuple[dict, dict]:
+    """(forward, backward_start) transients every engine shares: activations and the loss's tensors."""
+    saved = activations(run)
+    return (
+        dict(activations=saved, loss_temporaries=loss_forward(run)),
+        dict(activations=saved, loss_gradients=loss_backward(run)),
+    )
+
+
+def ddp_phases(run: Run, share: Share) -> Phases:
+    """torch DDP (zero_train.engines.ddp; `share` owns everything) or ZeroRedundancyOptimizer under DDP.
+
+    At rest: the model, DDP's flat gradient buckets (a second copy of every gradient,
+    gradient_as_bucket_view=False), fp32 masters of a 16-bit model (whole, also under torch's ZeRO), Adam's
+    moments (the owned share only with torch's ZeRO). Backward allocates every gradient (e Psi); the step
+    keeps them, adds the fp32 master gradients of a 16-bit model (MasterWeights.grads_to_master: 4 Psi)
+    and AdamW's temporaries for its largest tensor. Measured on gpt2-25m: backward +5.01 bytes/param
+    (4 + two embedding-sized copies), step +1.01 (fp32) and +5.01 (bf16: 4 + 1.01), to 0.02 bytes/param.
+    """
+    e, psi = run.element_bytes, run.shape.num_params
+    rest = dict(
+        params=e * psi,
+        master_params=FP32_BYTES * psi if run.mixed else 0,
+        optimizer_states=2 * FP32_BYTES * share.owned,
+        comm_buffers=e * psi,
+    )
+    forward, backward_start = _forward_terms(run)
+    return _phases(
+        rest,
+        forward=forward,
+        backward_start=backward_start,
+        backward_end=dict(grads=e * psi, tied_gradient_copies=2 * tied_gradient_copies(run)),
+        step=dict(
+            grads=e * psi,
+            fp32_grads=FP32_BYTES * psi if run.mixed else 0,
+            adamw_temporaries=adamw_temporaries(share.largest),
+        ),
+    )
+
+
+def zero1_phases(run: Run, share: Share) -> Phases:
+    """Our ZeRO-1 (zero_train.sharding.zero1): every gradient lands in a flat buffer allocated once.
+
+    At rest: the model, the flat gradient buffer (whole), padding and the gloo ring's receive buffer, and
+    for the owned share the fp32 masters (16-bit model) and Adam's moments. Backward only passes each
+    gradient through to its slot; the step converts the owned gradients to fp32 (16-bit model, one tensor
+    at a time, all kept until the step ends) and runs AdamW on the owned tensors. Measured on gpt2-25m:
+    forward+backward +3.57 bytes/param (activations and the loss), step +1.01 (fp32), +5.01 (bf16, 1 rank).
+    """
+    e, psi = run.element_bytes, run.shape.num_params
+    rest = dict(
+        params=e * psi,
+        grads=e * psi,
+        master_params=FP32_BYTES * share.owned if run.mixed else 0,
+        optimizer_states=2 * FP32_BYTES * share.owned,
+        comm_buffers=zero1_comm_buffers(run, share),
+    )
+    forward, backward_start = _forward_terms(run)
+    return _phases(
+        rest,
+        forward=forward,
+        backward_start=backward_start,
+        backward_end=dict(tied_gradient_copies=3 * tied_gradient_copies(run)),
+        step=dict(
+            fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
+            adamw_temporaries=adamw_temporaries(share.largest),
+        ),
+    )
+
+
+def _deepspeed_step(run: Run, part: Partition, stage: int) -> dict[str, int]:
+    """DeepSpeed's optimizer step (stage_1_and_2.py / stage3.py `step`), its largest moment.
+
+    First the gradient norm, in fp64, one gradient piece at a time (an 8-byte copy of the largest). ZeRO-1/2
+    then flatten the gradient partition into a copy, convert it to fp32 (the 16-bit gradients then freed),
+    run torch's AdamW on that ONE flat fp32 tensor (torch_adam: partition-sized temporaries) and all-gather
+    the updated parameters, on gloo through a flat output buffer of the whole model. ZeRO-3 keeps its
+    gradient partition and steps an fp32 copy per sub-group. Measured on gpt2-25m: +8/N (fp32) and +10/N
+    (bf16) bytes/param over the step boundary for ZeRO-1/2 (+2.95 at N = 4 fp32: the gather), +12/N for
+    ZeRO-3; on `tiny` the fp64 norm copy of its embedding's piece.
+    """
+    e, settings, size = run.element_bytes, run.deepspeed, part.elements
+    if stage == 3:
+        group = min(size, settings.sub_group_size)
+        temporaries = adamw_temporaries(group) if settings.torch_adam else 0
+        largest_piece = -(-run.largest_tensor // run.world_size)  # ZeRO-3 splits every tensor over the ranks
+        return _largest(
+            dict(norm_fp64_copy=FP64_BYTES * largest_piece),
+            dict(fp32_grads=FP32_BYTES * group, adamw_temporaries=temporaries),
+        )
+    held = dict(grads=e * part.touched)
+    norm = _add(held, dict(norm_fp64_copy=FP64_BYTES * part.largest_piece))
+    flatten = _add(held, dict(grad_partition_copy=e * size, fp32_grads=FP32_BYTES * size if run.mixed else 0))
+    update = dict(
+        fp32_grads=FP32_BYTES * size, adamw_temporaries=adamw_temporaries(size) if settings.torch_adam else 0
+    )
+    gather = dict(
+        gather_buffer=e * run.shape.num_params if run.backend == "gloo" and run.world_size > 1 else 0
+    )
+    return _largest(norm, flatten, update, gather)
+
+
+def _deepspeed_rest(run: Run, part: Partition, stage: int) -> dict[str, int]:
+    """What DeepSpeed keeps between steps: the 16-bit model (ZeRO-3: its partition, plus the tensors under
+    stage3_param_persistence_threshold whole), an fp32 master partition (even in fp32: the optimizer steps
+    a clone), Adam's moments; ZeRO-3 also its gradient partition and its reduce bucket."""
+    e, size = run.element_bytes, part.elements
+    rest = dict(master_params=FP32_BYTES * size, optimizer_states=2 * FP32_BYTES * size)
+    if stage < 3:
+        return dict(params=e * run.shape.num_params, **rest)
+    threshold = run.deepspeed.persistence_threshold
+    persistent = sum(n for n in run.shape.param_numels if n < threshold)
+    params = e * (size + persistent) if run.world_size > 1 else e * size
+    return dict(params=params, grads=e * size, comm_buffers=reduce_buckets(run, 3), **rest)
+
+
+def _zero3_phases(run: Run, part: Partition, rest: dict) -> Phases:
+    """ZeRO-3: every parameter gathered (N > 1: e x min(Psi, stage3_max_live_parameters)) from forward until
+    the end of backward; gradients reduced into the kept partition. Measured on gpt2-25m: forward+backward
+    4 + 3.56 bytes/param above the level between steps at N > 1 (fp32)."""
+    e, psi = run.element_bytes, run.shape.num_params
+    live = min(psi, run.deepspeed.max_live_parameters)
+    gathered = dict(gathered_params=e * live if run.world_size > 1 else 0)
+    forward, backward_start = _forward_terms(run)
+    return _phases(rest, forward=_add(forward, gathered), backward_start=_add(backward_start, gathered),
+                   backward_end=_add(gathered, dict(tied_gradient_copies=3 * tied_gradient_copies(run))),
+                   step=_deepspeed_step(run, part, 3))  # fmt: skip
+
+
+def deepspeed_phases(run: Run, stage: int, part: Partition) -> Phases:
+    """DeepSpeed ZeRO-1/2/3 (DeepSpeed 0.19's runtime/zero/stage_1_and_2.py and stage3.py), rank `part`.
+
+    Backward: ZeRO-1 (no overlap_comm) lets every gradient accumulate whole and copies its partition's
+    tensors out at the end (e Psi + e x touched alive); ZeRO-2 copies each gradient through the reduce
+    bucket into its partition's buffer as it comes (e x touched, allocated at its first reduction: after
+    the loss's gradients, while the LM head's gradient is alive). Measured on gpt2-25m (bytes/param above
+    the level between steps): ZeRO-1 4 + 4/N (fp32), ZeRO-2 4/N + 3.53 (exact tally: 187.48 MB at N = 1).
+    """
+    rest = _deepspeed_rest(run, part, stage)
+    if stage == 3:
+        return _zero3_phases(run, part, rest)
+    e, saved = run.element_bytes, activations(run)
+    tied = tied_gradient_copies(run)
+    forward, backward_start = _forward_terms(run)
+    buckets = dict(comm_buffers=reduce_buckets(run, stage))
+    if stage == 1:
+        copy = _largest(dict(grad_partition_copy=e * part.touched), dict(tied_gradient_copies=2 * tied))
+        backward_start = _add(backward_start, buckets)
+        backward_end = _add(buckets, dict(grads=e * run.shape.num_params), copy)
+    else:
+        at_log_softmax, at_head_matmul = loss_backward_moments(run)
+        first_reduction = dict(activations=saved, loss_gradients=at_head_matmul, grads=e * part.touched)
+        backward_start = _largest(
+            dict(activations=saved, loss_gradients=at_log_softmax), _add(first_reduction, buckets)
+        )
+        backward_end = _add(buckets, dict(grads=e * part.touched, tied_gradient_copies=3 * tied))
+    return _phases(rest, forward=forward, backward_start=backward_start, backward_end=backward_end,
+                   step=_deepspeed_step(run, part, stage))  # fmt: skip
+
+
+def deepspeed_boundary(run: Run, stage: int, part: Partition) -> dict[str, int]:
+    """DeepSpeed's model states at the step boundary: at rest, plus ZeRO-1/2's gradients of the tensors in the
+    partition (the reduce bucket is released at the end of backward; measured comm_buffers 0 for ZeRO-1/2)."""
+    rest = _deepspeed_rest(run, part, stage)
+    return rest if stage == 3 else _add(rest, dict(grads=run.element_bytes * part.touched))

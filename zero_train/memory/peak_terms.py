@@ -1,0 +1,254 @@
+"""The pieces of our peak model (zero_train.memory.peak): a run's settings and the transient terms.
+
+Each term is what a line of code allocates, with the bytes it was measured to add here (torch 2.13 CPU,
+DeepSpeed 0.19.8, gpt2-25m: 24,833,280 params, tied 8,192 x 384 embedding, micro-batch 2 x block 64),
+from the probe's phase records (runs/docs-report) and from an exact tally of every tensor the ops of
+one step allocate (a TorchDispatchMode over the same engines). Notation: Psi parameters, N ranks, e bytes
+per element of the model dtype (4 fp32, 2 bf16/fp16), T = micro-batch x block tokens, V vocabulary,
+h width.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from zero_train.memory.theory import DEFAULT_REDUCE_BUCKET_SIZE, ModelShape, activation_bytes
+
+ADAMW_TEMPORARY_BYTES = 8
+"""torch.optim.AdamW's single-tensor step (foreach=False, what our engines and DeepSpeed's torch_adam run)
+computes `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: two fp32 temporaries of the
+tensor it updates are alive at once, 8 bytes per element (measured: +25.17 MB = 8 x the 3,145,728-element
+embedding for the per-tensor engines, +8.0 bytes/element on DeepSpeed's flat partition)."""
+FP32_BYTES = 4
+FP64_BYTES = 8
+
+
+def _int_setting(zero: dict, key: str, default: int) -> int:
+    value = zero.get(key, default)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DeepSpeedSettings:
+    """The DeepSpeed settings that change what a rank allocates (DeepSpeed's defaults where unset or "auto")."""
+
+    reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
+    """Elements of the gradient reduce bucket (zero_optimization.reduce_bucket_size)."""
+    contiguous_gradients: bool = True
+    """Gradients are copied into the reduce bucket (the bucket exists only with this on)."""
+    overlap_comm: bool = False
+    """Two reduce buckets instead of one (DeepSpeed's default: on for stage 3 only)."""
+    torch_adam: bool = False
+    """optimizer.params.torch_adam: torch's AdamW on the flat partition (its temporaries); else FusedAdam."""
+    max_live_parameters: int = 1_000_000_000
+    """ZeRO-3: parameters gathered at once at most (stage3_max_live_parameters)."""
+    persistence_threshold: int = 100_000
+    """ZeRO-3: tensors below this many elements stay whole on every rank (stage3_param_persistence_threshold)."""
+    sub_group_size: int = 1_000_000_000
+    """ZeRO-3: elements of the partition the optimizer steps at a time (sub_group_size)."""
+
+    @classmethod
+    def from_config(cls, ds_config: dict | None, stage: int) -> DeepSpeedSettings:
+        """Read a DeepSpeed config (None: DeepSpeed's defaults)."""
+        config = ds_config or {}
+        zero = config.get("zero_optimization", {}) or {}
+        overlap = zero.get("overlap_comm")
+        return cls(
+            reduce_bucket_size=_int_setting(zero, "reduce_bucket_size", DEFAULT_REDUCE_BUCKET_SIZE),
+            contiguous_gradients=bool(zero.get("contiguous_gradients", True)),
+            overlap_comm=stage == 3 if not isinstance(overlap, bool) else overlap,
+            torch_adam=bool(((config.get("optimizer") or {}).get("params") or {}).get("torch_adam", False)),
+            max_live_parameters=_int_setting(zero, "stage3_max_live_parameters", 1_000_000_000),
+            persistence_threshold=_int_setting(zero, "stage3_param_persistence_threshold", 100_000),
+            sub_group_size=_int_setting(zero, "sub_group_size", 1_000_000_000),
+        )
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Run:
+    """One training run as the peak model sees it (what every engine's terms are computed from)."""
+
+    shape: ModelShape
+    """The model."""
+    world_size: int
+    """N, the data-parallel ranks."""
+    precision: str
+    """"fp32", "bf16" or "fp16"."""
+    micro_batch_size: int
+    """Samples per micro-batch (one micro-batch per step is modelled)."""
+    block_size: int
+    """Tokens per sample."""
+    deepspeed: DeepSpeedSettings
+    """DeepSpeed's settings (read by the ds engines only)."""
+    backend: str = "nccl"
+    """"gloo" (CPU) or "nccl" (GPU): gloo's all-gather allocates a flat output buffer."""
+
+    @property
+    def element_bytes(self) -> int:
+        """e: bytes of one parameter (and gradient) element in the model dtype."""
+        return FP32_BYTES if self.precision == "fp32" else 2
+
+    @property
+    def mixed(self) -> bool:
+        """16-bit model with fp32 master weights (the paper's mixed-precision Adam)."""
+        return self.precision != "fp32"
+
+    @property
+    def tokens(self) -> int:
+        """T = micro-batch x block."""
+        return self.micro_batch_size * self.block_size
+
+    @property
+    def largest_tensor(self) -> int:
+        """Elements of the largest parameter tensor (the largest module's when tensors are unknown)."""
+        return max(self.shape.param_numels, default=self.shape.largest_layer_params)
+
+
+def activations(run: Run) -> int:
+    """Bytes autograd saves for backward during one micro-batch's forward (theory.activation_bytes)."""
+    return activation_bytes(
+        run.shape, micro_batch_size=run.micro_batch_size, block_size=run.block_size, precision=run.precision
+    )
+
+
+def loss_forward(run: Run) -> int:
+    """The end of forward: the logits (T x V in the model dtype), and for a 16-bit model the fp32 copy the
+    loss upcasts them to (transformers' ForCausalLMLoss); the log-softmax is among the activations."""
+    logits = run.tokens * run.shape.vocab_size
+    return logits * run.element_bytes + (logits * FP32_BYTES if run.mixed else 0)
+
+
+def loss_backward_moments(run: Run) -> tuple[int, int]:
+    """The start of backward, beside the activations: two moments (0, 0 if the shape is unknown).
+
+    At log_softmax's backward: the fp32 gradients of the log-probabilities and of the logits, 2 x T x V x 4
+    (the saved log-softmax still alive). At the LM head's weight-gradient matmul: the logits' gradient
+    (T x V x e) and the V x h weight gradient, the first gradient of backward, while the log-softmax
+    (T x V x 4) is already freed; a tied weight's gradient stays alive until the embedding's arrives.
+    Measured on gpt2-25m (exact tally): +12.8 MB over the activations in fp32 (the matmul), +8.4 MB in
+    bf16 (log_softmax's backward).
+
+    Returns:
+        (at log_softmax's backward, at the LM head's matmul), bytes beside the activations.
+    """
+    vocab, width = run.shape.vocab_size, run.shape.hidden_size
+    if not (vocab and width):
+        return 0, 0
+    logits = run.tokens * vocab
+    at_log_softmax = 2 * logits * FP32_BYTES
+    at_head_matmul = logits * run.element_bytes + vocab * width * run.element_bytes - logits * FP32_BYTES
+    return at_log_softmax, at_head_matmul
+
+
+def loss_backward(run: Run) -> int:
+    """The larger of the two moments of `loss_backward_moments`."""
+    return max(loss_backward_moments(run))
+
+
+def tied_gradient_copies(run: Run) -> int:
+    """Bytes of a tied embedding's gradient (0 if untied): autograd adds the LM head's and the embedding's
+    contributions before the gradient hook, so both and their sum are alive at once at the end of backward
+    (measured on gpt2-25m with DDP: all gradients + 2 x 12.58 MB)."""
+    return run.shape.tied_embedding_params * run.element_bytes
+
+
+def adamw_temporaries(numel: int) -> int:
+    """The single-tensor AdamW temporaries of a tensor of `numel` fp32 elements (ADAMW_TEMPORARY_BYTES)."""
+    return ADAMW_TEMPORARY_BYTES * int(numel)
+
+
+def reduce_buckets(run: Run, stage: int) -> int:
+    """DeepSpeed's contiguous reduce bucket(s), reduce_bucket_size elements of the gradient dtype each."""
+    settings = run.deepspeed
+    if not settings.contiguous_gradients:
+        return 0
+    count = 2 if settings.overlap_comm and stage < 3 else 1
+    return count * settings.reduce_bucket_size * run.element_bytes
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Share:
+    """What one rank owns under whole-tensor sharding (our ZeRO-1, torch's ZeroRedundancyOptimizer)."""
+
+    rank: int
+    """The rank."""
+    owned: int
+    """Parameter elements whose optimizer state (and fp32 master) the rank holds."""
+    largest: int
+    """Elements of the largest tensor it updates (its AdamW temporaries)."""
+    padding: int = 0
+    """Padding elements of our ZeRO-1's owner-ordered flat buffers (every region padded to the largest)."""
+    region: int = 0
+    """Elements of one region of those buffers."""
+
+
+def whole_tensor_shares(run: Run) -> list[Share]:
+    """Every rank's share under sorted-greedy whole-tensor sharding (zero_train.sharding.partition).
+
+    Without the tensor sizes: one even share (Psi / N) updating the largest known tensor.
+    """
+    world_size, numels = run.world_size, run.shape.param_numels
+    if not numels:
+        even = -(-run.shape.num_params // world_size)
+        return [Share(rank=0, owned=even, largest=run.largest_tensor, region=even)]
+    from zero_train.sharding.partition import flat_layout, greedy_owners
+
+    owners = greedy_owners(numels, world_size)
+    layout = flat_layout(numels, owners, world_size)
+    loads = layout.loads()
+    return [
+        Share(
+            rank=rank,
+            owned=loads[rank],
+            largest=max((n for n, owner in zip(numels, owners, strict=True) if owner == rank), default=0),
+            padding=layout.padding(),
+            region=layout.region_size,
+        )
+        for rank in range(world_size)
+    ]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Partition:
+    """One rank's slice of DeepSpeed's flat parameter buffer (ZeRO-1/2: even slices, tensors split)."""
+
+    rank: int
+    """The rank."""
+    elements: int
+    """P = ceil(Psi / N), the slice's length."""
+    touched: int
+    """Elements of the WHOLE tensors that overlap the slice: ZeRO-1/2 size the gradients a rank keeps by the
+    tensors in its partition (stage_1_and_2.py `grads_in_partition`), whole; measured on `tiny`, whose
+    embedding is 82% of the model: 2.10 MB (rank 0) and 2.56 MB (rank 1) for 1.28 MB slices."""
+    largest_piece: int
+    """Elements of the largest part of one tensor inside the slice: DeepSpeed takes every gradient's norm in
+    fp64 (zero/utils.py get_norm_dtype), one piece at a time, an 8-byte copy each (measured: +2.56 MB on
+    `tiny`'s 320,384-element piece of its embedding)."""
+
+
+def flat_partitions(run: Run) -> list[Partition]:
+    """Every rank's slice of the flat buffer, tensors in parameter order (without tensor sizes: one even
+    slice whose largest piece is the largest known tensor, capped at the slice)."""
+    psi, world_size, numels = run.shape.num_params, run.world_size, run.shape.param_numels
+    size = -(-psi // world_size)
+    if not numels:
+        return [Partition(rank=0, elements=size, touched=size, largest_piece=min(run.largest_tensor, size))]
+    starts = [0, *itertools.accumulate(numels)][:-1]
+    partitions = []
+    for rank in range(world_size):
+        low, high = rank * size, min((rank + 1) * size, psi)
+        pieces = [min(start + n, high) - max(start, low) for start, n in zip(starts, numels, strict=True)]
+        touched = sum(n for n, piece in zip(numels, pieces, strict=True) if piece > 0)
+        partitions.append(
+            Partition(rank=rank, elements=size, touched=touched, largest_piece=max(max(pieces), 0))
+        )
+    return partitions
+
+
+def zero1_comm_buffers(run: Run, share: Share) -> int:
+    """Our ZeRO-1's padding of its two flat buffers, plus on gloo (N > 1) the ring's receive buffer."""
+    from zero_train.sharding.collectives import RECV_BUFFER_ELEMENTS
+
+    receive = min(share.region, RECV_BUFFER_ELEMENTS) if run.backend == "gloo" and run.world_size > 1 else 0
+    return (2 * share.padding + receive) * run.element_bytes
