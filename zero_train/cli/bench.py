@@ -47,7 +47,7 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add("--precisions", type=name_list, default=list(PRECISIONS), help="comma-separated of fp32,bf16")
     add("--repeats", type=positive_int, default=3, help="runs per cell of the engines the targets compare")
     add("--other-repeats", type=positive_int, default=1, help="runs per cell of the others (default 1)")
-    add("--steps", type=positive_int, default=7, help="optimizer steps per run (default 7)")
+    add("--steps", type=positive_int, default=6, help="optimizer steps per run (default 6)")
     add("--warmup", type=int, default=2, help="first steps of a run left out of its median (default 2)")
     add("--micro-batch-size", type=positive_int, default=2)
     add("--block-size", type=positive_int, default=64)
