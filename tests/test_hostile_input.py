@@ -99,6 +99,13 @@ CASES = [
          "--out", "{w}/profile"], "unknown engine(s) ds9"),
     Case("profile-infinite-timeout", "zero-train", ["profile", "--model", "tiny", "--timeout", "inf",
          "--out", "{w}/profile"], "--timeout"),
+    # zero-train bench
+    Case("bench-output-below-a-file", "zero-train", ["bench", "--model", "tiny", "--engines", "ddp",
+         "--out", "{w}/a_file/bench"], "is a file, not a folder"),
+    Case("bench-warmup-not-below-steps", "zero-train", ["bench", "--model", "tiny", "--steps", "3",
+         "--warmup", "3", "--out", "{w}/bench"], "--warmup 3 must be at least 0 and below --steps 3"),
+    Case("bench-unknown-precision", "zero-train", ["bench", "--model", "tiny", "--precisions", "fp8",
+         "--out", "{w}/bench"], "unknown precision(s) fp8"),
     # scripts/train.py flags
     Case("train-huge-max-steps", "train.py", ["--max-steps", "1e400"], "--max-steps"),
     Case("train-lr-wrong-type", "train.py", ["--lr", "fast"], "--lr"),

@@ -7,7 +7,40 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
+import sys
+
+from zero_train.errors import UsageError
+
+
+def check_launcher(name: str) -> None:
+    """Raise UsageError unless launcher `name` (deepspeed, torchrun) is next to this Python or on PATH."""
+    if not (pathlib.Path(sys.executable).parent / name).exists() and shutil.which(name) is None:
+        raise UsageError(
+            f"launcher {name!r} not found next to {sys.executable}; install it or use --launcher"
+        )
+
+
+def launcher_path(name: str) -> str:
+    """The launcher executable: the one next to this Python if present, else the one on PATH."""
+    local = pathlib.Path(sys.executable).parent / name
+    return str(local) if local.exists() else str(shutil.which(name) or name)
+
+
+def model_meta(model: str, block_size: int) -> dict:
+    """What every cell of a matrix shares about the model: name, num_params, hidden_size.
+
+    Raises:
+        UsageError: an unknown model, or a block size above its context (before any cell runs).
+    """
+    from zero_train.hf import check_block_size, model_config
+    from zero_train.memory.theory import model_shape
+
+    config = model_config(model)
+    check_block_size(config, block_size)
+    shape = model_shape(config)
+    return dict(model=model, num_params=shape.num_params, hidden_size=shape.hidden_size or None)
 
 
 def run_logged(command: list[str], log_path: pathlib.Path, *, timeout: float) -> int | None:

@@ -24,6 +24,8 @@ from zero_train.bench.cells import BENCH_ENGINES, DEFAULT_ENGINES, PRECISIONS, C
 from zero_train.cli.parser import name_list, positive_float, positive_int
 from zero_train.cli.profile import TRAIN_SCRIPT
 from zero_train.errors import UsageError
+from zero_train.launcher import check_launcher, model_meta
+from zero_train.outputs import check_output_dir
 
 
 def bench_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -73,25 +75,16 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"unknown precision(s) {', '.join(bad)}; choose from {', '.join(PRECISIONS)}")
     if not 0 <= args.warmup < args.steps:
         raise UsageError(f"--warmup {args.warmup} must be at least 0 and below --steps {args.steps}")
-    launcher = pathlib.Path(sys.executable).parent / args.launcher
-    if not launcher.exists():
-        raise UsageError(f"launcher {args.launcher!r} not found next to {sys.executable}; use --launcher")
+    check_launcher(args.launcher)
+    check_output_dir(args.out, flag="--out")  # before any run
 
 
 def bench_meta(args: argparse.Namespace) -> dict:
     """What every run shares: model shape, batch, world size, backend, steps."""
     import torch
 
-    from zero_train.hf import check_block_size, model_config
-    from zero_train.memory.theory import model_shape
-
-    config = model_config(args.model)
-    check_block_size(config, args.block_size)
-    shape = model_shape(config)
     return dict(
-        model=args.model,
-        num_params=shape.num_params,
-        hidden_size=shape.hidden_size or None,
+        model_meta(args.model, args.block_size),
         world_size=args.world_size,
         micro_batch_size=args.micro_batch_size,
         block_size=args.block_size,

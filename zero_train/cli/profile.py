@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import shutil
 import sys
 
 from zero_train.cli.parser import int_list, name_list, positive_float, positive_int
 from zero_train.errors import UsageError
+from zero_train.launcher import check_launcher, launcher_path, model_meta
 
 # profile engine name -> (scripts/train.py --engine, ZeRO stage of its generated config)
 CELL_ENGINES = {
@@ -90,17 +90,8 @@ def cell_config(engine: str, world_size: int, args: argparse.Namespace, hidden_s
 
 def launch_command(engine: str, world_size: int, config_path, record_path, args, port: int) -> list[str]:
     """The launcher command line of one cell."""
-    bin_dir = pathlib.Path(sys.executable).parent
-    if args.launcher == "deepspeed":
-        launcher = [str(bin_dir / "deepspeed"), "--num_gpus", str(world_size), "--master_port", str(port)]
-    else:
-        launcher = [
-            str(bin_dir / "torchrun"),
-            "--nproc_per_node",
-            str(world_size),
-            "--master_port",
-            str(port),
-        ]
+    ranks_flag = "--num_gpus" if args.launcher == "deepspeed" else "--nproc_per_node"
+    launcher = [launcher_path(args.launcher), ranks_flag, str(world_size), "--master_port", str(port)]
     train = [
         str(args.train_script),
         "--deepspeed_config", str(config_path),
@@ -180,24 +171,12 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(
             f"{args.train_script} is missing; run profile from a zero_train checkout or give --train-script"
         )
-    launcher = pathlib.Path(sys.executable).parent / args.launcher
-    if not launcher.exists() and shutil.which(args.launcher) is None:
-        raise UsageError(
-            f"launcher {args.launcher!r} not found next to {sys.executable}; install it or use --launcher"
-        )
+    check_launcher(args.launcher)
 
 
 def _model_meta(args: argparse.Namespace) -> dict:
-    from zero_train.hf import check_block_size, model_config
-    from zero_train.memory.theory import model_shape
-
-    config = model_config(args.model)
-    check_block_size(config, args.block_size)
-    shape = model_shape(config)
     return dict(
-        model=args.model,
-        num_params=shape.num_params,
-        hidden_size=shape.hidden_size or None,
+        model_meta(args.model, args.block_size),
         precision=args.precision,
         micro_batch_size=args.micro_batch_size,
         grad_accum=1,

@@ -14,6 +14,7 @@ is explained phase by phase in zero_train.report.explain_peak.
 
 from __future__ import annotations
 
+from zero_train.memory.peak import TERM_WORDS
 from zero_train.memory.record import MODEL_STATE_CATEGORIES
 from zero_train.report import units
 from zero_train.report.buffers import buffer_sentence
@@ -21,15 +22,6 @@ from zero_train.report.compare import is_large
 from zero_train.report.explain_peak import peak_sentences
 from zero_train.report.explain_runtime import comm_sentences, other_sentences
 from zero_train.report.models import ModelFacts
-
-CATEGORY_WORDS = {
-    "params": "parameters",
-    "grads": "gradients",
-    "master_params": "fp32 master parameters",
-    "optimizer_states": "Adam states",
-    "comm_buffers": "communication buffers",
-    "activations": "activations",
-}
 
 
 def _paper_to_ours(row: dict, category: str) -> str | None:
@@ -104,7 +96,7 @@ def model_state_sentences(row: dict, facts: ModelFacts | None) -> list[str]:
         if is_large(residual, states["measured"]):
             layout = _imbalance(row, category, facts, residual)
             causes.append(layout or f"unexplained: {units.mb(residual)}")
-        word = CATEGORY_WORDS[category]
+        word = TERM_WORDS[category]
         sentences.append(
             f"{word}: measured {units.mb(measured)}, the paper {units.mb(paper)} "
             f"({units.mb(measured - paper)} apart): " + "; ".join(causes) + "."
