@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from zero_train.bench.cells import Cell, interleaved
+from zero_train.bench.machine import CPU_FLAGS
 from zero_train.bench.summary import WIRE_TOLERANCE, target_ratios
 from zero_train.cli.bench import bench_command
 from zero_train.errors import UsageError
@@ -47,6 +48,7 @@ def test_every_cell_ran_and_reports_positive_numbers(tiny_bench):
         assert len(cell["peak_bytes"]) == 2 and min(cell["peak_bytes"]) > 0
     assert all(len(s["step_times_s"]) == 2 for s in result["samples"])
     assert result["machine"]["logical_cpus"] >= 1 and result["machine"]["torch"]
+    assert set(result["machine"]["cpu_flags"]) <= set(CPU_FLAGS)
 
 
 @pytest.mark.multiproc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from zero_train.bench.machine import CPU_FLAGS
+
 LABELS = {
     "ddp": "ddp (torch DDP)",
     "zero1": "**zero1 (ours)**",
@@ -85,6 +87,11 @@ def machine_line(result: dict) -> str:
     """One sentence: what it ran on, with what, and how loaded the machine was."""
     machine, meta = result["machine"], result["meta"]
     gpus = ", ".join(machine["gpus"]) or "no GPU"
+    flags = machine.get("cpu_flags")
+    if flags is not None:
+        native = {"avx512_bf16", "amx_bf16"} & set(flags)
+        bf16 = "native bf16" if native else "no native bf16 (emulated)"
+        gpus += f"; CPU flags {' '.join(flags) or 'none of ' + ', '.join(CPU_FLAGS)}: {bf16}"
     load = result.get("load_average") or {}
     return (
         f"Machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, {gpus}; {machine['os']}; "
