@@ -64,6 +64,33 @@ def read_env() -> tuple[int, int, int]:
     return rank, world_size, local_rank
 
 
+def share_cpu_threads(local_world_size: int) -> int | None:
+    """On CPU ranks, give each rank an equal share of this machine's cores, unless OMP_NUM_THREADS says.
+
+    torchrun exports OMP_NUM_THREADS=1 for several ranks per machine; DeepSpeed's launcher exports nothing
+    (unless --bind_cores_to_rank), so every rank starts as many OpenMP threads as there are cores and the
+    ranks spin on each other's cores. Measured with `deepspeed --num_gpus 2` on 2 cores (gpt2-25m, fp32):
+    our ZeRO-1 ran at 140 tokens/s oversubscribed against 369 with one thread per rank.
+
+    Returns:
+        The thread count set, or None when OMP_NUM_THREADS was given (or one rank per machine).
+    """
+    if os.environ.get("OMP_NUM_THREADS") or local_world_size <= 1:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // local_world_size)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def local_world_size(world_size: int) -> int:
+    """Ranks on this machine: torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE, else the world size."""
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return world_size
+
+
 def init_distributed(*, timeout_s: float | None = None, force_cpu: bool = False) -> DistInfo:
     """Initialise torch.distributed once (also for a world of one) and describe this process.
 
@@ -81,6 +108,8 @@ def init_distributed(*, timeout_s: float | None = None, force_cpu: bool = False)
     backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
         torch.cuda.set_device(device)
+    else:
+        share_cpu_threads(local_world_size(world_size))
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
