@@ -137,6 +137,7 @@ class Trainer:
                 writer.write(record)
                 self._report(record, bar)
                 self._after_step(step, writer)
+            self._evaluate(self.args.max_steps, writer)  # the final evaluation, in the metrics file too
         finally:
             writer.close()
             if bar is not None:
@@ -280,7 +281,6 @@ class Trainer:
 
     def _finish(self, start_step: int) -> dict:
         steps_done = self.args.max_steps
-        self._evaluate(steps_done)
         if self.args.save_dir:
             self._save(steps_done)
         export = self._export()
