@@ -14,7 +14,7 @@ import sys
 
 from zero_train.cli.bench import add_bench_flags, bench_command
 from zero_train.cli.parser import OneLineParser
-from zero_train.errors import run_cli
+from zero_train.runtime.errors import run_cli
 
 
 def main() -> None:

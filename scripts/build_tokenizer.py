@@ -13,7 +13,7 @@ import argparse
 import json
 import pathlib
 
-from zero_train.offline import DEFAULT_TOKENIZER_NAME, OFFLINE_VOCAB_SIZE, train_stdlib_tokenizer
+from zero_train.hf.offline import DEFAULT_TOKENIZER_NAME, OFFLINE_VOCAB_SIZE, train_stdlib_tokenizer
 
 DEFAULT_OUT = pathlib.Path(__file__).resolve().parents[1] / "zero_train" / "assets" / DEFAULT_TOKENIZER_NAME
 

@@ -11,8 +11,8 @@ The logic lives in zero_train.bench.hf_peer.
 
 import sys
 
-from zero_train.errors import run_cli
-from zero_train.train_args import parse_args
+from zero_train.runtime.errors import run_cli
+from zero_train.train.args import parse_args
 
 
 def main() -> None:

@@ -13,20 +13,20 @@
     deepspeed --hostfile hostfile --master_addr worker-1 --master_port 29500 scripts/train.py \
         --deepspeed_config ds_configs/zero3.json --engine deepspeed --model gpt2-small
 
-Flags and outputs: docs/launch.md (or --help). The logic lives in zero_train.train_loop.
+Flags and outputs: docs/launch.md (or --help). The logic lives in zero_train.train.loop.
 """
 
 import sys
 
-from zero_train.errors import run_cli
-from zero_train.train_args import parse_args
+from zero_train.runtime.errors import run_cli
+from zero_train.train.args import parse_args
 
 
 def main() -> None:
     """Parse the flags and train; errors a user can fix print one line and exit 2."""
 
     def entry() -> int:
-        from zero_train.train_loop import run_training
+        from zero_train.train.loop import run_training
 
         run_training(parse_args(sys.argv[1:]))
         return 0

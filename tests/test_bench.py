@@ -21,7 +21,7 @@ from zero_train.bench.cells import Cell, interleaved
 from zero_train.bench.machine import CPU_FLAGS
 from zero_train.bench.summary import WIRE_TOLERANCE, target_ratios
 from zero_train.cli.bench import bench_command
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 

@@ -1,4 +1,4 @@
-"""zero_train.checkpoint: atomic saves, manifest verification, safe loading, resolve follows `latest`."""
+"""zero_train.checkpoint.atomic: atomic saves, manifest verification, safe loading, resolve follows `latest`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import signal
 import pytest
 import torch
 
-from zero_train import checkpoint
-from zero_train.dist import DistInfo
-from zero_train.errors import UsageError
+from zero_train.checkpoint import atomic as checkpoint
+from zero_train.runtime.dist import DistInfo
+from zero_train.runtime.errors import UsageError
 
 WORLD_OF_ONE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
 
@@ -183,7 +183,7 @@ def test_hand_made_checkpoint_without_manifest_is_accepted_with_a_warning(tmp_pa
 
 
 def _two_rank_save(rank, world_size, save_dir):
-    from zero_train.dist import DistInfo
+    from zero_train.runtime.dist import DistInfo
 
     info = DistInfo(
         rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"), backend="gloo"

@@ -3,7 +3,7 @@
 import torch
 import torch.distributed as dist
 
-from zero_train.memory.comm import CommLedger, paper_volume_bytes, wire_factor, wire_from_payload
+from zero_train.comm.ledger import CommLedger, paper_volume_bytes, wire_factor, wire_from_payload
 from zero_train.testing import run_ranks
 
 

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from zero_train import data, hf, offline
-from zero_train.errors import UsageError
+from zero_train.hf import data, offline
+from zero_train.hf import models as hf
+from zero_train.runtime.errors import UsageError
 
 BLOCK = 64
 
@@ -151,7 +152,8 @@ def test_resume_and_epochs(packed_stdlib):
 
 
 def _prepare_on_rank(rank, world_size, good, bad):
-    from zero_train import data, hf
+    from zero_train.hf import data
+    from zero_train.hf import models as hf
 
     packed = data.prepare_datasets(good, hf.load_tokenizer(), block_size=16, seed=0)
     try:

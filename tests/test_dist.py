@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from zero_train.dist import local_world_size, share_cpu_threads
+from zero_train.runtime.dist import local_world_size, share_cpu_threads
 
 
 @pytest.fixture

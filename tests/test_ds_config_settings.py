@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from zero_train.ds_config import TrainSettings, load_config, lr_at, resolve_auto, train_settings
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 HF_AUTO = {
     "train_batch_size": "auto",

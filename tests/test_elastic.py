@@ -39,10 +39,10 @@ def _flags(root: pathlib.Path, *extra: str) -> list[str]:
 
 
 def _trainer(argv: list[str], world_size: int):
-    from zero_train.dist import init_distributed
-    from zero_train.train_args import parse_args
-    from zero_train.train_loop import Trainer
-    from zero_train.train_setup import plan_run
+    from zero_train.runtime.dist import init_distributed
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import Trainer
+    from zero_train.train.setup import plan_run
 
     args = parse_args(argv)
     return Trainer(args, plan_run(args, world_size=world_size), init_distributed())
@@ -57,7 +57,7 @@ def _load_and_compare(rank: int, world_size: int, argv: list[str], ckpt: str) ->
     """Load the world-2 checkpoint here; on rank 0 compare the gathered state with the saved shards."""
     from safetensors.torch import load_file
 
-    from zero_train.checkpoint import safe_torch_load
+    from zero_train.checkpoint.atomic import safe_torch_load
     from zero_train.sharding import consolidate_shards
 
     engine = _trainer(argv, world_size).engine
@@ -90,7 +90,7 @@ def _load_and_compare(rank: int, world_size: int, argv: list[str], ckpt: str) ->
 
 @pytest.mark.multiproc
 def test_zero1_checkpoint_of_two_ranks_resumes_on_one_and_three(tmp_path):
-    from zero_train.offline import stdlib_files
+    from zero_train.hf.offline import stdlib_files
 
     (tmp_path / "corpus.txt").write_text(
         "\n\n".join(p.read_text(errors="replace") for p in stdlib_files(60_000))
@@ -180,7 +180,7 @@ def _ds_load_compare_train(
 
 @pytest.mark.multiproc
 def test_deepspeed_checkpoint_of_two_ranks_resumes_on_one_and_three_through_universal(tmp_path):
-    from zero_train.offline import stdlib_files
+    from zero_train.hf.offline import stdlib_files
 
     (tmp_path / "corpus.txt").write_text(
         "\n\n".join(p.read_text(errors="replace") for p in stdlib_files(60_000))
@@ -205,11 +205,11 @@ def test_deepspeed_checkpoint_of_two_ranks_resumes_on_one_and_three_through_univ
 
     from safetensors.torch import load_file
 
-    from zero_train import checkpoint
-    from zero_train.dist import DistInfo
-    from zero_train.engines.deepspeed_universal import ensure_universal
-    from zero_train.errors import UsageError
-    from zero_train.export import export_checkpoint
+    from zero_train.checkpoint import atomic as checkpoint
+    from zero_train.checkpoint.deepspeed_universal import ensure_universal
+    from zero_train.checkpoint.export import export_checkpoint
+    from zero_train.runtime.dist import DistInfo
+    from zero_train.runtime.errors import UsageError
 
     exported = load_file(export_checkpoint(ckpt, tmp_path / "hf") / "model.safetensors")  # ignores universal/
     saved = torch.load(record, weights_only=True)["tensors"]

@@ -67,7 +67,7 @@ def _settings(stage: int, precision: str, world_size: int, scale_power: int = 16
 
 def _model_fn(initial_weights: dict | None = None):
     def build():
-        from zero_train.hf import build_model, model_config
+        from zero_train.hf.models import build_model, model_config
 
         torch.manual_seed(0)
         model = build_model(model_config("tiny", vocab_size=VOCAB))
@@ -81,8 +81,8 @@ def _model_fn(initial_weights: dict | None = None):
 def _build(
     name: str, rank: int, world_size: int, *, stage=1, precision="fp32", initial_weights=None, scale_power=16
 ):
-    from zero_train.dist import DistInfo
     from zero_train.engines import build_engine
+    from zero_train.runtime.dist import DistInfo
 
     settings, ds_config = _settings(stage, precision, world_size, scale_power)
     dist_info = DistInfo(
@@ -414,9 +414,9 @@ def test_loss_scaler_follows_deepspeeds_rules(monkeypatch):
 
 
 def test_build_engine_rejects_unknown_name_and_wrong_world_size():
-    from zero_train.dist import DistInfo
     from zero_train.engines import build_engine
-    from zero_train.errors import UsageError
+    from zero_train.runtime.dist import DistInfo
+    from zero_train.runtime.errors import UsageError
 
     settings, ds_config = _settings(1, "fp32", world_size=2)
     single = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
@@ -498,7 +498,7 @@ class _PlantedPayload:
 
 def test_deepspeed_checkpoint_with_a_planted_pickle_is_refused(tmp_path):
     from zero_train.engines.deepspeed_engine import refuse_unexpected_pickles
-    from zero_train.errors import UsageError
+    from zero_train.runtime.errors import UsageError
 
     torch.save(
         {"module": {"w": torch.zeros(2)}, "ds_version": "0.19.8"}, tmp_path / "mp_rank_00_model_states.pt"

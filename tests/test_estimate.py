@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from zero_train.cli.main import main
-from zero_train.memory import theory
+from zero_train.memory.model import theory
 
 PAPER_GB = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.88}  # ZeRO paper, 7.5B params, 64 ranks (Figure 1 / Table 1)
 
@@ -89,7 +89,7 @@ def test_ours_is_the_peak_zero1_holds_whole_gradients_in_backward(capsys):
 
 
 def test_model_counts_params_buffers_and_activations(capsys, tmp_path):
-    from zero_train.hf import count_params, load_model
+    from zero_train.hf.models import count_params, load_model
 
     config = tmp_path / "ds.json"
     config.write_text(

@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zero_train import hf
+from zero_train.checkpoint.export import export_checkpoint, export_model
 from zero_train.cli.export import export_command_parser
 from zero_train.cli.parser import OneLineParser
-from zero_train.errors import UsageError
-from zero_train.export import export_checkpoint, export_model
+from zero_train.hf import models as hf
+from zero_train.runtime.errors import UsageError
 
 IDS = torch.randint(0, 8192, (2, 24), generator=torch.Generator().manual_seed(0))
 
@@ -184,10 +184,10 @@ def _engine_checkpoints(rank, world_size, save_root):
     """Every rank: train the tiny preset on the offline data with the real engines, save, return logits."""
     import torch.distributed as dist
 
-    from zero_train import data
-    from zero_train.dist import DistInfo
     from zero_train.ds_config import resolve_auto, train_settings
     from zero_train.engines import build_engine
+    from zero_train.hf import data
+    from zero_train.runtime.dist import DistInfo
 
     dist_info = DistInfo(
         rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"), backend="gloo"

@@ -44,7 +44,7 @@ CONFIG = {
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> pathlib.Path:
-    from zero_train.offline import stdlib_files
+    from zero_train.hf.offline import stdlib_files
 
     root = tmp_path_factory.mktemp("faults")
     (root / "corpus.txt").write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(60_000)))
@@ -105,10 +105,10 @@ def _kill_rank_after(launcher: subprocess.Popen, metrics: pathlib.Path, rank: in
 
 
 def _reference_runs(rank: int, world_size: int, runs: list[list[str]]) -> None:
-    from zero_train.dist import init_distributed
-    from zero_train.train_args import parse_args
-    from zero_train.train_loop import Trainer
-    from zero_train.train_setup import plan_run
+    from zero_train.runtime.dist import init_distributed
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import Trainer
+    from zero_train.train.setup import plan_run
 
     for argv in runs:
         args = parse_args(argv)

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from zero_train import hf, offline
-from zero_train.errors import UsageError
+from zero_train.hf import models as hf
+from zero_train.hf import offline
+from zero_train.runtime.errors import UsageError
 
 
 def gpt2_params(vocab: int, n_positions: int, d: int, n_layer: int, d_ff: int) -> int:

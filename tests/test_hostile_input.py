@@ -182,7 +182,7 @@ def world(tmp_path_factory) -> pathlib.Path:
 
 
 def _write_inputs(root: pathlib.Path) -> None:
-    from zero_train.offline import stdlib_files
+    from zero_train.hf.offline import stdlib_files
 
     garbage = random.Random(7).randbytes(4096)
     for name in ("garbage.bin", "garbage.txt", "garbage.parquet"):
@@ -224,8 +224,8 @@ def _end_world_of_one() -> None:
 
 
 def _train_checkpoint(root: pathlib.Path) -> None:
-    from zero_train.train_args import parse_args
-    from zero_train.train_loop import run_training
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import run_training
 
     argv = [
         *TRAIN,
@@ -252,7 +252,7 @@ def _damaged_copy(root: pathlib.Path, name: str, damage) -> None:
 
 def _rewrite_manifest(folder: pathlib.Path) -> None:
     """What an attacker does after planting a file: a manifest that matches it."""
-    from zero_train import checkpoint
+    from zero_train.checkpoint import atomic as checkpoint
 
     (folder / "manifest.json").unlink()
     checkpoint.write_manifest(folder)
@@ -305,9 +305,9 @@ def _digest(path: pathlib.Path) -> str:
 
 def _run_in_process(case: Case, argv: list[str], capsys) -> tuple[int, str]:
     from zero_train.cli.main import main
-    from zero_train.errors import run_cli
-    from zero_train.train_args import parse_args
-    from zero_train.train_loop import run_training
+    from zero_train.runtime.errors import run_cli
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import run_training
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:

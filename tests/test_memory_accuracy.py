@@ -5,7 +5,7 @@
 - the attribution agrees with the allocator: the allocator growth from before the model to the last
   optimizer step is the attributed categories within 5% (so "other" holds no hidden model state);
 - the run record follows the schema and categories + other sum to allocator_bytes;
-- our per-phase peak model (zero_train.memory.peak) within 10% of the measured peak minus the measured
+- our per-phase peak model (zero_train.memory.model.peak) within 10% of the measured peak minus the measured
   "other", for ddp, our ZeRO-1 and torch's ZeroRedundancyOptimizer.
 
 One spawned job per world size; each rank trains every (engine, precision) for 3 steps on a ~0.9M
@@ -46,7 +46,7 @@ STAGE_OF = {"ddp": 0, "zero1": 1, "torch-zero": 1}
 def _model_fn():
     import transformers
 
-    from zero_train.hf import build_model
+    from zero_train.hf.models import build_model
 
     torch.manual_seed(0)
     return build_model(transformers.GPT2Config(**SHAPE))
@@ -54,10 +54,10 @@ def _model_fn():
 
 def _profile(name: str, precision: str, rank: int, world_size: int) -> dict | None:
     """Train `name` for STEPS steps under a MemoryProbe; the run record on rank 0."""
-    from zero_train.dist import init_distributed
     from zero_train.ds_config import resolve_auto, train_settings
     from zero_train.engines import build_engine
     from zero_train.memory.probe import MemoryProbe
+    from zero_train.runtime.dist import init_distributed
 
     config = dict(CONFIG, **({"bf16": {"enabled": True}} if precision == "bf16" else {}))
     dist_info = init_distributed()
@@ -115,7 +115,7 @@ def _model_states(categories: dict) -> int:
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("name", ENGINES)
 def test_model_states_within_2_percent_of_the_paper(records, name, precision):
-    from zero_train.memory.theory import paper_bytes
+    from zero_train.memory.model.theory import paper_bytes
 
     world_size, by_cell = records
     record = by_cell[(name, precision)]
@@ -150,8 +150,8 @@ def test_attribution_matches_the_allocator_growth(records, name, precision):
 def test_our_model_within_10_percent_of_the_attributed_bytes(records, name, precision):
     import transformers
 
-    from zero_train.memory.peak import engine_categories
-    from zero_train.memory.theory import model_shape
+    from zero_train.memory.model.peak import engine_categories
+    from zero_train.memory.model.theory import model_shape
 
     world_size, by_cell = records
     record = by_cell[(name, precision)]
@@ -171,8 +171,8 @@ def test_our_peak_within_10_percent_of_the_measured_peak_minus_other(records, na
     """The peak model, nothing hidden: ours alone against the measured peak minus the measured "other"."""
     import transformers
 
-    from zero_train.memory.peak import engine_peak
-    from zero_train.memory.theory import model_shape
+    from zero_train.memory.model.peak import engine_peak
+    from zero_train.memory.model.theory import model_shape
 
     world_size, by_cell = records
     record = by_cell[(name, precision)]

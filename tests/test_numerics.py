@@ -1,4 +1,4 @@
-"""zero_train.numerics.NonFiniteGuard: stop / skip policies and fp16 loss-scale skipping.
+"""zero_train.train.numerics.NonFiniteGuard: stop / skip policies and fp16 loss-scale skipping.
 
 Unit tests on real values, then scripts/train.py end to end with an absurd learning rate: fp32 under
 "stop" (exit 1 at the first non-finite step), under "skip" (tolerated steps recorded, exit 1 after 8 in a
@@ -15,7 +15,7 @@ import pathlib
 import pytest
 import torch
 
-from zero_train.numerics import NonFiniteError, NonFiniteGuard
+from zero_train.train.numerics import NonFiniteError, NonFiniteGuard
 
 
 def real_step_values(lr: float) -> tuple[float, float]:
@@ -124,7 +124,7 @@ def test_a_diverging_run_stops_with_one_line_naming_the_step(tmp_path, case):
     import subprocess
     import sys
 
-    from zero_train.offline import stdlib_files
+    from zero_train.hf.offline import stdlib_files
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(20_000)))

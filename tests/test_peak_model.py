@@ -1,4 +1,4 @@
-"""Our per-phase peak model (zero_train.memory.peak): its terms, and its accuracy on real measured runs.
+"""Our per-phase peak model (zero_train.memory.model.peak): its terms, and its accuracy on real measured runs.
 
 The accuracy check needs no new run: docs/report/summary.json holds what 36 real runs measured (gpt2-25m,
 fp32 and bf16, 1/2/4 ranks, all six engines: peak, "other" and every phase per rank); our model is
@@ -13,8 +13,8 @@ import pathlib
 
 import pytest
 
-from zero_train.memory.peak import PHASES, backend_for, engine_peak
-from zero_train.memory.theory import ModelShape, activation_bytes
+from zero_train.memory.model.peak import PHASES, backend_for, engine_peak
+from zero_train.memory.model.theory import ModelShape, activation_bytes
 
 SUMMARY = pathlib.Path(__file__).resolve().parents[1] / "docs" / "report" / "summary.json"
 PSI = 1_000_000

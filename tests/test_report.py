@@ -178,9 +178,9 @@ def test_ddp_model_states_match_the_paper_and_the_zero1_gap_is_explained(report)
 
 def our_peak(cell: dict):
     """Our peak model of a cell, computed here from tiny's shape and the cell's settings."""
-    from zero_train.hf import model_config
-    from zero_train.memory import theory
-    from zero_train.memory.peak import engine_peak
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model import theory
+    from zero_train.memory.model.peak import engine_peak
 
     shape = theory.model_shape(model_config("tiny"))
     return engine_peak(
@@ -404,8 +404,8 @@ def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_our_model_keeps_torch_zero_masters_whole():
-    from zero_train.memory.peak import engine_categories
-    from zero_train.memory.theory import ModelShape
+    from zero_train.memory.model.peak import engine_categories
+    from zero_train.memory.model.theory import ModelShape
 
     shape = ModelShape(num_params=1_000_000)
     bf16 = engine_categories("torch-zero", shape, 4, precision="bf16", micro_batch_size=1, block_size=1)

@@ -68,7 +68,7 @@ def _config(stage: int) -> dict:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> pathlib.Path:
     """A ~150 kB real-text corpus (Python stdlib sources as paragraphs) and configs for stages 0-3."""
-    from zero_train.offline import stdlib_files
+    from zero_train.hf.offline import stdlib_files
 
     root = tmp_path_factory.mktemp("train")
     text = "\n\n".join(path.read_text(errors="replace") for path in stdlib_files(150_000))
@@ -126,10 +126,10 @@ def test_deepspeed_launcher_zero2_learns_and_writes_metrics(workdir):
 
 def _train_runs(rank: int, world_size: int, runs: list[list[str]], probe_batch: torch.Tensor) -> list[dict]:
     """Run each argv through the loop in this rank; return summaries (+ logits of the trained model)."""
-    from zero_train.dist import init_distributed
-    from zero_train.train_args import parse_args
-    from zero_train.train_loop import Trainer
-    from zero_train.train_setup import plan_run
+    from zero_train.runtime.dist import init_distributed
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import Trainer
+    from zero_train.train.setup import plan_run
 
     results = []
     for argv in runs:
@@ -239,9 +239,9 @@ def _batch_config(workdir: pathlib.Path) -> pathlib.Path:
     ],
 )
 def test_bad_input_before_training(workdir, capsys, monkeypatch, case, needle):
-    from zero_train.errors import run_cli
-    from zero_train.train_args import parse_args
-    from zero_train.train_loop import run_training
+    from zero_train.runtime.errors import run_cli
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import run_training
 
     argv = {
         "unknown_preset": ["--engine", "ddp", "--model", "tinyy"],

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from zero1_helpers import TiedNet, batch, ring_average, two_groups
 
-from zero_train.errors import UsageError
-from zero_train.memory.comm import CommLedger
+from zero_train.comm.ledger import CommLedger
+from zero_train.runtime.errors import UsageError
 from zero_train.sharding import DynamicLossScaler, Zero1Optimizer
 from zero_train.testing import run_ranks
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from zero1_helpers import TiedNet, batch, ring_average, two_groups
 
-from zero_train.memory.comm import CommLedger
+from zero_train.comm.ledger import CommLedger
 from zero_train.sharding import Zero1Optimizer
 from zero_train.testing import run_ranks
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from zero1_helpers import TiedNet, batch, ring_average, two_groups
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 from zero_train.sharding import Zero1Optimizer, consolidate_shards
 from zero_train.testing import run_ranks
 

@@ -3,7 +3,7 @@
     deepspeed --num_gpus 2 scripts/hf_trainer.py --deepspeed_config cfg.json --engine deepspeed \
         --model gpt2-25m --max-steps 8 --metrics-file hf.jsonl --memory-report hf.json
 
-It takes scripts/train.py's flags and resolves them the same way (`zero_train.train_setup.plan_run`: the
+It takes scripts/train.py's flags and resolves them the same way (`zero_train.train.setup.plan_run`: the
 DeepSpeed config with its "auto" values filled, the batch algebra, tokenizer and model config), then
 maps the resolved settings onto `transformers.TrainingArguments`: `--engine deepspeed` hands the resolved
 config to the Trainer (`TrainingArguments(deepspeed=config)`), `--engine ddp` trains with the Trainer's own
@@ -28,7 +28,7 @@ import time
 import torch
 from transformers import TrainerCallback
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 PEER_SCHEMA = "zero_train.bench_peer/1"
 PEER_ENGINES = ("deepspeed", "ddp")
@@ -126,11 +126,11 @@ def run_peer(args: argparse.Namespace) -> None:
     """Train with transformers.Trainer as the flags say and write the metrics and memory/comm record."""
     from transformers import Trainer
 
-    from zero_train.data import prepare_datasets
-    from zero_train.dist import init_distributed, read_env
+    from zero_train.comm.ledger import CommLedger
+    from zero_train.hf.data import prepare_datasets
     from zero_train.memory import measure
-    from zero_train.memory.comm import CommLedger
-    from zero_train.train_setup import model_builder, plan_run
+    from zero_train.runtime.dist import init_distributed, read_env
+    from zero_train.train.setup import model_builder, plan_run
 
     check_peer_args(args)
     plan = plan_run(args, world_size=read_env()[1])  # every UsageError before any collective
@@ -159,7 +159,7 @@ def run_peer(args: argparse.Namespace) -> None:
 
 def num_params(model) -> int:
     """Parameters of the full model (the Trainer may hand back a DeepSpeed/DDP wrapper)."""
-    from zero_train.train_setup import num_params as count
+    from zero_train.train.setup import num_params as count
 
     return count(getattr(model, "module", model))
 

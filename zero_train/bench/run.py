@@ -80,8 +80,8 @@ def run_one(cell: Cell, repeat: int, args, out: pathlib.Path, hidden_size: int |
     """
     from zero_train.cli.profile import last_error_line
     from zero_train.ds_config import write_config
-    from zero_train.errors import UsageError
-    from zero_train.launcher import run_logged
+    from zero_train.launch.launcher import run_logged
+    from zero_train.runtime.errors import UsageError
     from zero_train.testing import free_port
 
     paths = run_paths(out, cell, repeat)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 
-from zero_train.memory.comm import paper_volume_bytes, wire_from_payload
+from zero_train.comm.ledger import paper_volume_bytes, wire_from_payload
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 WIRE_TOLERANCE = 1e-4

@@ -152,8 +152,8 @@ def request_from_args(args: argparse.Namespace):
 
 def model_hidden_size(name_or_path: str) -> int:
     """The hidden size of a preset or HF config folder, found the way the HF DeepSpeed integration does."""
-    from zero_train.errors import UsageError
-    from zero_train.hf import model_config
+    from zero_train.hf.models import model_config
+    from zero_train.runtime.errors import UsageError
 
     config = model_config(name_or_path)
     for holder in (config, getattr(config, "text_config", None)):
@@ -183,7 +183,7 @@ def config_command(args: argparse.Namespace) -> int:
 
 def check_file_from_args(args: argparse.Namespace) -> str:
     """The FILE of `config check FILE`; any generator flag next to it is an error (it would be ignored)."""
-    from zero_train.errors import UsageError
+    from zero_train.runtime.errors import UsageError
 
     if args.words[0] != "check":
         raise UsageError(

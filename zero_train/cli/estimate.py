@@ -1,6 +1,6 @@
 """`zero-train estimate`: per-rank memory for ZeRO stages 0-3 before launching, and which stages fit.
 
-"ours" is our PEAK model (zero_train.memory.peak): the most one rank holds in any phase of a step, which
+"ours" is our PEAK model (zero_train.memory.model.peak): the most one rank holds in any phase of a step, which
 is what must fit; the paper and DeepSpeed's estimators count model states only.
 
 zero-train estimate --params 7.5e9 --world-size 64                 # the paper: 120 / 31.4 / 16.6 / 1.88 GB
@@ -15,7 +15,7 @@ import json
 import math
 
 from zero_train.cli.parser import positive_float, positive_int
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 STAGE_ENGINES = {0: "ddp", 1: "ds1", 2: "ds2", 3: "ds3"}  # "ours" models torch DDP and DeepSpeed's stages
@@ -74,13 +74,13 @@ def _precision(args: argparse.Namespace, ds_config: dict | None) -> str:
 
 
 def _shape_and_block(args: argparse.Namespace):
-    from zero_train.memory.theory import ModelShape, model_shape
+    from zero_train.memory.model.theory import ModelShape, model_shape
 
     if args.params is not None:
         if args.block_size:
             raise UsageError("--block-size needs --model (activations come from the model's shape)")
         return ModelShape(num_params=int(args.params)), 0
-    from zero_train.hf import max_context, model_config
+    from zero_train.hf.models import max_context, model_config
 
     config = model_config(args.model)
     block_size = args.block_size or max_context(config)
@@ -93,8 +93,8 @@ def _stage_row(
     stage: int, shape, args: argparse.Namespace, precision: str, block_size: int, ds_config
 ) -> dict:
     """One stage: the paper, DeepSpeed's estimator and our peak model (with its phases)."""
-    from zero_train.memory import theory
-    from zero_train.memory.peak import backend_for, engine_peak
+    from zero_train.memory.model import theory
+    from zero_train.memory.model.peak import backend_for, engine_peak
 
     model = engine_peak(
         STAGE_ENGINES[stage], shape, args.world_size, precision=precision,
@@ -123,7 +123,7 @@ def build_estimate(args: argparse.Namespace) -> dict:
          predicted peak), "ours_peak_phase", "ours_phases" ({phase: {term: bytes}}), "ours_categories"
          (our categories at the step boundary + activations), "fits"}], "recommended_stage", "notes"}
     """
-    from zero_train.memory import theory
+    from zero_train.memory.model import theory
 
     ds_config = None
     if args.config:
@@ -155,7 +155,7 @@ def build_estimate(args: argparse.Namespace) -> dict:
 
 def _notes(args: argparse.Namespace, precision: str, shape) -> list[str]:
     notes = [
-        "ours = our predicted PEAK per rank (zero_train.memory.peak): the largest of the end of forward, the "
+        "ours = our predicted PEAK per rank (zero_train.memory.model.peak): the largest of the end of forward, the "
         "start and the end of backward and the optimizer step; the paper and DeepSpeed count model states only",
         "stage 0 is torch DDP, stages 1-3 DeepSpeed ZeRO-1/2/3; ZeRO-1 holds whole gradients during backward "
         "(as the paper counts them) and only its partition at the step boundary",
@@ -187,7 +187,7 @@ def _gb(value: float | None, unit: float = 1e9) -> str:
 
 def _phase_line(row: dict, unit: float) -> str:
     """The terms of one stage's peak phase, largest first (the few that matter)."""
-    from zero_train.memory.peak import TERM_WORDS
+    from zero_train.memory.model.peak import TERM_WORDS
 
     terms = sorted(row["ours_phases"][row["ours_peak_phase"]].items(), key=lambda item: -item[1])
     words = ", ".join(f"{TERM_WORDS.get(name, name)} {_gb(value, unit)}" for name, value in terms[:5])

@@ -40,7 +40,7 @@ def export_command(args: argparse.Namespace) -> int:
     """Export, then print where the folder is and how to load it."""
     import torch
 
-    from zero_train.export import export_checkpoint
+    from zero_train.checkpoint.export import export_checkpoint
 
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
     out = export_checkpoint(

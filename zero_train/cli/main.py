@@ -7,7 +7,7 @@ import importlib
 import sys
 
 from zero_train.cli.parser import OneLineParser
-from zero_train.errors import run_cli
+from zero_train.runtime.errors import run_cli
 
 # Module names under zero_train.cli; each defines `<module>_command_parser(subparsers)`.
 COMMANDS = ["config", "export", "estimate", "profile", "report", "bench"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):

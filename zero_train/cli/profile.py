@@ -20,8 +20,8 @@ import pathlib
 import sys
 
 from zero_train.cli.parser import int_list, name_list, positive_float, positive_int
-from zero_train.errors import UsageError
-from zero_train.launcher import check_launcher, launcher_path, model_meta
+from zero_train.launch.launcher import check_launcher, launcher_path, model_meta
+from zero_train.runtime.errors import UsageError
 
 # profile engine name -> (scripts/train.py --engine, ZeRO stage of its generated config)
 CELL_ENGINES = {
@@ -127,7 +127,7 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         meta: record fields shared by all cells (model, num_params, hidden_size, precision, ...).
     """
     from zero_train.ds_config import write_config
-    from zero_train.launcher import run_logged
+    from zero_train.launch.launcher import run_logged
     from zero_train.memory.record import error_record, load_record, write_record
     from zero_train.testing import free_port
 
@@ -161,7 +161,7 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    from zero_train.outputs import check_output_dir
+    from zero_train.runtime.outputs import check_output_dir
 
     check_output_dir(args.out, flag="--out")  # before any cell runs
     unknown = [name for name in args.engines if name not in CELL_ENGINES]

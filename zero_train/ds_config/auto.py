@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 if TYPE_CHECKING:
     from zero_train.ds_config.settings import TrainSettings

@@ -18,7 +18,7 @@ import re
 
 from zero_train.ds_config.auto import AUTO, AUTO_KEYS, auto_keys, get_key
 from zero_train.ds_config.parse import batch_triple
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 ZERO3_ONLY = re.compile(r"^(stage3_|offload_param$)")
 STAGE_WORK = {

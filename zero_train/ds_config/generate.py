@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 AUTO = "auto"
 SCHEDULER_TYPES = {

@@ -7,7 +7,7 @@ import os
 import pathlib
 import tempfile
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 
 def load_config(path: str | os.PathLike) -> dict:

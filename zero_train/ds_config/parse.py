@@ -6,7 +6,7 @@ FusedAdam constructors the engine calls with `optimizer.params` (engine.py `_con
 
 from __future__ import annotations
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 SCHEDULER_NAMES = {
     "WarmupLR": "warmup_constant",

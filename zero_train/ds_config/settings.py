@@ -14,7 +14,7 @@ import warnings
 
 from zero_train.ds_config.auto import fill_auto
 from zero_train.ds_config.parse import batch_triple, optimizer_fields, precision_of, scheduler_fields, section
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam", "sgd")

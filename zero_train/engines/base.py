@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 if TYPE_CHECKING:
-    from zero_train.dist import DistInfo
     from zero_train.ds_config import TrainSettings
+    from zero_train.runtime.dist import DistInfo
 
 MEMORY_CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "comm_buffers")
 
@@ -110,7 +110,7 @@ def build_engine(
             transformers' ZeRO-3 integration so that the model is created partitioned).
         settings: from `zero_train.ds_config.train_settings` (its world_size must match dist_info).
         ds_config: the resolved DeepSpeed config (`resolve_auto`); only the deepspeed engine reads it.
-        dist_info: from `zero_train.dist.init_distributed()`.
+        dist_info: from `zero_train.runtime.dist.init_distributed()`.
 
     Returns:
         The engine, with the model on dist_info.device in the settings' precision.

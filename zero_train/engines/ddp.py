@@ -14,8 +14,7 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from zero_train.engines.base import tensor_bytes
-from zero_train.engines.checkpoint_files import (
+from zero_train.checkpoint.files import (
     copy_weights_into,
     load_rank_file,
     rank_file,
@@ -24,6 +23,7 @@ from zero_train.engines.checkpoint_files import (
     unique_state_dict,
     write_model,
 )
+from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import build_optimizer, set_lr
 from zero_train.engines.precision import MasterWeights, make_loss_scaler

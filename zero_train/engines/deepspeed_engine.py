@@ -16,16 +16,16 @@ import deepspeed
 import torch
 from deepspeed.utils import safe_get_full_fp32_param
 
-from zero_train.engines.base import StepResult
-from zero_train.engines.checkpoint_files import (
+from zero_train.checkpoint.deepspeed_universal import load_universal, saved_world_size
+from zero_train.checkpoint.files import (
     load_rank_file,
     rank_file,
     refuse_unexpected_pickles,
     save_rank_file,
     write_model,
 )
+from zero_train.engines.base import StepResult
 from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
-from zero_train.engines.deepspeed_universal import load_universal, saved_world_size
 from zero_train.engines.optim import build_optimizer
 
 DEEPSPEED_DIR = "deepspeed"
@@ -122,7 +122,7 @@ class DeepSpeedEngine:
         path = pathlib.Path(path)
         ds_dir = path / DEEPSPEED_DIR / CHECKPOINT_TAG
         if not ds_dir.is_dir():
-            from zero_train.errors import UsageError
+            from zero_train.runtime.errors import UsageError
 
             raise UsageError(
                 f"checkpoint {path} has no {DEEPSPEED_DIR}/{CHECKPOINT_TAG}; "

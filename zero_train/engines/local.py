@@ -18,8 +18,8 @@ from zero_train.engines.optim import scheduled_lr
 from zero_train.engines.precision import PRECISION_DTYPES
 
 if TYPE_CHECKING:
-    from zero_train.dist import DistInfo
     from zero_train.ds_config import TrainSettings
+    from zero_train.runtime.dist import DistInfo
 
 
 class LocalEngine:

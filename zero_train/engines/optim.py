@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 if TYPE_CHECKING:
     from zero_train.ds_config import TrainSettings

@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from zero_train.elastic import load_sharded_optimizer
-from zero_train.engines.checkpoint_files import (
+from zero_train.checkpoint.elastic import load_sharded_optimizer
+from zero_train.checkpoint.files import (
     copy_weights_into,
     read_weights,
     save_rank_file,
@@ -100,7 +100,7 @@ class Zero1Engine(LocalEngine):
         """Restore weights, this rank's optimizer shard and counters; returns this rank's client_state."""
         weights = read_weights(path)
         copy_weights_into(self.model, {k: v.to(self.model.dtype) for k, v in weights.items()})
-        own, optimizer_state = load_sharded_optimizer(  # any saved world size (zero_train.elastic)
+        own, optimizer_state = load_sharded_optimizer(  # any saved world size (zero_train.checkpoint.elastic)
             path, rank=self.dist_info.rank, world_size=self.dist_info.world_size
         )
         self.optimizer.load_state_dict(optimizer_state)

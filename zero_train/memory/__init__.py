@@ -2,6 +2,6 @@
 
 from zero_train.memory.measure import allocated_bytes, peak_bytes, reset_peak
 from zero_train.memory.probe import MemoryProbe
-from zero_train.memory.theory import paper_bytes, deepspeed_estimate
-from zero_train.memory.peak import engine_peak      # our per-phase peak model
+from zero_train.memory.model.theory import paper_bytes, deepspeed_estimate
+from zero_train.memory.model.peak import engine_peak      # our per-phase peak model
 """

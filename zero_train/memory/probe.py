@@ -28,7 +28,7 @@ What is measured, per rank:
   categories then (what it keeps for the next forward). It equals "other" unless something no category
   owns lives only around the step boundary (DeepSpeed ZeRO-2 can hold a gradient there): the baseline a
   peak model is compared against.
-- comm_bytes_per_step: the last step's bytes per collective from zero_train.memory.comm.CommLedger.
+- comm_bytes_per_step: the last step's bytes per collective from zero_train.comm.ledger.CommLedger.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class MemoryProbe:
 
     @staticmethod
     def _open_ledger():
-        from zero_train.memory.comm import CommLedger
+        from zero_train.comm.ledger import CommLedger
 
         ledger = CommLedger()
         ledger.__enter__()

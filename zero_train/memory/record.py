@@ -23,7 +23,7 @@ import os
 import pathlib
 import tempfile
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 SCHEMA = "zero_train.run_record/1"
 ENGINE_NAMES = ("ddp", "zero1", "torch-zero", "ds1", "ds2", "ds3")

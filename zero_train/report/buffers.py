@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from zero_train.memory.theory import DEFAULT_REDUCE_BUCKET_SIZE, precision_bytes
+from zero_train.memory.model.theory import DEFAULT_REDUCE_BUCKET_SIZE, precision_bytes
 from zero_train.report import units
 from zero_train.report.compare import is_large
 from zero_train.report.models import ModelFacts

@@ -14,8 +14,8 @@ import pathlib
 import shutil
 import tempfile
 
-from zero_train.errors import UsageError
 from zero_train.memory.record import load_records
+from zero_train.runtime.errors import UsageError
 
 REPORT_NAME = "report.md"
 SUMMARY_NAME = "summary.json"
@@ -110,7 +110,7 @@ def write_report(directory, out) -> dict[str, pathlib.Path]:
     Raises:
         UsageError: no or invalid records, or OUT cannot be written; nothing is left in OUT then.
     """
-    from zero_train.outputs import check_output_dir
+    from zero_train.runtime.outputs import check_output_dir
 
     directory = pathlib.Path(directory)
     records = _load(directory)

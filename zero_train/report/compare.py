@@ -10,7 +10,7 @@ Row keys (summary.json's "cells"; zero_train.report.summary documents the file):
     baseline_bytes, bytes_per_param, model_states, ours_categories, ours_peak, paper_categories,
     footprint, peak, comm, notes (and explanations, added by zero_train.report.explain)
 
-"ours" is zero_train.memory.peak: ours_categories its step-boundary categories (compared with the
+"ours" is zero_train.memory.model.peak: ours_categories its step-boundary categories (compared with the
 measured categories), ours_peak its phases and peak (compared with the measured peak). No estimator
 predicts "other" (the interpreter, libraries, data): the peak comparison adds the measured "other" to
 every estimate, and also compares ours alone with the measured peak minus "other".
@@ -18,12 +18,12 @@ every estimate, and also compares ours alone with the measured peak minus "other
 
 from __future__ import annotations
 
-from zero_train.errors import UsageError
-from zero_train.memory import theory
-from zero_train.memory.peak import MEASURED_PHASE, STATE_CATEGORIES, PeakModel, backend_for, engine_peak
+from zero_train.memory.model import theory
+from zero_train.memory.model.peak import MEASURED_PHASE, STATE_CATEGORIES, PeakModel, backend_for, engine_peak
 from zero_train.memory.record import CATEGORIES, MODEL_STATE_CATEGORIES
 from zero_train.report.models import FactsLookup
 from zero_train.report.traffic import comm_comparison
+from zero_train.runtime.errors import UsageError
 
 PEAK_GOAL = 0.10
 """Our estimate of the peak should be within 10% of the measured peak (issue 5's accuracy goal)."""
@@ -114,7 +114,7 @@ def _meta(record: dict) -> dict:
 
 
 def our_model(record: dict, lookup: FactsLookup, rank: int | None = None) -> PeakModel | None:
-    """Our model of the record's engine (zero_train.memory.peak.engine_peak), None without model facts.
+    """Our model of the record's engine (zero_train.memory.model.peak.engine_peak), None without model facts.
 
     Args:
         record: the run record.

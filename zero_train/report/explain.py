@@ -5,7 +5,7 @@ known cause is named with the setting or code that produces it (and the bytes it
 no rule accounts for is called "unexplained", with its size. Gaps below GAP_FRACTION of the quantity
 compared or below MIN_GAP_BYTES (zero_train.report.compare.is_large) are not worth a sentence.
 
-Model states: measured vs the paper, by category. `ours` (zero_train.memory.peak, its categories at the
+Model states: measured vs the paper, by category. `ours` (zero_train.memory.model.peak, its categories at the
 step boundary) encodes the known departures from the paper (DeepSpeed's fp32 master copy in fp32 runs,
 ZeRO-1's partitioned gradients at the step boundary), so paper -> ours is explained by rule and
 ours -> measured must be explained by the layout (whole-tensor sharding) or called unexplained. The peak
@@ -14,7 +14,7 @@ is explained phase by phase in zero_train.report.explain_peak.
 
 from __future__ import annotations
 
-from zero_train.memory.peak import TERM_WORDS
+from zero_train.memory.model.peak import TERM_WORDS
 from zero_train.memory.record import MODEL_STATE_CATEGORIES
 from zero_train.report import units
 from zero_train.report.buffers import buffer_sentence
@@ -25,7 +25,7 @@ from zero_train.report.models import ModelFacts
 
 
 def _paper_to_ours(row: dict, category: str) -> str | None:
-    """Why our model departs from the paper for `category` (a rule of zero_train.memory.peak_engines)."""
+    """Why our model departs from the paper for `category` (a rule of zero_train.memory.model.peak_engines)."""
     engine, world_size = row["engine"], row["world_size"]
     ours = row["ours_categories"][category]
     if engine.startswith("ds") and category == "master_params" and row["precision"] == "fp32":

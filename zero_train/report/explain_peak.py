@@ -1,7 +1,7 @@
 """The peak in words: where the measured peak happened, what our phase model holds then, and every gap.
 
 Pure functions over comparison rows (zero_train.report.compare): row["ours_peak"] is our model
-(zero_train.memory.peak.PeakModel.as_dict()), row["peak"] its comparison with the measured peak. The probe
+(zero_train.memory.model.peak.PeakModel.as_dict()), row["peak"] its comparison with the measured peak. The probe
 measures forward and backward as one phase (its "forward") and the step as another, so each of our phases
 is compared with the probe phase it falls in. A gap is named with its size; "other" at the step boundary
 that is gone between steps (a transient no category owns) is told apart from what our model misses.
@@ -9,7 +9,7 @@ that is gone between steps (a transient no category owns) is told apart from wha
 
 from __future__ import annotations
 
-from zero_train.memory.peak import TERM_WORDS
+from zero_train.memory.model.peak import TERM_WORDS
 from zero_train.report import units
 from zero_train.report.compare import PEAK_GOAL, is_large
 from zero_train.report.explain_runtime import phase_rise

@@ -52,7 +52,7 @@ def theory_note(summary: dict) -> str:
         "`estimate_zero3_...`), which assume mixed precision (18 B/param sharded, fp32 gradients included; "
         "ZeRO-3 adds the largest layer) whatever the run's precision. DeepSpeed has no estimator for stage 0 "
         "or 1: n/a.",
-        "- **Ours**: `zero_train.memory.peak`, a per-phase peak model: for each engine, what the rank holds at "
+        "- **Ours**: `zero_train.memory.model.peak`, a per-phase peak model: for each engine, what the rank holds at "
         "the end of forward (activations, logits), at the start of backward (activations, the loss's "
         "gradients), at the end of backward (gradients before they are reduced: whole for DDP and DeepSpeed "
         "ZeRO-1, a tied embedding's gradient contributions) and in the optimizer step (fp32 gradient copies, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from zero_train.memory.theory import ModelShape
+from zero_train.memory.model.theory import ModelShape
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -19,7 +19,7 @@ class ModelFacts:
     """A model as the report's theory sees it."""
 
     shape: ModelShape
-    """Parameters, largest layer, layers, width, heads, vocabulary (zero_train.memory.theory)."""
+    """Parameters, largest layer, layers, width, heads, vocabulary (zero_train.memory.model.theory)."""
     param_numels: tuple[int, ...]
     """Elements of every parameter tensor, in `model.parameters()` order (tied weights once)."""
 
@@ -39,9 +39,9 @@ def _facts_of(name: str) -> FactsLookup:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from zero_train.errors import UsageError
-    from zero_train.hf import model_config
-    from zero_train.memory.theory import model_shape
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.theory import model_shape
+    from zero_train.runtime.errors import UsageError
 
     try:
         config = model_config(name)

@@ -5,7 +5,7 @@
 - bytes_per_param.png: bytes per parameter against world size. Left: model states, measured points
   per engine beside the paper's curve per stage and DeepSpeed's estimator (stages 2, 3). Right: the
   peak without "other" (what a memory model can predict), measured points beside our peak model's curves
-  (zero_train.memory.peak).
+  (zero_train.memory.model.peak).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import pathlib
 import re
 
-from zero_train.memory import theory
-from zero_train.memory.peak import backend_for, engine_peak
+from zero_train.memory.model import theory
+from zero_train.memory.model.peak import backend_for, engine_peak
 from zero_train.memory.record import CATEGORIES
 from zero_train.report import units
 from zero_train.report.compare import ENGINE_ORDER

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from zero_train.memory import theory
+from zero_train.memory.model import theory
 from zero_train.report.compare import ENGINE_ORDER, PEAK_GOAL
 
 SCHEMA = "zero_train.report_summary/1"

@@ -1,6 +1,6 @@
 """Communication per optimizer step: the measured collectives next to the ZeRO paper's volume.
 
-The CommLedger (zero_train.memory.comm) records the PAYLOAD of every collective a rank issues (an
+The CommLedger (zero_train.comm.ledger) records the PAYLOAD of every collective a rank issues (an
 all-reduce of T bytes counts T; a point-to-point message counts on the sender and on the receiver).
 The paper counts VOLUME (section 7: "a standard all-reduce ... 2 Psi data movement"; ZeRO-3: 3 Psi):
 the elements a rank moves, with the (N-1)/N factor of ring algorithms dropped. To put both in the
@@ -11,12 +11,12 @@ paper's unit, each collective's payload is weighted:
 
 On gloo, torch emulates reduce_scatter inside the backend as an all-reduce plus a copy, which the ledger
 (it sees the Python call) counts as reduce_scatter: the real traffic of that part is about twice as much.
-What a rank really sends is estimated separately (zero_train.memory.comm.wire_from_payload, gloo-aware).
+What a rank really sends is estimated separately (zero_train.comm.ledger.wire_from_payload, gloo-aware).
 """
 
 from __future__ import annotations
 
-from zero_train.memory.comm import paper_volume_bytes, wire_from_payload
+from zero_train.comm.ledger import paper_volume_bytes, wire_from_payload
 
 PAPER_UNIT_WEIGHTS = {
     "all_reduce": 2.0,
@@ -59,7 +59,7 @@ def comm_comparison(record: dict, payload: dict | None) -> dict:
         payload (bytes per collective), volume (paper unit, per collective), measured_volume (their sum),
         paper_volume (bytes), ratio (measured_volume / paper_volume), psi_bytes (Psi x element bytes),
         gloo_emulated_reduce_scatter (bool), sent_bytes (what the rank really sends, estimated from the
-        payload by zero_train.memory.comm.wire_from_payload, gloo's emulation included) and paper_sent_bytes
+        payload by zero_train.comm.ledger.wire_from_payload, gloo's emulation included) and paper_sent_bytes
         (what an ideal ring sends for the paper's volume: (N-1)/N of it).
     """
     psi_bytes = record["num_params"] * element_bytes(record["precision"])

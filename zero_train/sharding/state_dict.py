@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 SHARD_FORMAT = "zero_train.zero1_shard/1"
 

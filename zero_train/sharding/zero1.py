@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 from zero_train.sharding import collectives
 from zero_train.sharding.flat_grads import FlatGradients
 from zero_train.sharding.partition import FlatLayout, balance_report, flat_layout, greedy_owners

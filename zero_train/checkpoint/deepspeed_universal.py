@@ -30,9 +30,9 @@ import warnings
 
 import torch.distributed as dist
 
-from zero_train import checkpoint
-from zero_train.engines.checkpoint_files import refuse_unexpected_pickles
-from zero_train.errors import UsageError
+from zero_train.checkpoint import atomic as checkpoint
+from zero_train.checkpoint.files import refuse_unexpected_pickles
+from zero_train.runtime.errors import UsageError
 
 UNIVERSAL_TAG = "universal"
 # rank 0 converts while the others wait; a big model takes minutes, far beyond the 60 s collective timeout

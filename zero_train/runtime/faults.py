@@ -1,7 +1,7 @@
 """Runtime faults of a multi-rank job, turned into one line that names the dead rank.
 
 When a rank dies (SIGKILL, out of memory, a crash), the others notice in one of three ways: their next gloo
-collective fails ("Connection closed by peer"), a collective times out (zero_train.dist sets the timeout to
+collective fails ("Connection closed by peer"), a collective times out (zero_train.runtime.dist sets the timeout to
 ZT_COLLECTIVE_TIMEOUT_S, 60 s by default, not torch's 30 minutes), or the launcher terminates them
 (DeepSpeed's launcher and torchrun send SIGTERM to the survivors). In each case `describe_fault` says which
 rank died, when it can tell: at start-up every rank learns every peer's host and pid (`record_peers`), so a

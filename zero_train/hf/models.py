@@ -3,7 +3,7 @@
     config = model_config("tiny")                 # a transformers PretrainedConfig
     model = build_model(config)                   # random init, deterministic under torch.manual_seed
     model = load_model("out/export")              # a folder written by save_pretrained
-    tokenizer = load_tokenizer()                  # the offline default BPE tokenizer (see zero_train.offline)
+    tokenizer = load_tokenizer()                  # the offline default BPE tokenizer (see zero_train.hf.offline)
 
 Presets use the offline tokenizer's vocabulary (OFFLINE_VOCAB_SIZE) unless `vocab_size` is given, so a
 preset model and the default tokenizer always agree. Models are built through
@@ -23,8 +23,13 @@ import torch
 import transformers
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from zero_train.errors import UsageError
-from zero_train.offline import DEFAULT_TOKENIZER_NAME, EOS_TOKEN_ID, OFFLINE_VOCAB_SIZE, default_tokenizer_dir
+from zero_train.hf.offline import (
+    DEFAULT_TOKENIZER_NAME,
+    EOS_TOKEN_ID,
+    OFFLINE_VOCAB_SIZE,
+    default_tokenizer_dir,
+)
+from zero_train.runtime.errors import UsageError
 
 # No dropout: like modern pretraining (and Llama), and it keeps engine comparisons and resumed runs
 # independent of RNG streams.

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 MODEL_DIR = "model"
 WEIGHTS_FILE = "model.safetensors"
@@ -56,8 +56,8 @@ def load_rank_file(path, rank: int) -> dict[str, Any]:
 
 
 def safe_load(target: pathlib.Path) -> Any:
-    """torch.load(weights_only=True) on CPU (zero_train.checkpoint.safe_torch_load: code-running pickles refused)."""
-    from zero_train.checkpoint import safe_torch_load
+    """torch.load(weights_only=True) on CPU (zero_train.checkpoint.atomic.safe_torch_load: code-running pickles refused)."""
+    from zero_train.checkpoint.atomic import safe_torch_load
 
     return safe_torch_load(target)
 

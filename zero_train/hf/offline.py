@@ -82,7 +82,7 @@ def _is_utf8(path: pathlib.Path) -> bool:
 
 def default_tokenizer_dir() -> pathlib.Path:
     """The shipped tokenizer folder (tokenizer.json + tokenizer_config.json); AutoTokenizer loads it."""
-    folder = pathlib.Path(__file__).resolve().parent / "assets" / DEFAULT_TOKENIZER_NAME
+    folder = pathlib.Path(__file__).resolve().parents[1] / "assets" / DEFAULT_TOKENIZER_NAME
     assert (folder / "tokenizer.json").is_file(), (
         f"{folder} is missing; the package is incomplete (rebuild with scripts/build_tokenizer.py)"
     )

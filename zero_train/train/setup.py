@@ -4,7 +4,7 @@ Order matters: the flags, the output paths, the checkpoint to resume (its manife
 the tokenizer, the model config, the block size and the batch algebra are checked on every rank from local
 information only (each rank prints the same one line and exits 2); only then is torch.distributed
 initialised and the dataset prepared (rank 0 builds it and sends its error, if any, to every rank:
-zero_train.data.prepare_datasets).
+zero_train.hf.data.prepare_datasets).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pathlib
 from dataclasses import dataclass
 from typing import Any
 
-from zero_train.errors import UsageError
-from zero_train.train_args import TRAIN_DEFAULTS
+from zero_train.runtime.errors import UsageError
+from zero_train.train.args import TRAIN_DEFAULTS
 
 DEFAULT_CONFIG_STAGE = {"deepspeed": 2, "zero1": 1, "torch-zero": 1, "ddp": 0}
 # train_settings argument -> the config keys it fills (only the "auto" ones need a value from us)
@@ -52,7 +52,7 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
     Every output path is checked now (writable, or creatable), not when the run first writes to it: a bad
     --memory-report must not cost the whole training run.
     """
-    from zero_train.outputs import check_output_dir, check_output_file
+    from zero_train.runtime.outputs import check_output_dir, check_output_file
 
     if args.save_every and not args.save_dir:
         raise UsageError("--save-every needs --save-dir (where to write checkpoints)")
@@ -64,7 +64,7 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
         if path:
             check_output_file(path, flag=flag)
     if args.export_hf:
-        from zero_train.export import check_export_dir
+        from zero_train.checkpoint.export import check_export_dir
 
         check_export_dir(args.export_hf)
     if args.local_rank is not None and "LOCAL_RANK" not in os.environ:
@@ -76,14 +76,14 @@ def plan_run(args: argparse.Namespace, *, world_size: int) -> RunPlan:
 
     Args:
         args: parsed scripts/train.py flags.
-        world_size: from the launcher's environment (zero_train.dist.read_env).
+        world_size: from the launcher's environment (zero_train.runtime.dist.read_env).
 
     Returns:
         The RunPlan; UsageError on anything the user can fix.
     """
+    from zero_train.checkpoint.resume import resume_path
     from zero_train.ds_config import load_config, resolve_auto, train_settings
-    from zero_train.hf import check_block_size, load_tokenizer, model_config
-    from zero_train.train_state import resume_path
+    from zero_train.hf.models import check_block_size, load_tokenizer, model_config
 
     check_flag_combinations(args)
     resume_checkpoint = resume_path(args.resume, args.save_dir)  # a damaged checkpoint fails here, early
@@ -155,7 +155,7 @@ def model_builder(args: argparse.Namespace, plan: RunPlan, probe=None):
 
     import torch
 
-    from zero_train.hf import PRESETS, build_model, load_model
+    from zero_train.hf.models import PRESETS, build_model, load_model
 
     def build():
         torch.manual_seed(args.seed)

@@ -1,9 +1,9 @@
 """Checkpoints as the train loop uses them: what goes into client_state, saving, resuming.
 
-A checkpoint is `<save_dir>/step-XXXXXXXX/` (zero_train.checkpoint: staged writes, the manifest, the atomic
+A checkpoint is `<save_dir>/step-XXXXXXXX/` (zero_train.checkpoint.atomic: staged writes, the manifest, the atomic
 move of `latest`, verification on load). The loop adds `run.json` (rank 0) and every rank's client_state:
 the step reached, the micro-batches consumed (the data position is arithmetic, see
-zero_train.data.rank_batches) and this rank's RNG states.
+zero_train.hf.data.rank_batches) and this rank's RNG states.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import random
 
 import torch
 
-from zero_train import checkpoint
-from zero_train.errors import UsageError
+from zero_train.checkpoint import atomic as checkpoint
+from zero_train.runtime.errors import UsageError
 
 RUN_FILE = "run.json"
 

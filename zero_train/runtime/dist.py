@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from zero_train.faults import record_peers
+from zero_train.runtime.faults import record_peers
 
 TIMEOUT_ENV = "ZT_COLLECTIVE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0  # not torch's 30 minutes: a dead rank must be noticed quickly (issue 7)
@@ -27,7 +27,7 @@ def collective_timeout_s() -> float:
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        from zero_train.errors import UsageError
+        from zero_train.runtime.errors import UsageError
 
         raise UsageError(
             f"{TIMEOUT_ENV}={value!r} is not a positive number of seconds; unset it or use e.g. 60"
@@ -122,5 +122,5 @@ def init_distributed(*, timeout_s: float | None = None, force_cpu: bool = False)
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s or collective_timeout_s()),
         )
-        record_peers(world_size)  # lets a survivor name the rank that died (zero_train.faults)
+        record_peers(world_size)  # lets a survivor name the rank that died (zero_train.runtime.faults)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)

@@ -2,7 +2,7 @@
 
 The ZeRO paper (Rajbhandari et al. 2020, arXiv:1910.02054, sections 3.1 and 5.1) counts model states,
 what a rank keeps between steps. A run fails at its PEAK: model states plus what lives only for part of
-a step. For each engine of the profile matrix the phases hold (zero_train.memory.peak_engines, each term
+a step. For each engine of the profile matrix the phases hold (zero_train.memory.model.peak_engines, each term
 from the code that allocates it and the bytes it was measured to add):
 
     forward         states at rest + activations + the logits (and their fp32 copy for the loss)
@@ -28,8 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zero_train.memory.peak_engines import ddp_phases, deepspeed_boundary, deepspeed_phases, zero1_phases
-from zero_train.memory.peak_terms import (
+from zero_train.memory.model.peak_engines import (
+    ddp_phases,
+    deepspeed_boundary,
+    deepspeed_phases,
+    zero1_phases,
+)
+from zero_train.memory.model.peak_terms import (
     DeepSpeedSettings,
     Run,
     Share,
@@ -37,7 +42,7 @@ from zero_train.memory.peak_terms import (
     flat_partitions,
     whole_tensor_shares,
 )
-from zero_train.memory.theory import ENGINE_STAGES, ModelShape
+from zero_train.memory.model.theory import ENGINE_STAGES, ModelShape
 
 PHASES = ("forward", "backward_start", "backward_end", "step")
 MEASURED_PHASE = {

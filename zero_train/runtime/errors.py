@@ -37,10 +37,10 @@ def fail(message: str) -> NoReturn:
 def run_cli(entry: Callable[[], int | None]) -> NoReturn:
     """Run `entry`: UsageError -> one line + exit 2; a runtime fault -> one line + exit 1.
 
-    Runtime faults are zero_train.numerics.NonFiniteError and distributed failures (a dead or hung peer
-    rank, see zero_train.faults); anything else is a bug and keeps its traceback.
+    Runtime faults are zero_train.train.numerics.NonFiniteError and distributed failures (a dead or hung peer
+    rank, see zero_train.runtime.faults); anything else is a bug and keeps its traceback.
     """
-    from zero_train.faults import describe_fault, is_distributed_fault
+    from zero_train.runtime.faults import describe_fault, is_distributed_fault
 
     try:
         code = entry()

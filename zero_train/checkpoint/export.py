@@ -26,9 +26,9 @@ import uuid
 
 import torch
 
-from zero_train import checkpoint
-from zero_train.errors import UsageError
-from zero_train.train_state import RUN_FILE, read_run_info
+from zero_train.checkpoint import atomic as checkpoint
+from zero_train.checkpoint.resume import RUN_FILE, read_run_info
+from zero_train.runtime.errors import UsageError
 
 WEIGHTS_NAME = "model.safetensors"
 MODEL_DIR = "model"
@@ -41,7 +41,7 @@ def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
     Returns:
         out_dir as a Path.
     """
-    from zero_train.outputs import check_output_dir
+    from zero_train.runtime.outputs import check_output_dir
 
     out = pathlib.Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
@@ -83,7 +83,7 @@ def export_model(
     """
     out = check_export_dir(out_dir, force=force)
     if isinstance(tokenizer, (str, type(None))):
-        from zero_train.hf import load_tokenizer
+        from zero_train.hf.models import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
     weights = _unique_tensors(_state_dict_of(model_or_state_dict), dtype=dtype)
@@ -277,7 +277,7 @@ def deepspeed_state_dict(ds_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     """
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from zero_train.engines.checkpoint_files import refuse_unexpected_pickles
+    from zero_train.checkpoint.files import refuse_unexpected_pickles
 
     tag = _deepspeed_tag(ds_dir)
     refuse_unexpected_pickles(ds_dir / tag)

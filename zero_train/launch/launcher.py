@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 
 def check_launcher(name: str) -> None:
@@ -34,8 +34,8 @@ def model_meta(model: str, block_size: int) -> dict:
     Raises:
         UsageError: an unknown model, or a block size above its context (before any cell runs).
     """
-    from zero_train.hf import check_block_size, model_config
-    from zero_train.memory.theory import model_shape
+    from zero_train.hf.models import check_block_size, model_config
+    from zero_train.memory.model.theory import model_shape
 
     config = model_config(model)
     check_block_size(config, block_size)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 LATEST_FILE = "latest"
 MANIFEST_FILE = "manifest.json"

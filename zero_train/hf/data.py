@@ -23,8 +23,8 @@ from collections.abc import Iterator
 import datasets
 import torch
 
-from zero_train.errors import UsageError
-from zero_train.offline import DEFAULT_CORPUS_BYTES, DEFAULT_DATASET_NAME, stdlib_files
+from zero_train.hf.offline import DEFAULT_CORPUS_BYTES, DEFAULT_DATASET_NAME, stdlib_files
+from zero_train.runtime.errors import UsageError
 
 TEXT_COLUMN = "text"
 # file suffix -> datasets' packaged builder
@@ -36,7 +36,7 @@ def load_text_dataset(spec: str | None = None, *, seed: int = 0, eval_fraction: 
     """Load a text corpus with a held-out split.
 
     Args:
-        spec: None or "stdlib" (the offline default, see zero_train.offline); a local file or folder of
+        spec: None or "stdlib" (the offline default, see zero_train.hf.offline); a local file or folder of
             .txt (one document per paragraph, i.e. blank-line separated), .json/.jsonl/.csv/.parquet (a
             "text" column); or a hub id, optionally `id:config` (needs network or the local HF cache).
         seed: the held-out split is a seeded shuffle, identical on every rank and every run.

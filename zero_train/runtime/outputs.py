@@ -14,7 +14,7 @@ import os
 import pathlib
 import tempfile
 
-from zero_train.errors import UsageError
+from zero_train.runtime.errors import UsageError
 
 
 def check_output_dir(path, *, flag: str) -> pathlib.Path:

@@ -11,7 +11,7 @@ Three answers to "how many bytes does one rank need at ZeRO stage s on N ranks":
     `estimate_zero{2,3}_model_states_mem_needs`, the functions their `*_all_live` / `*_all_cold`
     printers call). They assume mixed precision, count 18 bytes/param for the sharded part (fp32
     gradients too) and ZeRO-3's largest layer gathered; DeepSpeed has NO ZeRO-1 (or stage-0) estimator.
-(c) ours (zero_train.memory.peak): the PEAK per rank, phase by phase (forward, backward, optimizer
+(c) ours (zero_train.memory.model.peak): the PEAK per rank, phase by phase (forward, backward, optimizer
     step), from what each engine's code allocates: model states as the engines really hold them, plus
     what (a) and (b) ignore: communication buckets, activations (`activation_bytes`, below), gradients
     before they are reduced, fp32 gradient copies, optimizer temporaries, ZeRO-3's gathered parameters.
@@ -165,7 +165,7 @@ def model_shape(config) -> ModelShape:
     """The shape of a Hugging Face model config, counting parameters on the meta device (no memory).
 
     Args:
-        config: a transformers.PretrainedConfig (e.g. zero_train.hf.model_config("tiny")).
+        config: a transformers.PretrainedConfig (e.g. zero_train.hf.models.model_config("tiny")).
     """
     import torch
     from transformers import AutoModelForCausalLM

@@ -3,7 +3,7 @@
     summary = run_training(parse_args(argv))    # {"final_loss", "steps", "tokens_per_s", ...}
 
 One optimizer step = settings.grad_accum micro-batches through engine.forward_backward, then engine.step().
-Each rank reads its own rows of a seeded, per-epoch shuffle (zero_train.data.rank_batches), so the data
+Each rank reads its own rows of a seeded, per-epoch shuffle (zero_train.hf.data.rank_batches), so the data
 position is just the number of micro-steps consumed; a checkpoint stores it with every rank's RNG state,
 and a resumed fp32 run repeats the uninterrupted run's losses exactly.
 """
@@ -20,9 +20,10 @@ import time
 
 import torch.distributed as dist
 
-from zero_train.errors import UsageError
-from zero_train.log import get_logger
-from zero_train.metrics import (
+from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng, save_checkpoint
+from zero_train.runtime.errors import UsageError
+from zero_train.train.log import get_logger
+from zero_train.train.metrics import (
     MetricsWriter,
     format_eval_line,
     format_step_line,
@@ -30,21 +31,20 @@ from zero_train.metrics import (
     perplexity,
     progress_bar,
 )
-from zero_train.numerics import NonFiniteGuard
-from zero_train.train_setup import RunPlan, model_builder, num_params, plan_run
-from zero_train.train_state import capture_rng, read_run_info, restore_rng, save_checkpoint
+from zero_train.train.numerics import NonFiniteGuard
+from zero_train.train.setup import RunPlan, model_builder, num_params, plan_run
 
 
 def run_training(args: argparse.Namespace) -> dict:
     """Train as the flags say; returns a summary (on every rank).
 
     Args:
-        args: from zero_train.train_args.parse_args.
+        args: from zero_train.train.args.parse_args.
 
     Returns:
         dict with final_loss, eval_loss, perplexity, steps, start_step, tokens_per_s, checkpoint, export.
     """
-    from zero_train.dist import init_distributed, read_env
+    from zero_train.runtime.dist import init_distributed, read_env
 
     _, world_size, _ = read_env()
     plan = plan_run(args, world_size=world_size)  # every UsageError so far: before any collective
@@ -67,7 +67,7 @@ class Trainer:
     """One run: data, engine, loop, evaluation, checkpoints, export and memory report."""
 
     def __init__(self, args: argparse.Namespace, plan: RunPlan, dist_info) -> None:
-        from zero_train.data import prepare_datasets, steps_per_epoch
+        from zero_train.hf.data import prepare_datasets, steps_per_epoch
 
         self.args, self.plan, self.dist_info, self.settings = args, plan, dist_info, plan.settings
         self.log = get_logger(dist_info.rank)
@@ -145,7 +145,7 @@ class Trainer:
         return self._finish(start_step)
 
     def _batches(self, micro_steps: int):
-        from zero_train.data import rank_batches
+        from zero_train.hf.data import rank_batches
 
         return rank_batches(
             self.data["train"],
@@ -204,7 +204,7 @@ class Trainer:
             self._save(step)
 
     def _evaluate(self, step: int, writer: MetricsWriter | None = None) -> None:
-        from zero_train.train_eval import evaluate
+        from zero_train.train.eval import evaluate
 
         eval_loss = evaluate(
             self.engine,
@@ -307,7 +307,7 @@ class Trainer:
             return None
         state_dict = self.engine.full_state_dict()  # collective
         if self.dist_info.is_main:
-            from zero_train.export import export_model
+            from zero_train.checkpoint.export import export_model
 
             export_model(state_dict, self.engine.model.config, self.plan.tokenizer, self.args.export_hf)
             self.log.info(f"exported Hugging Face model to {self.args.export_hf}")

@@ -25,7 +25,7 @@ def load_sharded_optimizer(path, *, rank: int, world_size: int) -> tuple[dict[st
         continues from (its own at the same world size, else rank `rank % saved_world_size`'s);
         optimizer_state is its own shard, or the consolidated state of all saved shards.
     """
-    from zero_train.engines.checkpoint_files import load_rank_file  # lazily: engines import this module
+    from zero_train.checkpoint.files import load_rank_file  # lazily: engines import this module
     from zero_train.sharding import consolidate_shards
 
     first = load_rank_file(path, 0)

@@ -1,14 +1,14 @@
-"""Per engine, the bytes one rank holds at the highest point of each phase (zero_train.memory.peak).
+"""Per engine, the bytes one rank holds at the highest point of each phase (zero_train.memory.model.peak).
 
-Every function returns {phase: {term: bytes}} for the phases of zero_train.memory.peak.PHASES. Terms named
+Every function returns {phase: {term: bytes}} for the phases of zero_train.memory.model.peak.PHASES. Terms named
 like the probe's categories (params, grads, master_params, optimizer_states, comm_buffers) are model
-states; the others are transients (zero_train.memory.peak_terms). States "at rest" are what the engine
+states; the others are transients (zero_train.memory.model.peak_terms). States "at rest" are what the engine
 keeps between steps, i.e. during the next forward.
 """
 
 from __future__ import annotations
 
-from zero_train.memory.peak_terms import (
+from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
     FP64_BYTES,
     Partition,

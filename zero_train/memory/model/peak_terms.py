@@ -1,4 +1,4 @@
-"""The pieces of our peak model (zero_train.memory.peak): a run's settings and the transient terms.
+"""The pieces of our peak model (zero_train.memory.model.peak): a run's settings and the transient terms.
 
 Each term is what a line of code allocates, with the bytes it was measured to add here (torch 2.13 CPU,
 DeepSpeed 0.19.8, gpt2-25m: 24,833,280 params, tied 8,192 x 384 embedding, micro-batch 2 x block 64),
@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from zero_train.memory.theory import DEFAULT_REDUCE_BUCKET_SIZE, ModelShape, activation_bytes
+from zero_train.memory.model.theory import DEFAULT_REDUCE_BUCKET_SIZE, ModelShape, activation_bytes
 
 ADAMW_TEMPORARY_BYTES = 8
 """torch.optim.AdamW's single-tensor step (foreach=False, what our engines and DeepSpeed's torch_adam run)

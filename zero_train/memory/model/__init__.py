@@ -1,0 +1,6 @@
+"""Memory predicted before a run (see README.md in this folder for what the model was derived from).
+
+- ``theory``: model shapes and the ZeRO paper's and DeepSpeed's formulas.
+- ``peak``: our per-phase peak model (end of forward, start/end of backward, optimizer step; peak = max).
+- ``peak_terms`` / ``peak_engines``: its terms, and which engine holds which term in which phase.
+"""
