@@ -1,6 +1,6 @@
 """Checkpoints that never lie: staged writes, a checksum manifest, an atomic `latest`, safe loading.
 
-Layout (notes/CONTRACTS.md): `<save_dir>/step-XXXXXXXX/` holds every rank's files plus `manifest.json`
+Layout: `<save_dir>/step-XXXXXXXX/` holds every rank's files plus `manifest.json`
 (bytes and sha256 of every file), and `<save_dir>/latest` names the newest complete checkpoint.
 
 A save is three steps, so that a crash at any moment leaves the previous checkpoint and `latest` intact:
@@ -11,15 +11,13 @@ A save is three steps, so that a crash at any moment leaves the previous checkpo
 
 A crash before commit leaves only a `*.tmp-*` folder, which resolve() never returns and the next begin()
 deletes. `latest` is rewritten through a temporary file + os.replace + fsync, after the rename, so it
-always names a folder that has its manifest. Loading verifies the manifest (a truncated or bit-flipped file
+always names a folder that has its manifest (zero_train.checkpoint.manifest). Loading verifies the manifest (a truncated or bit-flipped file
 is a UsageError naming it) and reads torch files with weights_only=True (a pickle that would run code is
 refused).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pathlib
 import pickle
@@ -31,11 +29,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zero_train.checkpoint.manifest import (
+    MANIFEST_FILE,
+    first_line,
+    fsync_dir,
+    verify,
+    write_durably,
+    write_manifest,
+)
 from zero_train.runtime.errors import UsageError
 
 LATEST_FILE = "latest"
-MANIFEST_FILE = "manifest.json"
-MANIFEST_SCHEMA = "zero_train.checkpoint_manifest/1"
 STAGING_MARK = ".tmp"  # step-00000040.tmp-<id> (and the loop's older step-00000040.tmp)
 CHECKPOINT_MARKERS = ("run.json", "model", "optim", "deepspeed")  # what a checkpoint folder contains
 
@@ -142,36 +146,6 @@ def resolve(path_or_save_dir) -> pathlib.Path:
     return path
 
 
-def verify(ckpt_dir) -> None:
-    """Check every file listed in the manifest: present, the recorded size, the recorded sha256.
-
-    Args:
-        ckpt_dir: a checkpoint folder with manifest.json.
-
-    Raises:
-        UsageError: naming the first missing, truncated or corrupt file (or an unreadable manifest).
-    """
-    ckpt = pathlib.Path(ckpt_dir)
-    files = _read_manifest(ckpt)
-    for relpath, record in sorted(files.items()):
-        target = ckpt / relpath
-        if not target.is_file():
-            raise UsageError(
-                f"checkpoint file {target} is missing (listed in {MANIFEST_FILE}); the checkpoint is damaged"
-            )
-        size = target.stat().st_size
-        if size != record["bytes"]:
-            raise UsageError(
-                f"checkpoint file {target} has {size} bytes, {MANIFEST_FILE} says {record['bytes']} "
-                "(truncated or overwritten); resume from an earlier checkpoint"
-            )
-        if _sha256(target) != record["sha256"]:
-            raise UsageError(
-                f"checkpoint file {target} is corrupt (sha256 differs from {MANIFEST_FILE}); resume from an "
-                "earlier checkpoint"
-            )
-
-
 def safe_torch_load(path) -> Any:
     """torch.load with weights_only=True onto the CPU; a file that needs arbitrary code is refused.
 
@@ -191,7 +165,7 @@ def safe_torch_load(path) -> Any:
         return torch.load(target, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as err:
         if "weights_only" not in str(err).lower() and "weights only" not in str(err).lower():
-            raise UsageError(f"cannot read checkpoint file {target}: corrupt ({_first_line(err)})") from err
+            raise UsageError(f"cannot read checkpoint file {target}: corrupt ({first_line(err)})") from err
         raise UsageError(
             f"refusing to load {target}: it is a pickle that references {_unsafe_globals(target)}, "
             "which could run arbitrary code; only tensors and plain containers are loaded (re-save it "
@@ -199,7 +173,7 @@ def safe_torch_load(path) -> Any:
         ) from err
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as err:
         raise UsageError(
-            f"cannot read checkpoint file {target}: truncated or corrupt ({_first_line(err)})"
+            f"cannot read checkpoint file {target}: truncated or corrupt ({first_line(err)})"
         ) from err
 
 
@@ -243,61 +217,22 @@ def _publish(save_dir: pathlib.Path, staging: pathlib.Path) -> str:
     final = save_dir / staging.name.split(STAGING_MARK)[0]
     try:
         write_manifest(staging)
-        _fsync_dir(staging)
+        fsync_dir(staging)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it
             shutil.rmtree(final)
         os.replace(staging, final)
-        _fsync_dir(save_dir)
+        fsync_dir(save_dir)
         _write_latest(save_dir, final.name)
     except OSError as err:
         raise UsageError(f"cannot finish checkpoint {final}: {err.strerror or err}") from err
     return final.name
 
 
-def write_manifest(folder) -> None:
-    """Write `<folder>/manifest.json`: bytes and sha256 of every file below `folder` (each fsynced first).
-
-    Args:
-        folder: a finished staging folder; nothing may write into it afterwards.
-    """
-    folder = pathlib.Path(folder)
-    files = {}
-    for target in sorted(p for p in folder.rglob("*") if p.is_file()):
-        _fsync_file(target)
-        relpath = target.relative_to(folder).as_posix()
-        files[relpath] = {"bytes": target.stat().st_size, "sha256": _sha256(target)}
-    manifest = {"schema": MANIFEST_SCHEMA, "files": files}
-    _write_durably(folder / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
-
-
 def _write_latest(save_dir: pathlib.Path, name: str) -> None:
     temporary = save_dir / f"{LATEST_FILE}{STAGING_MARK}-{uuid.uuid4().hex[:12]}"
-    _write_durably(temporary, name + "\n")
+    write_durably(temporary, name + "\n")
     os.replace(temporary, save_dir / LATEST_FILE)
-    _fsync_dir(save_dir)
-
-
-def _write_durably(target: pathlib.Path, text: str) -> None:
-    with target.open("w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_file(target: pathlib.Path) -> None:
-    fd = os.open(target, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: pathlib.Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(save_dir)
 
 
 def _follow_latest(save_dir: pathlib.Path) -> pathlib.Path:
@@ -339,46 +274,12 @@ def _looks_like_checkpoint(path: pathlib.Path) -> bool:
     return any((path / marker).exists() for marker in CHECKPOINT_MARKERS)
 
 
-def _read_manifest(ckpt: pathlib.Path) -> dict[str, dict]:
-    target = ckpt / MANIFEST_FILE
-    if not target.is_file():
-        raise UsageError(f"checkpoint {ckpt} has no {MANIFEST_FILE} (an unfinished or foreign save)")
-    try:
-        files = json.loads(target.read_text())["files"]
-        valid = isinstance(files, dict) and all(
-            isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("sha256"), str)
-            for r in files.values()
-        )
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
-        raise UsageError(
-            f"checkpoint manifest {target} is corrupt ({_first_line(err)}); resume from an earlier checkpoint"
-        ) from err
-    if not valid or any(".." in pathlib.PurePosixPath(p).parts or p.startswith("/") for p in files):
-        raise UsageError(
-            f"checkpoint manifest {target} is corrupt (bad file records); resume from an earlier checkpoint"
-        )
-    return files
-
-
-def _sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _unsafe_globals(target: pathlib.Path) -> str:
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(target)
     except Exception:  # noqa: BLE001 - only used to word the refusal; the refusal stands either way
         names = []
     return ", ".join(names[:5]) if names else "non-tensor Python objects"
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
 
 
 def _attempt(action) -> tuple[str, str]:

@@ -31,6 +31,7 @@ import warnings
 import torch.distributed as dist
 
 from zero_train.checkpoint import atomic as checkpoint
+from zero_train.checkpoint import manifest
 from zero_train.checkpoint.files import refuse_unexpected_pickles
 from zero_train.runtime.errors import UsageError
 
@@ -115,15 +116,15 @@ def ensure_universal(ds_root: pathlib.Path, *, source_tag: str, dist_info) -> pa
 
 def _convert_or_verify(ds_root: pathlib.Path, source_tag: str) -> None:
     target = ds_root / UNIVERSAL_TAG
-    if (target / checkpoint.MANIFEST_FILE).is_file():
-        checkpoint.verify(target)  # converted by an earlier resume: reuse it if intact
+    if (target / manifest.MANIFEST_FILE).is_file():
+        manifest.verify(target)  # converted by an earlier resume: reuse it if intact
         return
     source = ds_root / source_tag
     refuse_unexpected_pickles(source)  # ds_to_universal unpickles every file with weights_only=False
     staging = ds_root / f"{UNIVERSAL_TAG}{checkpoint.STAGING_MARK}-{uuid.uuid4().hex[:12]}"
     try:
         _run_ds_to_universal(source, staging)
-        checkpoint.write_manifest(staging)
+        manifest.write_manifest(staging)
         if target.exists():  # a hand-made or half-deleted folder without manifest: replace it
             shutil.rmtree(target)
         os.replace(staging, target)

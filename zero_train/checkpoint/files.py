@@ -1,4 +1,4 @@
-"""The files an engine writes inside a checkpoint's staging dir (layout in notes/CONTRACTS.md).
+"""The files an engine writes inside a checkpoint's staging dir.
 
     model/config.json          the HF config (rank 0)
     model/model.safetensors    full weights, tied tensors once (rank 0; ddp, zero1, torch-zero)
@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from zero_train.checkpoint.atomic import safe_torch_load
 from zero_train.runtime.errors import UsageError
 
 MODEL_DIR = "model"
@@ -57,8 +58,6 @@ def load_rank_file(path, rank: int) -> dict[str, Any]:
 
 def safe_load(target: pathlib.Path) -> Any:
     """torch.load(weights_only=True) on CPU (zero_train.checkpoint.atomic.safe_torch_load: code-running pickles refused)."""
-    from zero_train.checkpoint.atomic import safe_torch_load
-
     return safe_torch_load(target)
 
 
