@@ -70,17 +70,19 @@ class Zero1Engine(LocalEngine):
         return float(grad_norm), skipped
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The model's weights on rank 0 (fp32: exact; bf16/fp16: the fp32 masters, gathered)."""
+        """The model's weights on rank 0, in CPU memory (fp32: exact; bf16/fp16: the fp32 masters, gathered)."""
         masters = self._gathered_masters()
         if not self.dist_info.is_main:
             return None
         return unique_state_dict(self.model, masters)
 
     def _gathered_masters(self) -> dict[int, torch.Tensor] | None:
-        """id(param) -> full fp32 master (collective), when the model is not itself fp32."""
+        """id(param) -> full fp32 master on rank 0 (collective, one tensor at a time), when the model is not fp32."""
         if self.settings.precision == "fp32":
             return None
-        full = self.optimizer.full_master_params()  # collective; list in parameter order
+        full = self.optimizer.gathered_master_params(to=0)  # rank 0: CPU tensors in parameter order
+        if full is None:
+            return None
         return {id(p): m for p, m in zip(self.model.parameters(), full, strict=True)}
 
     def save_checkpoint(self, path, *, client_state: dict) -> None:

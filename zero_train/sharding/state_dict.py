@@ -9,7 +9,6 @@ consolidated dict loads at any world size: each rank takes the parameters it own
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from zero_train.runtime.errors import UsageError
 
@@ -69,11 +68,11 @@ def consolidate_shards(shards: list[dict]) -> dict:
 
 
 def gather_shards(shard: dict, *, to: int, process_group=None) -> list[dict] | None:
-    """Every rank's shard on group rank `to` (None on the others). Collective (gather_object)."""
-    if process_group is None and not dist.is_initialized():
-        return [shard]
-    rank, world_size = dist.get_rank(process_group), dist.get_world_size(process_group)
-    gathered = [None] * world_size if rank == to else None
-    dst = dist.get_global_rank(process_group, to) if process_group is not None else to
-    dist.gather_object(shard, gathered, dst=dst, group=process_group)
-    return gathered
+    """Every rank's shard on group rank `to`, its tensors in CPU memory (None on the others).
+
+    Collective. One tensor travels at a time (zero_train.sharding.gather): no rank holds other ranks'
+    shards except `to`, and no rank unpickles another rank's device tensors.
+    """
+    from zero_train.sharding.gather import gather_objects_to
+
+    return gather_objects_to(shard, to=to, process_group=process_group)

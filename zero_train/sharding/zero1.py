@@ -34,6 +34,7 @@ import torch
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import collectives
 from zero_train.sharding.flat_grads import FlatGradients
+from zero_train.sharding.gather import cpu_copy, gather_tensor
 from zero_train.sharding.partition import FlatLayout, balance_report, flat_layout, greedy_owners
 from zero_train.sharding.state_dict import SHARD_FORMAT, check_groups_match, owned_states
 
@@ -405,10 +406,40 @@ class Zero1Optimizer(torch.optim.Optimizer):
         shards = gather_shards(self.state_dict(), to=to, process_group=self.process_group)
         return None if shards is None else consolidate_shards(shards)
 
-    def full_master_params(self) -> list[torch.Tensor]:
-        """The full master weight of every parameter, in param_groups order (collective: an all-gather).
+    def gathered_master_params(self, to: int = 0) -> list[torch.Tensor] | None:
+        """The full master weight of every parameter on rank `to`, in CPU memory, in param_groups order.
 
-        Without master copies (fp32 model) these are the parameters themselves (detached, shared).
+        Collective, one tensor at a time from its owner (zero_train.sharding.gather): the other ranks
+        never hold more than one extra tensor, unlike `full_master_params`. None on the other ranks.
+        Without master copies (fp32 model) rank `to` copies its own parameters; nothing travels.
+        """
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        if not self.has_master_copies:
+            return [cpu_copy(p) for p in all_params] if self.rank == to else None
+        owned = {id(p): m for p, m in zip(self._owned_params, self._masters, strict=True)}
+        owner = dict(zip(map(id, self._params), self._owners, strict=True))
+        gathered = []
+        for param in all_params:
+            if id(param) not in owner:  # frozen: every rank has it, in the model's dtype
+                gathered.append(cpu_copy(param).to(self.master_dtype) if self.rank == to else None)
+                continue
+            gathered.append(
+                gather_tensor(
+                    owned.get(id(param)),
+                    owner=owner[id(param)],
+                    to=to,
+                    shape=param.shape,
+                    dtype=self.master_dtype,
+                    process_group=self.process_group,
+                )
+            )
+        return gathered if self.rank == to else None
+
+    def full_master_params(self) -> list[torch.Tensor]:
+        """The full master weight of every parameter on EVERY rank, in param_groups order (an all-gather).
+
+        Costs every rank the whole fp32 model (4 Psi bytes); to write or export, use
+        `gathered_master_params`. Without master copies (fp32 model) these are the parameters themselves.
         """
         all_params = [p for g in self.param_groups for p in g["params"]]
         if not self.has_master_copies:
