@@ -2,5 +2,7 @@
 
 - ``theory``: model shapes and the ZeRO paper's and DeepSpeed's formulas.
 - ``peak``: our per-phase peak model (end of forward, start/end of backward, optimizer step; peak = max).
+- ``activations``: what one micro-batch's forward and backward hold, counted on the real architecture built on
+  fake tensors (no memory), with or without activation checkpointing.
 - ``peak_terms`` / ``peak_engines``: its terms, and which engine holds which term in which phase.
 """

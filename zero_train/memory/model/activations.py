@@ -1,0 +1,402 @@
+"""Activations counted from the real architecture: one forward and backward on fake tensors, no memory used.
+
+The model is built at its real size inside torch's FakeTensorMode (every tensor has a shape, a dtype and a
+storage size, but no data, and no kernel runs), then one micro-batch goes forward and backward exactly as
+the engines run it (`model(input_ids=ids, labels=ids).loss`, then `.backward()`). Two instruments watch:
+
+- saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks): every tensor autograd saves for
+  backward, each storage counted once (identity: the storage's StorageImpl, `StorageWeakRef.cdata`, which
+  views, fake tensors and real tensors all share), parameters and buffers left out. This is the probe's
+  "activations" category (zero_train.memory.probe), computed before the run instead of during it.
+- a TorchDispatchMode that sees every storage an op creates and polls, before each op, which of them died
+  (`StorageWeakRef.expired`): the live bytes after every op, so the forward's and the backward's highest
+  points, with the parameters' gradients set apart (they are model states, which the peak model counts
+  per engine).
+
+With activation checkpointing (HF `activation_checkpointing_enable`, non-reentrant torch.utils.checkpoint)
+autograd saves each block's inputs (checkpoint's `_NoopSaveInputs`, seen by the hooks) and what lies outside
+the blocks; in backward each block is run again and its activations live until its backward ends: the
+backward peak is measured the same way, and `recompute_bytes` names one block's share.
+
+The same function counts a real model on CPU (tests compare the fake count with the real one byte for byte).
+What neither instrument sees: scratch memory a kernel allocates and frees inside one op (e.g. a CPU
+attention kernel's workspace), and allocator rounding; those stay in the measured "other".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+@dataclass(frozen=True)
+class ActivationCount:
+    """What one micro-batch's forward and backward hold beside the model states, in bytes (one rank)."""
+
+    saved_bytes: int
+    """Bytes autograd holds at the end of forward (each storage once; parameters and buffers left out).
+    With checkpointing: the blocks' inputs and what is saved outside the blocks (embeddings, final norm,
+    LM head, loss)."""
+    loss_bytes: int
+    """Logits and loss temporaries above `saved_bytes` at the forward's highest point in the loss (from the
+    LM head's output on): the logits in the model dtype, their fp32 copy for the loss."""
+    recompute_bytes: int
+    """With checkpointing: what the largest block saves when it is run again in backward, beside its input
+    (which is already held); 0 without."""
+    forward_peak_bytes: int = 0
+    """The most bytes alive at once during the forward (loss included), parameters and buffers excluded."""
+    backward_peak_bytes: int = 0
+    """The most bytes alive at once during the backward, parameters' gradients excluded (they are model
+    states); activations not yet freed, activation gradients, recomputed blocks, op outputs."""
+    block_saved_bytes: int = 0
+    """What the largest block saves in a forward without checkpointing (its input included)."""
+    block_input_bytes: int = 0
+    """One block's hidden-state input (micro-batch x block x hidden x dtype bytes)."""
+    num_blocks: int = 0
+    """Transformer blocks found (the modules activation checkpointing wraps)."""
+    tokens: int = 0
+    """micro_batch_size x block_size."""
+    gradient_checkpointing: bool = False
+    """Counted with activation checkpointing on."""
+
+    def as_dict(self) -> dict:
+        """JSON-ready fields."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def count_activations(
+    config,
+    *,
+    micro_batch_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    gradient_checkpointing: bool = False,
+) -> ActivationCount:
+    """Count one micro-batch's activations of `config`'s model at its real size, on fake tensors.
+
+    Seconds even for 8B parameters at 8k tokens; results are cached per (config, settings).
+
+    Args:
+        config: a transformers PretrainedConfig of a causal LM (AutoModelForCausalLM builds it).
+        micro_batch_size: samples per micro-batch.
+        block_size: tokens per sample.
+        dtype: the model's parameter dtype (torch.float32, torch.bfloat16, torch.float16).
+        gradient_checkpointing: count with non-reentrant activation checkpointing on every block.
+
+    Returns:
+        The ActivationCount.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    key = (config.to_json_string(), micro_batch_size, block_size, dtype, gradient_checkpointing)
+    if key not in _CACHE:
+        with FakeTensorMode():
+            model = build_for_counting(config, dtype=dtype)
+            _CACHE[key] = count_model_activations(
+                model, micro_batch_size=micro_batch_size, block_size=block_size,
+                gradient_checkpointing=gradient_checkpointing,
+            )  # fmt: skip
+    return _CACHE[key]
+
+
+_CACHE: dict[tuple, ActivationCount] = {}
+"""Counts already made in this process (the estimate asks once per stage)."""
+
+
+def build_for_counting(config, *, dtype: torch.dtype):
+    """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode."""
+    from transformers import AutoModelForCausalLM
+
+    with _quiet():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.config.use_cache = False
+    return model.train()
+
+
+def count_model_activations(
+    model, *, micro_batch_size: int, block_size: int, gradient_checkpointing: bool = False
+) -> ActivationCount:
+    """Count the activations of `model` (real or fake) over one forward and backward of random tokens.
+
+    The model's parameters get gradients and lose them again at once (post-accumulate hooks), so a real model
+    ends as it began; with `gradient_checkpointing` it is turned on for the count and off afterwards.
+
+    Args:
+        model: a transformers causal LM in train mode.
+        micro_batch_size, block_size: the batch shape.
+        gradient_checkpointing: count with non-reentrant activation checkpointing.
+
+    Returns:
+        The ActivationCount.
+    """
+    vocab = model.get_input_embeddings().weight.shape[0]
+    device = model.get_input_embeddings().weight.device
+    ids = torch.randint(0, vocab, (micro_batch_size, block_size), device=device)
+    blocks = _blocks(model)
+    block_saved, block_input = _block_saved_bytes(model, blocks, ids) if gradient_checkpointing else (0, 0)
+    with _checkpointing(model, gradient_checkpointing), _unpacked_positions():
+        counter = _Counter(model, blocks)
+        counter.run(ids)
+    if not gradient_checkpointing:
+        block_saved, block_input = counter.largest_block()
+    return ActivationCount(
+        saved_bytes=counter.saved_bytes,
+        loss_bytes=counter.loss_peak - counter.saved_bytes,
+        recompute_bytes=block_saved - block_input if gradient_checkpointing else 0,
+        forward_peak_bytes=counter.forward_peak,
+        backward_peak_bytes=counter.backward_peak,
+        block_saved_bytes=block_saved,
+        block_input_bytes=block_input,
+        num_blocks=len(blocks),
+        tokens=micro_batch_size * block_size,
+        gradient_checkpointing=gradient_checkpointing,
+    )
+
+
+def _block_saved_bytes(model, blocks: list, ids: torch.Tensor) -> tuple[int, int]:
+    """A forward without checkpointing (no backward): the largest block's saved bytes and its input's."""
+    counter = _Counter(model, blocks)
+    with counter.saved_hooks(), _unpacked_positions():
+        model(input_ids=ids, labels=ids).loss  # noqa: B018  (the graph is dropped: no backward needed)
+    return counter.largest_block()
+
+
+def _blocks(model) -> list[torch.nn.Module]:
+    """The transformer blocks: the modules HF checkpoints (GradientCheckpointingLayer), else the longest
+    ModuleList."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+@contextlib.contextmanager
+def _checkpointing(model, enabled: bool):
+    if not enabled:
+        yield
+        return
+    kwargs = {"use_reentrant": False}
+    with _quiet():
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    try:
+        yield
+    finally:
+        with _quiet():
+            model.gradient_checkpointing_disable()
+
+
+@contextlib.contextmanager
+def _unpacked_positions():
+    """Take the branch a real run takes for sequences that are not packed (default position ids).
+
+    transformers' masking_utils.find_packed_sequence_indices reads the position ids' values to tell packed
+    sequences apart, and on fake tensors (which have none) assumes they may be packed, then builds a full
+    b x 1 x T x T float attention mask that the real run never builds. The engines pass no position ids, so
+    the real answer is "not packed" (None): the fake run is told so.
+    """
+    from transformers import masking_utils
+
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+@contextlib.contextmanager
+def _quiet():
+    """transformers' deprecation and "use_cache is incompatible" notices are not for the estimate's user."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
+    """(identity, bytes) of a tensor's storage: views share it, fake tensors have one too."""
+    storage = tensor.untyped_storage()
+    return StorageWeakRef(storage).cdata, storage.nbytes()
+
+
+@dataclass
+class _Counter:
+    """Runs one forward and backward of a model and watches what it saves and what is alive."""
+
+    model: torch.nn.Module
+    blocks: list
+    saved: dict[int, int] = field(default_factory=dict)
+    saved_by_block: dict[int, int] = field(default_factory=dict)
+    input_by_block: dict[int, int] = field(default_factory=dict)
+    current_block: int | None = None
+    forward_peak: int = 0
+    loss_peak: int = 0
+    backward_peak: int = 0
+
+    def __post_init__(self) -> None:
+        state = [*self.model.parameters(), *self.model.buffers()]
+        self.excluded = {_storage_key(tensor)[0] for tensor in state}
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self.saved.values())
+
+    def largest_block(self) -> tuple[int, int]:
+        """(saved bytes, input bytes) of the block saving the most."""
+        if not self.saved_by_block:
+            return 0, 0
+        index = max(self.saved_by_block, key=lambda i: (self.saved_by_block[i], -i))
+        return self.saved_by_block[index], self.input_by_block.get(index, 0)
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        key, nbytes = _storage_key(tensor)
+        if key not in self.excluded and key not in self.saved:
+            self.saved[key] = nbytes
+            if self.current_block is not None:
+                self.saved_by_block[self.current_block] = (
+                    self.saved_by_block.get(self.current_block, 0) + nbytes
+                )
+        return tensor
+
+    @contextlib.contextmanager
+    def saved_hooks(self):
+        handles = [
+            handle
+            for index, block in enumerate(self.blocks)
+            for handle in (
+                block.register_forward_pre_hook(
+                    functools.partial(self._enter_block, index), with_kwargs=True
+                ),
+                block.register_forward_hook(self._leave_block),
+            )
+        ]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _enter_block(self, index: int, module, args, kwargs) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if self.current_block is None and torch.is_grad_enabled() and isinstance(hidden, torch.Tensor):
+            self.current_block = index
+            self.input_by_block[index] = _storage_key(hidden)[1]
+
+    def _leave_block(self, module, args, output) -> None:
+        self.current_block = None
+
+    def run(self, ids: torch.Tensor) -> None:
+        """Forward (saved-tensor hooks, live bytes) and backward (live bytes, gradients dropped at once)."""
+        head = self.model.get_output_embeddings()
+        live = _LiveBytes(excluded={*self.excluded, _storage_key(ids)[0]})
+        handle = head.register_forward_pre_hook(lambda *_: live.mark("loss"))
+        grads = [
+            p.register_post_accumulate_grad_hook(live.drop_grad)
+            for p in self.model.parameters()
+            if p.requires_grad
+        ]
+        try:
+            with live:
+                with self.saved_hooks():
+                    loss = self.model(input_ids=ids, labels=ids).loss
+                live.mark("backward")
+                loss.backward()
+                del loss
+        finally:
+            handle.remove()
+            for hook in grads:
+                hook.remove()
+        self.forward_peak = live.peak(until="backward")
+        self.loss_peak = live.peak(start="loss", until="backward")
+        self.backward_peak = live.peak(start="backward")
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Every storage an op creates (birth) and when it was found dead (death), in op counts.
+
+    Deaths are polled before each op: a storage freed between two ops is dead before the next op's outputs
+    exist. Parameters' gradients are set apart (drop_grad) and left out of every peak.
+    """
+
+    def __init__(self, *, excluded: set[int]) -> None:
+        super().__init__()
+        self.excluded = excluded  # parameters, buffers, the input: alive before and after
+        self.clock = 0
+        self.alive: dict[int, tuple[StorageWeakRef, int, int]] = {}  # key -> (ref, bytes, birth)
+        self.lives: list[tuple[int, int, int, int]] = []  # (key, bytes, birth, death)
+        self.grads: set[tuple[int, int]] = set()  # (key, birth): storage addresses are reused after a free
+        self.marks: dict[str, int] = {}
+
+    def mark(self, name: str) -> None:
+        self.marks.setdefault(name, self.clock)
+
+    def drop_grad(self, param: torch.Tensor) -> None:
+        """Post-accumulate hook: a parameter's gradient is a model state; free it now and leave it out."""
+        key = _storage_key(param.grad)[0]
+        if key in self.alive:
+            self.grads.add((key, self.alive[key][2]))
+        param.grad = None
+
+    def _poll(self) -> None:
+        dead = [key for key, (ref, _, _) in self.alive.items() if ref.expired()]
+        for key in dead:
+            _, nbytes, birth = self.alive.pop(key)
+            self.lives.append(
+                (key, nbytes, birth, self.clock + 1)
+            )  # alive after op `clock`, gone before the next
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._poll()
+        self.clock += 1
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                key, nbytes = _storage_key(tensor)
+                if key not in self.alive and key not in self.excluded and nbytes:
+                    self.alive[key] = (StorageWeakRef(tensor.untyped_storage()), nbytes, self.clock)
+        return out
+
+    def __exit__(self, *exc):
+        self._poll()
+        return super().__exit__(*exc)
+
+    def peak(self, *, start: str | None = None, until: str | None = None) -> int:
+        """The most bytes alive after any op in [mark `start`, mark `until`), gradients left out."""
+        low = self.marks.get(start, -1) if start else -1
+        high = self.marks.get(until, self.clock + 1) if until else self.clock + 1
+        ending = [(key, n, birth, self.clock + 1) for key, (_, n, birth) in self.alive.items()]
+        deltas: dict[int, int] = {}
+        for key, nbytes, birth, death in [*self.lives, *ending]:
+            if (key, birth) in self.grads:
+                continue
+            deltas[birth] = deltas.get(birth, 0) + nbytes
+            deltas[death] = deltas.get(death, 0) - nbytes
+        level, best = 0, 0
+        for clock in sorted(deltas):
+            level += deltas[clock]
+            if low < clock <= high:
+                best = max(best, level)
+        return best
