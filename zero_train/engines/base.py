@@ -38,6 +38,7 @@ ENGINES: dict[str, tuple[str, str]] = {
     "zero1": ("zero_train.engines.zero1", "Zero1Engine"),
     "torch-zero": ("zero_train.engines.torch_zero", "TorchZeroEngine"),
     "deepspeed": ("zero_train.engines.deepspeed_engine", "DeepSpeedEngine"),
+    "fsdp2": ("zero_train.engines.fsdp2", "FSDP2Engine"),
 }
 
 
@@ -59,7 +60,7 @@ class Engine(Protocol):
     """A model plus its optimizer, gradient reduction, precision and checkpoint format."""
 
     name: str
-    """"deepspeed" | "zero1" | "ddp" | "torch-zero"."""
+    """"deepspeed" | "zero1" | "ddp" | "torch-zero" | "fsdp2"."""
     model: torch.nn.Module
     """The unwrapped Hugging Face model (for ZeRO-3: with partitioned parameters)."""
     settings: TrainSettings

@@ -114,7 +114,7 @@ def warn_unsupported(settings: TrainSettings, *, engine: str) -> None:
                 "use --engine deepspeed to offload",
                 stacklevel=3,
             )
-    if settings.zero_stage not in (0, 1) and engine != "deepspeed":
+    if settings.zero_stage not in (0, 1) and engine not in ("deepspeed", "fsdp2"):
         warnings.warn(
             f"engine {engine!r} ignores zero_stage={settings.zero_stage} from the config; "
             "use --engine deepspeed for ZeRO-2/3",

@@ -126,7 +126,10 @@ class MemoryProbe:
     def _param_storages(self) -> set[int]:
         if self.engine is None:
             return set()
-        return {p.untyped_storage().data_ptr() for p in self.engine.model.parameters()}
+        from torch.distributed.tensor import DTensor
+
+        params = self.engine.model.parameters()  # FSDP2: DTensors, whose own storage is not accessible
+        return {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr() for p in params}
 
     def _record_phase(self, name: str, current: int, peak: int) -> None:
         entry = self.phases.setdefault(name, dict(name=name, current_bytes=current, peak_bytes=peak, count=0))

@@ -342,7 +342,9 @@ class Trainer:
 
 
 def _profile_engine_name(engine: str, zero_stage: int) -> str:
-    """The run record's engine name: ddp, zero1, torch-zero, or ds0..ds3 for DeepSpeed's stages."""
+    """The run record's engine name: ddp, zero1, torch-zero, ds0..ds3 (DeepSpeed), fsdp2-z2/-z3 (FSDP2)."""
+    if engine == "fsdp2":
+        return f"fsdp2-z{zero_stage}"
     return f"ds{zero_stage}" if engine == "deepspeed" else engine
 
 
