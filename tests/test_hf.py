@@ -101,9 +101,11 @@ def test_missing_folder_and_unknown_hub_model_are_usage_errors(tmp_path):
         hf.model_config(str(tmp_path / "missing"))
     with pytest.raises(UsageError, match="did you mean 'tiny'"):
         hf.load_model("tiyn")
-    with pytest.raises(UsageError, match="is a file"):
+    with pytest.raises(UsageError, match="cannot read .* as a config.json"):
         (tmp_path / "f.bin").write_bytes(b"x")
         hf.model_config(str(tmp_path / "f.bin"))
+    with pytest.raises(UsageError, match="is a file"):
+        hf.load_tokenizer(str(tmp_path / "f.bin"))
 
 
 def test_uncached_hub_tokenizer_and_broken_folder_are_usage_errors(tmp_path):

@@ -29,6 +29,7 @@ from zero_train.hf.offline import (
     OFFLINE_VOCAB_SIZE,
     default_tokenizer_dir,
 )
+from zero_train.hf.shapes import SHAPE_PRESETS, check_causal_lm, config_from_file, shape_config
 from zero_train.runtime.errors import UsageError
 
 # No dropout: like modern pretraining (and Llama), and it keeps engine comparisons and resumed runs
@@ -104,10 +105,11 @@ def _special_token_kwargs(model_type: str) -> dict:
 
 
 def model_config(name_or_path: str, *, vocab_size: int | None = None) -> transformers.PretrainedConfig:
-    """The HF config of a preset, a local save_pretrained folder, or a hub id.
+    """The HF config of a preset, a published shape, a config.json file, a save_pretrained folder, or a hub id.
 
     Args:
-        name_or_path: a key of PRESETS, a folder with config.json, or a hub id.
+        name_or_path: a key of PRESETS or of SHAPE_PRESETS (zero_train.hf.shapes: published configs, their
+            own vocabulary), a config.json file, a folder with config.json, or a hub id.
         vocab_size: the tokenizer's vocabulary size. Presets take it as their vocab (default
             OFFLINE_VOCAB_SIZE); for saved models it must not exceed the model's embedding rows.
 
@@ -120,9 +122,15 @@ def model_config(name_or_path: str, *, vocab_size: int | None = None) -> transfo
         kwargs.update(_special_token_kwargs(model_type))
         kwargs["vocab_size"] = vocab_size or OFFLINE_VOCAB_SIZE
         return CONFIG_MAPPING[model_type](**kwargs)
-    _check_local_path(name_or_path)
-    with _hub_errors_as_usage(name_or_path, "model"):
-        config = AutoConfig.from_pretrained(name_or_path)
+    if name_or_path in SHAPE_PRESETS:
+        config = shape_config(name_or_path)
+    elif pathlib.Path(name_or_path).expanduser().is_file():
+        config = config_from_file(name_or_path)
+    else:
+        _check_local_path(name_or_path)
+        with _hub_errors_as_usage(name_or_path, "model"):
+            config = AutoConfig.from_pretrained(name_or_path)
+        check_causal_lm(config, name_or_path)
     if vocab_size is not None and vocab_size > config.vocab_size:
         raise UsageError(
             f"tokenizer has {vocab_size} tokens but model {name_or_path!r} embeds only {config.vocab_size}; "
@@ -156,17 +164,18 @@ def _causal_lm_loss(model):
 
 
 def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, vocab_size: int | None = None):
-    """A preset (random init), a local save_pretrained folder, or a hub id (pretrained weights).
+    """A preset, a published shape or a config.json file (random init), a save_pretrained folder or a hub id
+    (pretrained weights).
 
     Args:
-        name_or_path: preset name, folder, or hub id.
+        name_or_path: preset or shape name, config.json file, folder, or hub id.
         dtype: parameter dtype.
         vocab_size: the tokenizer's vocabulary size (see model_config).
 
     Returns:
         A transformers.PreTrainedModel.
     """
-    if name_or_path in PRESETS:
+    if name_or_path in PRESETS or name_or_path in SHAPE_PRESETS or pathlib.Path(name_or_path).is_file():
         return build_model(model_config(name_or_path, vocab_size=vocab_size), dtype=dtype)
     model_config(name_or_path, vocab_size=vocab_size)  # clear errors before loading weights
     with _hub_errors_as_usage(name_or_path, "model"):
@@ -229,18 +238,18 @@ def _check_local_path(name_or_path: str) -> None:
     """UsageError for a path that does not exist (with did-you-mean over the presets)."""
     path = pathlib.Path(name_or_path).expanduser()
     if path.exists() or not _looks_like_path(name_or_path):
-        if path.is_file():
+        if path.is_file():  # model_config reads config.json files before asking; tokenizers need a folder
             raise UsageError(f"{name_or_path!r} is a file; pass the folder written by save_pretrained")
         return
     raise UsageError(
-        f"no such folder {name_or_path!r}; pass a save_pretrained folder, a hub id, "
-        f"or a preset ({', '.join(PRESETS)})"
+        f"no such folder {name_or_path!r}; pass a save_pretrained folder, a config.json, a hub id, "
+        f"or a preset ({', '.join([*PRESETS, *SHAPE_PRESETS])})"
     )
 
 
 def did_you_mean(name: str) -> str:
     """' (did you mean X?)' for the closest preset name, or ''."""
-    close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(name, [*PRESETS, *SHAPE_PRESETS], n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

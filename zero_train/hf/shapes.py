@@ -1,0 +1,96 @@
+"""Real model sizes without a download: published architecture configs shipped as presets, and config.json files.
+
+The files under zero_train/assets/model_shapes/ are the `config.json` each model publishes on the Hugging Face
+hub (shapes only: no weights, no tokenizer), copied from the repositories named in SHAPE_PRESETS. They let
+`zero-train estimate --model llama-3-8b` count parameters and activations at the real size on the meta
+device or on fake tensors; training them gives a randomly initialised model of that shape.
+
+    config = shape_config("llama-3-8b")          # a transformers PretrainedConfig
+    config = config_from_file("path/config.json")
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import transformers
+
+from zero_train.runtime.errors import UsageError
+
+SHAPES_DIR = pathlib.Path(__file__).resolve().parents[1] / "assets" / "model_shapes"
+
+SHAPE_PRESETS: dict[str, str] = {
+    "gpt2-xl": "openai-community/gpt2-xl",
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama-2-13b": "meta-llama/Llama-2-13b-hf",
+    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
+    "mistral-7b": "mistralai/Mistral-7B-v0.1",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+}
+"""Preset name -> the hub repository whose config.json the shipped file copies."""
+
+PUBLISHED_PARAMS: dict[str, int] = {
+    "gpt2-xl": 1_557_611_200,
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-13b": 13_015_864_320,
+    "llama-2-70b": 68_976_648_192,
+    "llama-3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
+    "qwen2.5-7b": 7_615_616_512,
+}
+"""Parameter counts of the published checkpoints (tied embeddings once), which the shipped shapes reproduce
+(tests/test_model_shapes.py). Qwen2.5-7B's model card rounds to 7.61B total, 6.53B without embeddings."""
+
+
+def shape_config(name: str) -> transformers.PretrainedConfig:
+    """The published config of a shape preset (a key of SHAPE_PRESETS)."""
+    if name not in SHAPE_PRESETS:
+        raise UsageError(f"unknown model shape {name!r}; one of {', '.join(SHAPE_PRESETS)}")
+    return config_from_file(SHAPES_DIR / f"{name}.json")
+
+
+def config_from_file(path: str | pathlib.Path) -> transformers.PretrainedConfig:
+    """A causal LM's config from a config.json file.
+
+    Args:
+        path: a JSON file as `save_pretrained` writes it (model_type and the architecture's fields).
+
+    Returns:
+        The transformers.PretrainedConfig.
+
+    Raises:
+        UsageError: not readable, not a JSON object, no or an unknown model_type, or not a causal LM.
+    """
+    path = pathlib.Path(path).expanduser()
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"cannot read {str(path)!r} as a config.json: {type(exc).__name__}; "
+                         "pass the config.json of a causal LM (or its folder)") from exc  # fmt: skip
+    if not isinstance(settings, dict) or not isinstance(settings.get("model_type"), str):
+        raise UsageError(
+            f"{str(path)!r} has no model_type; pass the config.json of a causal LM (or its folder)"
+        )
+    model_type = settings.pop("model_type")
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise UsageError(f"{str(path)!r}: model_type {model_type!r} is unknown to transformers "
+                         f"{transformers.__version__}; pass a causal LM's config.json")  # fmt: skip
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **settings)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{str(path)!r} is not a valid {model_type} config: {exc}") from exc
+    check_causal_lm(config, str(path))
+    return config
+
+
+def check_causal_lm(config: transformers.PretrainedConfig, name: str) -> None:
+    """Raise UsageError unless AutoModelForCausalLM can build `config` (what every engine trains)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UsageError(
+            f"{name!r} is a {config.model_type!r} config, not a causal LM (AutoModelForCausalLM cannot build it); "
+            "pass a causal LM such as gpt2, llama, mistral or qwen2"
+        )
