@@ -13,8 +13,8 @@ The logic lives in zero_train.cli.bench and zero_train.bench.
 import sys
 
 from zero_train.cli.bench import add_bench_flags, bench_command
-from zero_train.cli.parser import OneLineParser
 from zero_train.runtime.errors import run_cli
+from zero_train.runtime.parser import OneLineParser
 
 
 def main() -> None:

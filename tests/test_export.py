@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zero_train.checkpoint.export import export_checkpoint, export_model
 from zero_train.cli.export import export_command_parser
-from zero_train.cli.parser import OneLineParser
 from zero_train.hf import models as hf
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.parser import OneLineParser
 
 IDS = torch.randint(0, 8192, (2, 24), generator=torch.Generator().manual_seed(0))
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from zero_train.cli.profile import TRAIN_SCRIPT, last_error_line
+from zero_train.launch.cells import TRAIN_SCRIPT, last_error_line
 from zero_train.memory.record import CATEGORIES, load_record, load_records
 
 FAILING_FOR_DEEPSPEED = f"""

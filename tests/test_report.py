@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from zero_train.cli.profile import TRAIN_SCRIPT
+from zero_train.launch.cells import TRAIN_SCRIPT
 from zero_train.memory.record import (
     CATEGORIES,
     MODEL_STATE_CATEGORIES,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -20,12 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from zero_train.runtime.ports import free_port
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["free_port", "run_ranks"]  # free_port re-exported: tests launching ranks themselves use it
 
 
 def _child(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:

@@ -4,7 +4,7 @@ A cell is one engine at one precision. Engines are `zero-train profile`'s (ddp, 
 ds1..ds3: scripts/train.py with the config generated for that stage) plus the Hugging Face Trainer
 peers `hf-<cell engine>`: scripts/hf_trainer.py, the Trainer with the SAME generated config (hf-ds1:
 Trainer + DeepSpeed ZeRO-1; hf-ddp: the Trainer's own DDP). Every run goes through the same launcher and
-the same flags; the config generation and the launcher command are profile's own (cli/profile.py).
+the same flags; the config generation and the launcher command are profile's own (zero_train.launch.cells).
 
 Order: repeat k runs each cell that has more than k repeats once; repeat 0 in the given order, later
 ones in a seeded shuffle, so that no engine always runs first (cold caches) or right after the same
@@ -20,7 +20,7 @@ import pathlib
 import random
 from dataclasses import dataclass
 
-from zero_train.cli.profile import CELL_ENGINES, TRAIN_SCRIPT, cell_config, launch_command
+from zero_train.launch.cells import CELL_ENGINES, TRAIN_SCRIPT, cell_config, launch_command
 
 PEER_PREFIX = "hf-"
 PEER_SCRIPT = TRAIN_SCRIPT.parent / "hf_trainer.py"
@@ -78,7 +78,7 @@ def interleaved(cells: list[Cell], repeats: list[int]) -> list[tuple[int, Cell]]
 
 
 def profile_namespace(cell: Cell, args: argparse.Namespace) -> argparse.Namespace:
-    """The flags zero_train.cli.profile's config generator and launcher expect, for this cell."""
+    """The flags zero_train.launch.cells' config generator and launcher command expect, for this cell."""
     return argparse.Namespace(
         precision=cell.precision,
         micro_batch_size=args.micro_batch_size,

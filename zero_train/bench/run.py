@@ -19,6 +19,11 @@ import statistics
 import time
 
 from zero_train.bench.cells import Cell, cell_run_config, run_command
+from zero_train.ds_config import write_config
+from zero_train.launch.cells import last_error_line
+from zero_train.launch.launcher import run_logged
+from zero_train.runtime.errors import UsageError
+from zero_train.runtime.ports import free_port
 
 
 def run_paths(out: pathlib.Path, cell: Cell, repeat: int) -> dict[str, pathlib.Path]:
@@ -78,12 +83,6 @@ def run_one(cell: Cell, repeat: int, args, out: pathlib.Path, hidden_size: int |
         out: the bench directory.
         hidden_size: the model's, for the generated config's "auto" bucket sizes.
     """
-    from zero_train.cli.profile import last_error_line
-    from zero_train.ds_config import write_config
-    from zero_train.launch.launcher import run_logged
-    from zero_train.runtime.errors import UsageError
-    from zero_train.testing import free_port
-
     paths = run_paths(out, cell, repeat)
     for path in (paths["metrics"], paths["record"]):
         path.unlink(missing_ok=True)

@@ -5,9 +5,8 @@
     AutoModelForCausalLM.from_pretrained("out/hf")           # same logits as the trained model
 
 Weights come from the checkpoint's `model/model.safetensors` (ddp, zero1, torch-zero: full weights written by
-rank 0) or, for the deepspeed engine, from DeepSpeed's own checkpoint through
-`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`, which reassembles the fp32 master
-weights from every rank's optimizer shard (ZeRO-1/2 flat partitions, ZeRO-3 partitioned parameters).
+rank 0) or, for the deepspeed engine, from DeepSpeed's own checkpoint (zero_train.checkpoint.deepspeed_weights:
+DeepSpeed's zero_to_fp32 reassembles the fp32 master weights from every rank's optimizer shard).
 
 Export writes tensors straight to safetensors (no model is instantiated: under an active ZeRO-3
 HfDeepSpeedConfig, building one would start deepspeed.zero.Init on one rank only). A tied tensor (GPT-2's
@@ -18,7 +17,6 @@ The folder is written to a temporary sibling and renamed into place, so no parti
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pathlib
 import shutil
@@ -27,12 +25,9 @@ import uuid
 import torch
 
 from zero_train.checkpoint import atomic as checkpoint
+from zero_train.checkpoint.files import DEEPSPEED_DIR, MODEL_DIR, WEIGHTS_FILE
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
 from zero_train.runtime.errors import UsageError
-
-WEIGHTS_NAME = "model.safetensors"
-MODEL_DIR = "model"
-DEEPSPEED_DIR = "deepspeed"
 
 
 def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
@@ -177,7 +172,7 @@ def _floating_dtype(weights: dict[str, torch.Tensor]) -> torch.dtype:
 def _write_weights(weights: dict[str, torch.Tensor], folder: pathlib.Path) -> None:
     from safetensors.torch import save_file
 
-    save_file(weights, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
 def _write_config(config, dtype: torch.dtype, folder: pathlib.Path) -> None:
@@ -253,57 +248,17 @@ def _read_config(ckpt: pathlib.Path, run: dict):
 
 
 def _read_weights(ckpt: pathlib.Path) -> dict[str, torch.Tensor]:
-    weights_file = ckpt / MODEL_DIR / WEIGHTS_NAME
+    weights_file = ckpt / MODEL_DIR / WEIGHTS_FILE
     if weights_file.is_file():
         from safetensors.torch import load_file
 
         return load_file(str(weights_file))
     if (ckpt / DEEPSPEED_DIR).is_dir():
+        # imported here: DeepSpeed's import takes seconds and logs; only exports of its checkpoints pay it
+        from zero_train.checkpoint.deepspeed_weights import deepspeed_state_dict
+
         return deepspeed_state_dict(ckpt / DEEPSPEED_DIR)
     raise UsageError(
-        f"checkpoint {str(ckpt)!r} has neither {MODEL_DIR}/{WEIGHTS_NAME} nor {DEEPSPEED_DIR}/; "
+        f"checkpoint {str(ckpt)!r} has neither {MODEL_DIR}/{WEIGHTS_FILE} nor {DEEPSPEED_DIR}/; "
         "was the save interrupted? (pick a complete one: the save dir's `latest`)"
     )
-
-
-def deepspeed_state_dict(ds_dir: pathlib.Path) -> dict[str, torch.Tensor]:
-    """The full model weights of a DeepSpeed checkpoint folder (the one holding DeepSpeed's `latest`).
-
-    ZeRO 1/2/3: the fp32 master weights, reassembled by DeepSpeed's own zero_to_fp32 from every rank's
-    optimizer shard. ZeRO 0 (no partitioned optimizer): the module weights of mp_rank_00_model_states.pt
-    (in the training dtype).
-    DeepSpeed reads its files with torch.load(weights_only=False): every pickle is scanned first, and one
-    that references anything but tensors and DeepSpeed's own records is refused (UsageError).
-    """
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    from zero_train.checkpoint.files import refuse_unexpected_pickles
-
-    tag = _deepspeed_tag(ds_dir)
-    refuse_unexpected_pickles(ds_dir / tag)
-    if any((ds_dir / tag).glob("*_optim_states.pt")):
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):  # zero_to_fp32 prints progress lines
-                return get_fp32_state_dict_from_zero_checkpoint(str(ds_dir), tag=tag)
-        except ValueError as err:  # bf16 at stage 0 (BF16_Optimizer) is "not a zero checkpoint"
-            if "is not a zero checkpoint" not in str(err):
-                raise UsageError(f"cannot reassemble DeepSpeed checkpoint {ds_dir / tag}: {err}") from err
-    model_states = ds_dir / tag / "mp_rank_00_model_states.pt"
-    if not model_states.is_file():
-        raise UsageError(
-            f"{ds_dir / tag} has no mp_rank_00_model_states.pt; is the DeepSpeed checkpoint complete?"
-        )
-    return torch.load(model_states, map_location="cpu", weights_only=False)["module"]
-
-
-def _deepspeed_tag(ds_dir: pathlib.Path) -> str:
-    """DeepSpeed's `latest` tag, or the only tag folder present."""
-    if (ds_dir / "latest").is_file():
-        return (ds_dir / "latest").read_text().strip()
-    # `universal*`: our conversion for resuming at another world size (engines/deepspeed_universal.py)
-    tags = [p.name for p in ds_dir.iterdir() if p.is_dir() and not p.name.startswith("universal")]
-    if len(tags) != 1:
-        raise UsageError(
-            f"{ds_dir} has no `latest` file and {len(tags)} tag folders; cannot tell which to export"
-        )
-    return tags[0]

@@ -24,6 +24,7 @@ from zero_train.runtime.errors import UsageError
 MODEL_DIR = "model"
 WEIGHTS_FILE = "model.safetensors"
 OPTIM_DIR = "optim"
+DEEPSPEED_DIR = "deepspeed"  # DeepSpeed's own save_checkpoint output (deepspeed engine)
 # the only non-tensor classes DeepSpeed 0.19 pickles into its checkpoint files, universal ones included (found
 # by scanning ZeRO-0/1/2/3 fp32/bf16 checkpoints with torch.serialization.get_unsafe_globals_in_checkpoint)
 DEEPSPEED_PICKLE_GLOBALS = {

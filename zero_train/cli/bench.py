@@ -21,11 +21,11 @@ import sys
 import time
 
 from zero_train.bench.cells import BENCH_ENGINES, DEFAULT_ENGINES, PRECISIONS, Cell, interleaved
-from zero_train.cli.parser import name_list, positive_float, positive_int
-from zero_train.cli.profile import TRAIN_SCRIPT
+from zero_train.launch.cells import TRAIN_SCRIPT
 from zero_train.launch.launcher import check_launcher, model_meta
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
+from zero_train.runtime.parser import name_list, positive_float, positive_int
 
 
 def bench_command_parser(subparsers) -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zero_train.cli.parser import (
+from zero_train.runtime.parser import (
     betas_pair,
     non_negative_float,
     non_negative_int,

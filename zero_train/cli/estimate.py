@@ -14,8 +14,8 @@ import argparse
 import json
 import math
 
-from zero_train.cli.parser import positive_float, positive_int
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.parser import positive_float, positive_int
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 STAGE_ENGINES = {0: "ddp", 1: "ds1", 2: "ds2", 3: "ds3"}  # "ours" models torch DDP and DeepSpeed's stages
@@ -94,6 +94,7 @@ def _stage_row(
 ) -> dict:
     """One stage: the paper, DeepSpeed's estimator and our peak model (with its phases)."""
     from zero_train.memory.model import theory
+    from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
     from zero_train.memory.model.peak import backend_for, engine_peak
 
     model = engine_peak(
@@ -104,7 +105,7 @@ def _stage_row(
     return dict(
         stage=stage,
         paper_bytes=theory.paper_bytes(shape.num_params, args.world_size, stage, precision=precision),
-        deepspeed_bytes=theory.deepspeed_estimate(
+        deepspeed_bytes=deepspeed_estimate(
             shape.num_params, args.world_size, stage, largest_layer_params=shape.largest_layer_params
         ),
         ours_bytes=model.peak_bytes,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from zero_train.cli.parser import OneLineParser
 from zero_train.runtime.errors import run_cli
+from zero_train.runtime.parser import OneLineParser
 
 # Module names under zero_train.cli; each defines `<module>_command_parser(subparsers)`.
 COMMANDS = ["config", "export", "estimate", "profile", "report", "bench"]

@@ -18,6 +18,7 @@ from deepspeed.utils import safe_get_full_fp32_param
 
 from zero_train.checkpoint.deepspeed_universal import load_universal, saved_world_size
 from zero_train.checkpoint.files import (
+    DEEPSPEED_DIR,
     load_rank_file,
     rank_file,
     refuse_unexpected_pickles,
@@ -28,7 +29,6 @@ from zero_train.engines.base import StepResult
 from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
 from zero_train.engines.optim import build_optimizer
 
-DEEPSPEED_DIR = "deepspeed"
 CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
 
 

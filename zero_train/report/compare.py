@@ -19,6 +19,7 @@ every estimate, and also compares ours alone with the measured peak minus "other
 from __future__ import annotations
 
 from zero_train.memory.model import theory
+from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
 from zero_train.memory.model.peak import MEASURED_PHASE, STATE_CATEGORIES, PeakModel, backend_for, engine_peak
 from zero_train.memory.record import CATEGORIES, MODEL_STATE_CATEGORIES
 from zero_train.report.models import FactsLookup
@@ -140,7 +141,7 @@ def _model_states(record: dict, measured: int, ours: dict | None, largest_layer:
     """Measured model-state bytes beside the paper's, DeepSpeed's estimator's and ours, with ratios."""
     num_params, world_size, stage = record["num_params"], record["world_size"], record["zero_stage"]
     paper = theory.paper_bytes(num_params, world_size, stage, precision=record["precision"])
-    deepspeed = theory.deepspeed_estimate(num_params, world_size, stage, largest_layer_params=largest_layer)
+    deepspeed = deepspeed_estimate(num_params, world_size, stage, largest_layer_params=largest_layer)
     ours_states = None if ours is None else sum(ours[name] for name in MODEL_STATE_CATEGORIES)
     return dict(
         measured=measured,

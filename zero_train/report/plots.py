@@ -14,6 +14,7 @@ import pathlib
 import re
 
 from zero_train.memory.model import theory
+from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
 from zero_train.memory.model.peak import backend_for, engine_peak
 from zero_train.memory.record import CATEGORIES
 from zero_train.report import units
@@ -85,8 +86,7 @@ def _theory_curves(axis, rows: list[dict], x_values: list[int], largest_layer: i
     num_params = rows[0]["num_params"]
     for stage in (s for s in stages if s >= 2):
         estimates = [
-            theory.deepspeed_estimate(num_params, n, stage, largest_layer_params=largest_layer)
-            for n in x_values
+            deepspeed_estimate(num_params, n, stage, largest_layer_params=largest_layer) for n in x_values
         ]
         axis.plot(x_values, [e / num_params for e in estimates], color=STAGE_COLORS[stage], linestyle="--",
                   linewidth=1.2, label=f"DeepSpeed estimator, stage {stage}")  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from zero_train.cli.parser import (
+from zero_train.runtime.parser import (
     OneLineParser,
     non_negative_float,
     non_negative_int,

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng, save_checkpoint
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.ports import free_port
 from zero_train.train.log import get_logger
 from zero_train.train.metrics import (
     MetricsWriter,
@@ -49,8 +50,6 @@ def run_training(args: argparse.Namespace) -> dict:
     _, world_size, _ = read_env()
     plan = plan_run(args, world_size=world_size)  # every UsageError so far: before any collective
     if world_size == 1 and "MASTER_PORT" not in os.environ:
-        from zero_train.testing import free_port
-
         os.environ["MASTER_PORT"] = str(free_port())  # two single-process runs must not collide on 29500
     dist_info = init_distributed()
     log = get_logger(dist_info.rank)

@@ -1,6 +1,7 @@
 """Memory predicted before a run (see README.md in this folder for what the model was derived from).
 
-- ``theory``: model shapes and the ZeRO paper's and DeepSpeed's formulas.
+- ``theory``: model shapes and the ZeRO paper's formulas.
+- ``deepspeed_estimate``: DeepSpeed's own model-state estimators, called (stages 2 and 3).
 - ``peak``: our per-phase peak model (end of forward, start/end of backward, optimizer step; peak = max).
 - ``activations``: what one micro-batch's forward and backward hold, counted on the real architecture built on
   fake tensors (no memory), with or without activation checkpointing.

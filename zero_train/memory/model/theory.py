@@ -7,7 +7,8 @@ Three answers to "how many bytes does one rank need at ZeRO stage s on N ranks":
         stage 0 (DDP)  2Psi + 2Psi + K Psi         stage 2  2Psi + (2 + K) Psi / N
         stage 1        2Psi + 2Psi + K Psi / N     stage 3  (2 + 2 + K) Psi / N
     Pure fp32 Adam has no separate master copy: params 4 + grads 4 + moments 8 = 16 bytes/param.
-(b) DeepSpeed's estimators, called (deepspeed.runtime.zero.stage_1_and_2 / stage3
+(b) DeepSpeed's estimators, called in zero_train.memory.model.deepspeed_estimate (the one module here that
+    imports DeepSpeed: deepspeed.runtime.zero.stage_1_and_2 / stage3
     `estimate_zero{2,3}_model_states_mem_needs`, the functions their `*_all_live` / `*_all_cold`
     printers call). They assume mixed precision, count 18 bytes/param for the sharded part (fp32
     gradients too) and ZeRO-3's largest layer gathered; DeepSpeed has NO ZeRO-1 (or stage-0) estimator.
@@ -19,8 +20,6 @@ Three answers to "how many bytes does one rank need at ZeRO stage s on N ranks":
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from dataclasses import dataclass
 
 STAGES = (0, 1, 2, 3)
@@ -92,45 +91,6 @@ def paper_categories(
 def paper_bytes(num_params: int, world_size: int, stage: int, *, precision: str = "bf16") -> float:
     """Total model-state bytes per rank by the paper (7.5e9 params, 64 ranks: 120/31.4/16.6/1.88 GB)."""
     return sum(paper_categories(num_params, world_size, stage, precision=precision).values())
-
-
-def deepspeed_estimate(
-    num_params: int, world_size: int, stage: int, *, largest_layer_params: int = 0
-) -> int | None:
-    """Per-GPU model-state bytes from DeepSpeed's own estimator (no offload), or None for stages 0 and 1.
-
-    Args:
-        num_params: total parameters.
-        world_size: GPUs, counted as one node of `world_size` GPUs.
-        stage: 2 or 3 have an estimator; 0 and 1 have none in DeepSpeed.
-        largest_layer_params: ZeRO-3's largest layer (DeepSpeed adds 4 bytes/param of it).
-
-    Returns:
-        Bytes, or None where DeepSpeed has no estimator.
-    """
-    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
-        import deepspeed.runtime.zero.stage3
-        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
-    if stage == 2:
-        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-
-        _, gpu_bytes = estimate_zero2_model_states_mem_needs(
-            num_params, num_gpus_per_node=world_size, num_nodes=1, cpu_offload=False
-        )
-        return int(gpu_bytes)
-    if stage == 3:
-        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-
-        _, gpu_bytes, _ = estimate_zero3_model_states_mem_needs(
-            num_params,
-            largest_layer_params,
-            num_gpus_per_node=world_size,
-            num_nodes=1,
-            cpu_offload=False,
-            cpu_offload_params=False,
-        )
-        return int(gpu_bytes)
-    return None
 
 
 ACTIVATION_VALUES_PER_TOKEN_CHANNEL = 30

@@ -1,4 +1,8 @@
-"""An ArgumentParser whose errors are one line and exit code 2 (argparse prints usage + error)."""
+"""An ArgumentParser whose errors are one line and exit code 2 (argparse prints usage + error), and flag types.
+
+Shared by every entry point: the `zero-train` subcommands (zero_train.cli) and the scripts' own parsers
+(scripts/train.py's flags in zero_train.train.args, scripts/bench.py).
+"""
 
 from __future__ import annotations
 
