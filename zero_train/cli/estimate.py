@@ -50,6 +50,14 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         "--block-size", type=positive_int, help="tokens per sample (default: the model's context)"
     )
     parser.add_argument(
+        "--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)"
+    )
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="activation checkpointing (scripts/train.py --gradient-checkpointing)",
+    )
+    parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
@@ -100,7 +108,8 @@ def _stage_row(
     model = engine_peak(
         STAGE_ENGINES[stage], shape, args.world_size, precision=precision,
         micro_batch_size=args.micro_batch_size, block_size=block_size, ds_config=ds_config,
-        backend=backend_for(args.device),
+        backend=backend_for(args.device), grad_accum=args.grad_accum,
+        gradient_checkpointing=args.gradient_checkpointing,
     )  # fmt: skip
     return dict(
         stage=stage,
@@ -119,7 +128,8 @@ def build_estimate(args: argparse.Namespace) -> dict:
     """All numbers of the estimate, as the --json output.
 
     Returns:
-        {"num_params", "world_size", "precision", "micro_batch_size", "block_size", "device",
+        {"num_params", "world_size", "precision", "micro_batch_size", "block_size", "grad_accum",
+         "gradient_checkpointing", "device",
          "gpu_memory_bytes", "stages": [{"stage", "paper_bytes", "deepspeed_bytes", "ours_bytes" (our
          predicted peak), "ours_peak_phase", "ours_phases" ({phase: {term: bytes}}), "ours_categories"
          (our categories at the step boundary + activations), "fits"}], "recommended_stage", "notes"}
@@ -146,6 +156,8 @@ def build_estimate(args: argparse.Namespace) -> dict:
         precision=precision,
         micro_batch_size=args.micro_batch_size,
         block_size=block_size,
+        grad_accum=args.grad_accum,
+        gradient_checkpointing=args.gradient_checkpointing,
         device=args.device,
         gpu_memory_bytes=capacity,
         stages=stages,

@@ -22,6 +22,7 @@ import sys
 from zero_train.launch.cells import (
     CELL_ENGINES,
     TRAIN_SCRIPT,
+    args_cell_name,
     cell_config,
     cell_name,
     last_error_line,
@@ -53,6 +54,10 @@ def profile_command_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, default=3, help="optimizer steps per cell (default 3)")
     parser.add_argument("--micro-batch-size", type=positive_int, default=2)
     parser.add_argument("--block-size", type=positive_int, default=64)
+    parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="activation checkpointing in every cell"
+    )
     parser.add_argument("--dataset", default=None, help="passed to scripts/train.py (default: its own)")
     parser.add_argument("--launcher", choices=("deepspeed", "torchrun"), default="deepspeed")
     parser.add_argument(
@@ -78,7 +83,7 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
     from zero_train.ds_config import write_config
     from zero_train.memory.record import error_record, load_record, write_record
 
-    name = cell_name(engine, world_size, args.precision)
+    name = args_cell_name(engine, world_size, args)
     config_path, record_path = out / "configs" / f"{name}.json", out / "cells" / f"{name}.json"
     log_path = out / "logs" / f"{name}.log"
     record_path.unlink(missing_ok=True)
@@ -126,14 +131,17 @@ def _model_meta(args: argparse.Namespace) -> dict:
         model_meta(args.model, args.block_size),
         precision=args.precision,
         micro_batch_size=args.micro_batch_size,
-        grad_accum=1,
+        grad_accum=args.grad_accum,
+        gradient_checkpointing=args.gradient_checkpointing,
         block_size=args.block_size,
         device="cpu",
     )
 
 
 def _summary_line(record: dict) -> str:
-    name = cell_name(record["engine"], record["world_size"], record["precision"])
+    name = cell_name(record["engine"], record["world_size"], record["precision"],
+                     grad_accum=record.get("grad_accum") or 1,
+                     checkpointing=bool(record.get("gradient_checkpointing")))  # fmt: skip
     if record["error"]:
         return f"  {name:<24} FAILED  {record['error']}"
     rank0 = record["ranks"][0]
@@ -159,7 +167,7 @@ def profile_command(args: argparse.Namespace) -> int:
     records = []
     progress = tqdm(cells, desc="profile", unit="cell", file=sys.stderr)
     for engine, world_size in progress:
-        progress.set_postfix_str(cell_name(engine, world_size, args.precision))
+        progress.set_postfix_str(args_cell_name(engine, world_size, args))
         records.append(run_cell(engine, world_size, args, out, meta))
     print(f"{len(records)} cells -> {out / 'cells'} (next: zero-train report {out})")
     for record in records:

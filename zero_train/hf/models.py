@@ -83,6 +83,16 @@ PRESETS: dict[str, dict] = {
         num_key_value_heads=10,
         max_position_embeddings=1024,
     ),
+    "qwen2-tiny": dict(  # Qwen2's block (RMSNorm, SwiGLU, RoPE, GQA, q/k/v biases), small
+        model_type="qwen2",
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=176,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    ),
 }
 
 PRESET_SUMMARY: dict[str, str] = {
@@ -91,6 +101,7 @@ PRESET_SUMMARY: dict[str, str] = {
     "gpt2-small": "GPT-2 small shape, 12 layers x 768, 1024 context; 92.1M params (124.4M at vocab 50257)",
     "llama-tiny": "Llama shaped (RMSNorm, SwiGLU, RoPE, GQA 4/2 heads), 2 layers x 64, tied; 0.62M params",
     "llama-60m": "Llama shaped, 10 layers x 640, 1024 context, untied; 60.1M params",
+    "qwen2-tiny": "Qwen2 shaped (q/k/v biases, GQA 4/2 heads), 2 layers x 64, tied; 0.62M params",
 }
 
 _CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length", "seq_length")
@@ -99,7 +110,7 @@ _CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequenc
 def _special_token_kwargs(model_type: str) -> dict:
     """bos/eos ids of the offline tokenizer (GPT-2's defaults, 50256, would be out of range at 8192)."""
     ids = dict(bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID)
-    if model_type == "llama":
+    if model_type in ("llama", "qwen2"):
         ids["pad_token_id"] = None
     return ids
 
@@ -161,6 +172,27 @@ def _causal_lm_loss(model):
     if getattr(model, "loss_type", None) is None:
         model.loss_type = "ForCausalLM"
     return model
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Activation checkpointing: keep only each block's input and recompute the block in backward.
+
+    Hugging Face's `gradient_checkpointing_enable` with the non-reentrant torch.utils.checkpoint (the
+    reentrant one needs inputs that require grad and runs hooks twice). Blocks recompute only in training
+    mode (`model.training`); evaluation is unchanged. The KV cache is turned off (it cannot be recomputed).
+
+    Args:
+        model: a transformers.PreTrainedModel.
+
+    Raises:
+        UsageError: the architecture does not support gradient checkpointing.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise UsageError(
+            f"{type(model).__name__} does not support gradient checkpointing; drop --gradient-checkpointing"
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
 
 
 def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, vocab_size: int | None = None):

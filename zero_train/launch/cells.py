@@ -25,9 +25,21 @@ CELL_ENGINES = {
 TRAIN_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
 
 
-def cell_name(engine: str, world_size: int, precision: str) -> str:
-    """The file stem of one cell, e.g. `ds2-w2-fp32`."""
-    return f"{engine}-w{world_size}-{precision}"
+def cell_name(
+    engine: str, world_size: int, precision: str, *, grad_accum: int = 1, checkpointing: bool = False
+) -> str:
+    """The file stem of one cell, e.g. `ds2-w2-fp32`, `ds2-w2-fp32-ga4-ckpt` (accumulation, checkpointing)."""
+    return (
+        f"{engine}-w{world_size}-{precision}"
+        + (f"-ga{grad_accum}" if grad_accum > 1 else "")
+        + ("-ckpt" if checkpointing else "")
+    )
+
+
+def args_cell_name(engine: str, world_size: int, args: argparse.Namespace) -> str:
+    """cell_name with the accumulation and checkpointing of `args` (absent: 1 and off)."""
+    return cell_name(engine, world_size, args.precision, grad_accum=getattr(args, "grad_accum", 1),
+                     checkpointing=getattr(args, "gradient_checkpointing", False))  # fmt: skip
 
 
 def cell_config(engine: str, world_size: int, args: argparse.Namespace, hidden_size: int | None) -> dict:
@@ -36,7 +48,7 @@ def cell_config(engine: str, world_size: int, args: argparse.Namespace, hidden_s
         stage=CELL_ENGINES[engine][1],
         precision=args.precision,
         micro_batch_size=args.micro_batch_size,
-        grad_accum=1,
+        grad_accum=getattr(args, "grad_accum", 1),
         world_size=world_size,
         hidden_size=hidden_size,
     )
@@ -54,10 +66,12 @@ def launch_command(engine: str, world_size: int, config_path, record_path, args,
         "--model", args.model,
         "--block-size", str(args.block_size),
         "--micro-batch-size", str(args.micro_batch_size),
-        "--grad-accum", "1",
+        "--grad-accum", str(getattr(args, "grad_accum", 1)),
         "--max-steps", str(args.steps),
         "--memory-report", str(record_path),
     ]  # fmt: skip
+    if getattr(args, "gradient_checkpointing", False):
+        train.append("--gradient-checkpointing")
     if args.dataset:
         train += ["--dataset", args.dataset]
     return launcher + train

@@ -5,7 +5,7 @@ reads them. The schema is in notes/CONTRACTS.md; in short:
 
     {"schema": "zero_train.run_record/1", "engine": "ds2", "zero_stage": 2, "model": "tiny",
      "num_params": 640768, "precision": "fp32", "world_size": 2, "micro_batch_size": 2, "grad_accum": 1,
-     "block_size": 64, "device": "cpu", "ds_config": {...}, "steps": 3,
+     "gradient_checkpointing": false, "block_size": 64, "device": "cpu", "ds_config": {...}, "steps": 3,
      "step_time_s": {"median", "min", "max"}, "tokens_per_s": 1234.0,
      "ranks": [{"rank", "phases": [{"name", "current_bytes", "peak_bytes"}], "categories": {...},
                 "allocator_bytes", "peak_bytes", "comm_bytes_per_step": {...} | null,
@@ -46,6 +46,7 @@ def empty_record(**meta) -> dict:
         world_size=None,
         micro_batch_size=None,
         grad_accum=None,
+        gradient_checkpointing=None,
         block_size=None,
         device=None,
         ds_config=None,

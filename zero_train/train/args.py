@@ -88,6 +88,12 @@ def _add_optimization_flags(parser: argparse.ArgumentParser) -> None:
     add("--grad-clip", type=non_negative_float, default=None, help="max global grad norm, 0 = off")
     add("--precision", choices=PRECISIONS, default=None, help="override the config's precision")
     add(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="activation checkpointing: keep each block's input only and recompute the block in backward "
+        "(Hugging Face's, non-reentrant; less memory, ~1/3 more compute)",
+    )
+    add(
         "--on-nonfinite",
         choices=NONFINITE_POLICIES,
         default="stop",

@@ -58,6 +58,7 @@ def run_training(args: argparse.Namespace) -> dict:
         f"config {plan.config_source} | stage {plan.settings.zero_stage} | {plan.settings.precision} | "
         f"micro batch {plan.settings.micro_batch_size} x accum {plan.settings.grad_accum} x world "
         f"{dist_info.world_size} = {plan.settings.train_batch_size} sequences of {args.block_size}"
+        + (" | gradient checkpointing" if args.gradient_checkpointing else "")
     )
     return Trainer(args, plan, dist_info).run()
 
@@ -328,6 +329,7 @@ class Trainer:
             world_size=self.dist_info.world_size,
             micro_batch_size=self.settings.micro_batch_size,
             grad_accum=self.settings.grad_accum,
+            gradient_checkpointing=self.args.gradient_checkpointing,
             block_size=self.args.block_size,
             device=self.dist_info.device.type,
             ds_config=self.plan.ds_config,

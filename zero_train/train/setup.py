@@ -155,15 +155,19 @@ def model_builder(args: argparse.Namespace, plan: RunPlan, probe=None):
 
     import torch
 
-    from zero_train.hf.models import PRESETS, build_model, load_model
+    from zero_train.hf.models import PRESETS, build_model, enable_gradient_checkpointing, load_model
 
     def build():
         torch.manual_seed(args.seed)
         phase = probe.phase("model_built") if probe is not None else contextlib.nullcontext()
         with phase:
             if args.model in PRESETS:
-                return build_model(plan.model_config)
-            return load_model(args.model, vocab_size=len(plan.tokenizer))
+                model = build_model(plan.model_config)
+            else:
+                model = load_model(args.model, vocab_size=len(plan.tokenizer))
+        if getattr(args, "gradient_checkpointing", False):
+            enable_gradient_checkpointing(model)
+        return model
 
     return build
 

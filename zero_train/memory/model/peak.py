@@ -19,9 +19,16 @@ peak = max over the phases. The paper's ZeRO-1 row counts whole 16-bit gradients
 so does our backward_end for DeepSpeed ZeRO-1, which is why its peak stays above the paper's 31.4 GB for
 7.5e9 parameters on 64 ranks, while at the step boundary it holds only its gradient partition.
 
+Gradient accumulation (grad_accum > 1): from the second micro-batch on, what the engine keeps between
+micro-batches lives through forward and backward: whole gradients for DDP, torch's ZeRO and DeepSpeed
+ZeRO-1 (param.grad until the boundary), ZeRO-2's gradient partition (every micro-batch reduces into it);
+nothing more for our ZeRO-1 (its flat buffer is at rest anyway) and ZeRO-3 (its partition too); and
+accumulating into an existing gradient keeps the new one of the largest tensor beside it. Activation
+checkpointing: the saved activations shrink to the blocks' inputs, and the end of backward may peak while
+the first block is recomputed (peak_terms.activation_terms).
+
 The probe (zero_train.memory.probe) measures forward and backward as ONE phase ("forward") and the step
-as another: MEASURED_PHASE maps ours onto them. Not modelled: gradient accumulation over several
-micro-batches (gradients then live through later forwards), activation checkpointing, offload.
+as another: MEASURED_PHASE maps ours onto them. Not modelled here: offload.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from zero_train.memory.model.peak_engines import (
     zero1_phases,
 )
 from zero_train.memory.model.peak_terms import (
+    ActivationTerms,
     DeepSpeedSettings,
     Run,
     Share,
@@ -69,6 +77,9 @@ TERM_WORDS = {
     "gathered_params": "ZeRO-3's gathered parameters",
     "gather_buffer": "gloo's all-gather buffer",
     "norm_fp64_copy": "the fp64 copy a gradient norm takes",
+    "accumulated_grads": "gradients kept from earlier micro-batches",
+    "accumulating_gradient": "the new gradient being added to an accumulated one",
+    "recomputed_block": "a checkpointed block's recomputed activations",
 }
 """Words for every term of a phase (report sentences, estimate notes)."""
 
@@ -150,6 +161,9 @@ def engine_peak(
     ds_config: dict | None = None,
     backend: str = "nccl",
     rank: int | None = None,
+    grad_accum: int = 1,
+    gradient_checkpointing: bool = False,
+    activation_count: ActivationTerms | None = None,
 ) -> PeakModel:
     """Our per-phase model of one engine (the rank with the highest peak, or `rank`).
 
@@ -163,6 +177,10 @@ def engine_peak(
         backend: "gloo" (CPU runs) or "nccl" (GPUs).
         rank: model this rank (whole-tensor sharding and DeepSpeed's slices give ranks different shares);
             None: the rank with the highest peak.
+        grad_accum: micro-batches per optimizer step.
+        gradient_checkpointing: activation checkpointing (Hugging Face's, non-reentrant).
+        activation_count: activations counted on the real architecture (anything with saved_bytes,
+            loss_bytes, recompute_bytes, e.g. activations.count_activations's); None: GPT-2's formula.
 
     Returns:
         The PeakModel; .boundary["activations"] holds the activations of one micro-batch.
@@ -173,8 +191,13 @@ def engine_peak(
     if engine not in ENGINE_STAGES:
         raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINE_STAGES)}")
     settings = DeepSpeedSettings.from_config(ds_config, ENGINE_STAGES[engine])
+    if activation_count is not None:
+        activation_count = ActivationTerms(saved_bytes=activation_count.saved_bytes,
+                                           loss_bytes=activation_count.loss_bytes,
+                                           recompute_bytes=activation_count.recompute_bytes)  # fmt: skip
     run = Run(shape=shape, world_size=world_size, precision=precision, micro_batch_size=micro_batch_size,
-              block_size=block_size, deepspeed=settings, backend=backend)  # fmt: skip
+              block_size=block_size, deepspeed=settings, backend=backend, grad_accum=grad_accum,
+              gradient_checkpointing=gradient_checkpointing, activation_count=activation_count)  # fmt: skip
     models = _rank_models(engine, run)
     chosen = [model for model in models if model.rank == rank]
     model = chosen[0] if chosen else max(models, key=lambda m: (m.peak_bytes, -m.rank))

@@ -14,11 +14,11 @@ from zero_train.memory.model.peak_terms import (
     Partition,
     Run,
     Share,
+    activation_terms,
     activations,
     adamw_temporaries,
     loss_backward,
     loss_backward_moments,
-    loss_forward,
     reduce_buckets,
     tied_gradient_copies,
     zero1_comm_buffers,
@@ -50,13 +50,33 @@ def _phases(rest: dict, *, forward: dict, backward_start: dict, backward_end: di
     )
 
 
-def _forward_terms(run: Run) -> tuple[dict, dict]:
-    """(forward, backward_start) transients every engine shares: activations and the loss's tensors."""
-    saved = activations(run)
+def _forward_terms(run: Run, held: dict | None = None) -> tuple[dict, dict]:
+    """(forward, backward_start) transients every engine shares: activations and the loss's tensors, plus
+    `held`, what the engine keeps from earlier micro-batches (`_accumulated`)."""
+    terms = activation_terms(run)
     return (
-        dict(activations=saved, loss_temporaries=loss_forward(run)),
-        dict(activations=saved, loss_gradients=loss_backward(run)),
+        _add(dict(activations=terms.saved_bytes, loss_temporaries=terms.loss_bytes), held or {}),
+        _add(dict(activations=terms.saved_bytes, loss_gradients=loss_backward(run)), held or {}),
     )
+
+
+def _accumulated(run: Run, grads: int) -> dict[str, int]:
+    """Gradient accumulation: from the second micro-batch of a step on, the `grads` bytes the engine keeps
+    between micro-batches live through its forward and backward (nothing with one micro-batch per step)."""
+    return dict(accumulated_grads=grads) if run.grad_accum > 1 else {}
+
+
+def _accumulating(run: Run) -> dict[str, int]:
+    """Accumulating into an existing gradient (autograd's AccumulateGrad: `grad += new`): the new gradient
+    of the largest tensor is alive beside the old one (0 with one micro-batch per step)."""
+    return dict(accumulating_gradient=run.element_bytes * run.largest_tensor) if run.grad_accum > 1 else {}
+
+
+def _recompute(run: Run, held: dict, end: dict) -> dict:
+    """The end of backward with activation checkpointing: the larger of `end` and the first block's
+    recomputation (its activations alive beside the gradients `held` by then); `end` without it."""
+    recompute = activation_terms(run).recompute_bytes
+    return _largest(end, _add(held, dict(recomputed_block=recompute))) if recompute else end
 
 
 def ddp_phases(run: Run, share: Share) -> Phases:
@@ -76,12 +96,13 @@ def ddp_phases(run: Run, share: Share) -> Phases:
         optimizer_states=2 * FP32_BYTES * share.owned,
         comm_buffers=e * psi,
     )
-    forward, backward_start = _forward_terms(run)
+    forward, backward_start = _forward_terms(run, _accumulated(run, e * psi))
+    end = _add(dict(grads=e * psi, tied_gradient_copies=2 * tied_gradient_copies(run)), _accumulating(run))
     return _phases(
         rest,
         forward=forward,
         backward_start=backward_start,
-        backward_end=dict(grads=e * psi, tied_gradient_copies=2 * tied_gradient_copies(run)),
+        backward_end=_recompute(run, dict(grads=e * psi), end),
         step=dict(
             grads=e * psi,
             fp32_grads=FP32_BYTES * psi if run.mixed else 0,
@@ -107,12 +128,13 @@ def zero1_phases(run: Run, share: Share) -> Phases:
         optimizer_states=2 * FP32_BYTES * share.owned,
         comm_buffers=zero1_comm_buffers(run, share),
     )
-    forward, backward_start = _forward_terms(run)
+    forward, backward_start = _forward_terms(run)  # accumulation: in the flat buffer, already at rest
+    end = _add(dict(tied_gradient_copies=3 * tied_gradient_copies(run)), _accumulating(run))
     return _phases(
         rest,
         forward=forward,
         backward_start=backward_start,
-        backward_end=dict(tied_gradient_copies=3 * tied_gradient_copies(run)),
+        backward_end=_recompute(run, {}, end),
         step=dict(
             fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
             adamw_temporaries=adamw_temporaries(share.largest),
@@ -173,10 +195,10 @@ def _zero3_phases(run: Run, part: Partition, rest: dict) -> Phases:
     e, psi = run.element_bytes, run.shape.num_params
     live = min(psi, run.deepspeed.max_live_parameters)
     gathered = dict(gathered_params=e * live if run.world_size > 1 else 0)
-    forward, backward_start = _forward_terms(run)
+    forward, backward_start = _forward_terms(run)  # accumulation: into the gradient partition at rest
+    end = _add(gathered, dict(tied_gradient_copies=3 * tied_gradient_copies(run)))
     return _phases(rest, forward=_add(forward, gathered), backward_start=_add(backward_start, gathered),
-                   backward_end=_add(gathered, dict(tied_gradient_copies=3 * tied_gradient_copies(run))),
-                   step=_deepspeed_step(run, part, 3))  # fmt: skip
+                   backward_end=_recompute(run, gathered, end), step=_deepspeed_step(run, part, 3))  # fmt: skip
 
 
 def deepspeed_phases(run: Run, stage: int, part: Partition) -> Phases:
@@ -193,19 +215,24 @@ def deepspeed_phases(run: Run, stage: int, part: Partition) -> Phases:
         return _zero3_phases(run, part, rest)
     e, saved = run.element_bytes, activations(run)
     tied = tied_gradient_copies(run)
-    forward, backward_start = _forward_terms(run)
     buckets = dict(comm_buffers=reduce_buckets(run, stage))
-    if stage == 1:
+    if stage == 1:  # accumulation: whole gradients in param.grad until the boundary (reduce_gradients)
+        held = _accumulated(run, e * run.shape.num_params)
+        forward, backward_start = _forward_terms(run, held)
         copy = _largest(dict(grad_partition_copy=e * part.touched), dict(tied_gradient_copies=2 * tied))
         backward_start = _add(backward_start, buckets)
-        backward_end = _add(buckets, dict(grads=e * run.shape.num_params), copy)
-    else:
+        grads = dict(grads=e * run.shape.num_params)
+        backward_end = _recompute(run, _add(buckets, grads), _add(buckets, grads, copy, _accumulating(run)))
+    else:  # accumulation: every micro-batch reduces into the partition buffer, kept until the step
+        held = _accumulated(run, e * part.touched)
+        forward, _ = _forward_terms(run, held)
         at_log_softmax, at_head_matmul = loss_backward_moments(run)
         first_reduction = dict(activations=saved, loss_gradients=at_head_matmul, grads=e * part.touched)
         backward_start = _largest(
-            dict(activations=saved, loss_gradients=at_log_softmax), _add(first_reduction, buckets)
+            _add(dict(activations=saved, loss_gradients=at_log_softmax), held), _add(first_reduction, buckets)
         )
-        backward_end = _add(buckets, dict(grads=e * part.touched, tied_gradient_copies=3 * tied))
+        grads = _add(buckets, dict(grads=e * part.touched))
+        backward_end = _recompute(run, grads, _add(grads, dict(tied_gradient_copies=3 * tied)))
     return _phases(rest, forward=forward, backward_start=backward_start, backward_end=backward_end,
                    step=_deepspeed_step(run, part, stage))  # fmt: skip
 

@@ -13,7 +13,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from zero_train.memory.model.theory import DEFAULT_REDUCE_BUCKET_SIZE, ModelShape, activation_bytes
+from zero_train.memory.model.theory import (
+    ACTIVATION_VALUES_PER_TOKEN_CHANNEL,
+    DEFAULT_REDUCE_BUCKET_SIZE,
+    ModelShape,
+    activation_bytes,
+)
 
 ADAMW_TEMPORARY_BYTES = 8
 """torch.optim.AdamW's single-tensor step (foreach=False, what our engines and DeepSpeed's torch_adam run)
@@ -83,6 +88,13 @@ class Run:
     """DeepSpeed's settings (read by the ds engines only)."""
     backend: str = "nccl"
     """"gloo" (CPU) or "nccl" (GPU): gloo's all-gather allocates a flat output buffer."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step: from the second on, gradients of the earlier ones are held."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing: blocks keep their input only and recompute in backward."""
+    activation_count: ActivationTerms | None = None
+    """Activations counted on the real architecture (zero_train.memory.model.activations), or None: the
+    GPT-2 formula of `activation_terms`."""
 
     @property
     def element_bytes(self) -> int:
@@ -105,11 +117,45 @@ class Run:
         return max(self.shape.param_numels, default=self.shape.largest_layer_params)
 
 
-def activations(run: Run) -> int:
-    """Bytes autograd saves for backward during one micro-batch's forward (theory.activation_bytes)."""
-    return activation_bytes(
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ActivationTerms:
+    """One micro-batch's activation terms (the fields of zero_train.memory.model.activations.ActivationCount)."""
+
+    saved_bytes: int
+    """Bytes autograd holds at the end of forward (each storage once; with checkpointing the blocks' inputs)."""
+    loss_bytes: int
+    """The logits and loss temporaries alive at the end of forward."""
+    recompute_bytes: int
+    """With checkpointing: one block's activations, recomputed during backward (0 without)."""
+
+
+def activation_terms(run: Run) -> ActivationTerms:
+    """The run's activation terms: counted on the architecture when the run carries them, else GPT-2's formula.
+
+    The formula (theory.activation_bytes): ACTIVATION_VALUES_PER_TOKEN_CHANNEL values per token and channel
+    per block, plus the LM head's inputs and the fp32 log-softmax. With checkpointing (Hugging Face's,
+    non-reentrant torch.utils.checkpoint) a block keeps only its input, T x h values, and backward
+    recomputes one block at a time (its full activations alive while that block's backward runs).
+    """
+    if run.activation_count is not None:
+        return run.activation_count
+    saved = activation_bytes(
         run.shape, micro_batch_size=run.micro_batch_size, block_size=run.block_size, precision=run.precision
     )
+    block = run.tokens * run.shape.hidden_size * run.element_bytes
+    if not (run.gradient_checkpointing and saved):
+        return ActivationTerms(saved_bytes=saved, loss_bytes=loss_forward(run), recompute_bytes=0)
+    per_block_saved = ACTIVATION_VALUES_PER_TOKEN_CHANNEL * block
+    return ActivationTerms(
+        saved_bytes=saved - run.shape.num_layers * (per_block_saved - block),
+        loss_bytes=loss_forward(run),
+        recompute_bytes=per_block_saved,
+    )
+
+
+def activations(run: Run) -> int:
+    """Bytes autograd saves for backward during one micro-batch's forward (`activation_terms`)."""
+    return activation_terms(run).saved_bytes
 
 
 def loss_forward(run: Run) -> int:
