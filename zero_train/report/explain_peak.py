@@ -56,13 +56,18 @@ def _ours_sentence(row: dict) -> str:
     whose = "" if ours["rank"] == row["reported_rank"] or not whole_tensors else (
         f" (for rank {ours['rank']}, which whole-tensor sharding gives the highest peak)"
     )  # fmt: skip
+    baseline = peak.get("baseline")
+    baseline_words = "" if baseline is None else (
+        f"; {units.mb(baseline)} of it was there before the model was built (ours + that: "
+        f"{units.ratio_text(peak.get('ours_plus_baseline_ratio'))} x the whole peak)"
+    )  # fmt: skip
     return (
         f"our model{whose} peaks at {OUR_PHASE_WORDS[phase]}: {units.mb(ours['peak_bytes'])} = "
-        f"{_terms(ours['phases'][phase])}; with the measured other {units.mb(peak['other'])} ({peak['other_source']}; "
-        f"no estimator predicts it) {units.mb(peak['ours'])}, {units.ratio_text(peak['ours_ratio'])} x the measured "
-        f"peak: {verdict} the {PEAK_GOAL:.0%} goal; without other, {units.mb(peak['ours_without_other'])} vs "
-        f"{units.mb(peak['measured_without_other'])} measured (the largest peak minus other over the ranks): "
-        f"{units.ratio_text(peak['ratio_without_other'])} x."
+        f"{_terms(ours['phases'][phase])}; against the measured peak minus other, {units.mb(peak['ours_without_other'])} "
+        f"vs {units.mb(peak['measured_without_other'])} (the largest over the ranks): "
+        f"{units.ratio_text(peak['ratio_without_other'])} x, {verdict} the {PEAK_GOAL:.0%} goal. The measured other "
+        f"{units.mb(peak['other'])} ({peak['other_source']}; no estimator predicts it){baseline_words}; with it "
+        f"added, as reported before, {units.mb(peak['ours'])}, {units.ratio_text(peak['ours_ratio'])} x the peak."
     )
 
 

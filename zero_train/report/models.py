@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from zero_train.memory.model.theory import ModelShape
 
@@ -22,6 +23,8 @@ class ModelFacts:
     """Parameters, largest layer, layers, width, heads, vocabulary (zero_train.memory.model.theory)."""
     param_numels: tuple[int, ...]
     """Elements of every parameter tensor, in `model.parameters()` order (tied weights once)."""
+    config: Any = None
+    """The transformers config (activations are counted on it), None if unknown."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -50,7 +53,8 @@ def _facts_of(name: str) -> FactsLookup:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     numels = tuple(p.numel() for p in model.parameters())
-    return FactsLookup(facts=ModelFacts(shape=model_shape(config), param_numels=numels), problem=None)
+    facts = ModelFacts(shape=model_shape(config), param_numels=numels, config=config)
+    return FactsLookup(facts=facts, problem=None)
 
 
 def model_facts(name: str | None, num_params: int | None) -> FactsLookup:

@@ -1,0 +1,227 @@
+"""Run the out-of-sample memory matrix and compare our peak model with every measured peak.
+
+    python scripts/memory_matrix.py --out runs/memory-matrix                 # the 48 cells (~15-25 min here)
+    python scripts/memory_matrix.py --out runs/memory-matrix --list          # the design, nothing run
+    python scripts/memory_matrix.py --out DIR --cells llama-ds2-w2-bf16-ga4-ckpt,qwen2-zero1-w3-fp32
+    python scripts/memory_matrix.py --out runs/memory-matrix --reuse         # re-summarize, rerun only missing
+    zero-train report runs/memory-matrix/llama                               # the full report of one architecture
+
+The design (zero_train.report.matrix): three architectures built from small configs (random weights, saved
+once under OUT/models/), checkpointing on/off, accumulation 1/4, world sizes 2/3, fp32/bf16, six engines;
+48 cells in which every level of every factor meets every engine. Each cell is what a `zero-train profile`
+cell runs (scripts/train.py's training loop with --memory-report, 2 optimizer steps, a generated DeepSpeed
+config), its record under OUT/<architecture>/cells/; to spare 48 x 2-3 interpreter starts on a loaded
+machine, the cells of one world size run in the same rank processes one after another (zero_train.testing
+.run_ranks), ZeRO-3 last. The comparison is per run (peak minus that run's "other"), so what earlier cells
+leave behind cancels out of the headline figure; it does raise the "baseline". Then every record goes through the report's comparison
+(zero_train.report.compare.compare_cell) and OUT/matrix.md + OUT/matrix.json get the headline figure, ours
+/ (peak - other), per cell with its distribution, and per phase where a cell misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+from zero_train.runtime.errors import UsageError, run_cli
+
+GOAL = 0.10
+
+
+def _parser() -> argparse.ArgumentParser:
+    from zero_train.cli.parser import OneLineParser, positive_float, positive_int
+
+    parser = OneLineParser(prog="memory_matrix.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--cells", default=None, help="comma-separated cell names (default: all 48)")
+    parser.add_argument("--list", action="store_true", help="print the design and exit")
+    parser.add_argument("--reuse", action="store_true", help="keep cells already recorded in OUT")
+    parser.add_argument("--steps", type=positive_int, default=2, help="optimizer steps per cell (default 2)")
+    parser.add_argument("--timeout", type=positive_float, default=300, help="seconds per cell (default 300)")
+    return parser
+
+
+def build_model_folder(architecture: str, out: pathlib.Path) -> pathlib.Path:
+    """OUT/models/<architecture>: config.json + random weights (seed 0), the offline tokenizer's vocabulary."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from zero_train.hf.offline import EOS_TOKEN_ID, OFFLINE_VOCAB_SIZE
+    from zero_train.report.matrix import ARCHITECTURES
+
+    folder = out / "models" / architecture
+    if (folder / "config.json").exists():
+        return folder
+    kwargs = dict(ARCHITECTURES[architecture])
+    config = CONFIG_MAPPING[kwargs.pop("model_type")](
+        **kwargs, vocab_size=OFFLINE_VOCAB_SIZE, bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def _cell_args(cell, model: pathlib.Path, args: argparse.Namespace) -> argparse.Namespace:
+    from zero_train.report.matrix import BLOCK_SIZE, MICRO_BATCH_SIZE
+
+    return argparse.Namespace(
+        model=str(model), precision=cell.precision, micro_batch_size=MICRO_BATCH_SIZE, block_size=BLOCK_SIZE,
+        grad_accum=cell.grad_accum, gradient_checkpointing=cell.gradient_checkpointing, steps=args.steps,
+    )  # fmt: skip
+
+
+def _paths(cell, args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]:
+    """(its DeepSpeed config, its run record) under OUT/<architecture>/, named as `zero-train profile` does."""
+    from zero_train.cli.profile import _args_cell_name
+
+    arch_out = pathlib.Path(args.out) / cell.architecture
+    stem = _args_cell_name(cell.engine, cell.world_size, _cell_args(cell, pathlib.Path(), args))
+    return arch_out / "configs" / f"{stem}.json", arch_out / "cells" / f"{stem}.json"
+
+
+def _train_argv(cell, args: argparse.Namespace) -> list[str]:
+    """scripts/train.py's flags for one cell (config generated as `zero-train profile` does)."""
+    from zero_train.cli.profile import CELL_ENGINES, cell_config
+    from zero_train.ds_config import write_config
+    from zero_train.launch.launcher import model_meta
+    from zero_train.report.matrix import BLOCK_SIZE
+
+    model = build_model_folder(cell.architecture, pathlib.Path(args.out))
+    cell_args = _cell_args(cell, model, args)
+    config_path, record_path = _paths(cell, args)
+    for path in (config_path, record_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    hidden = model_meta(str(model), BLOCK_SIZE)["hidden_size"]
+    write_config(cell_config(cell.engine, cell.world_size, cell_args, hidden), config_path)
+    argv = [
+        "--deepspeed_config", str(config_path), "--engine", CELL_ENGINES[cell.engine][0], "--model", str(model),
+        "--block-size", str(cell_args.block_size), "--micro-batch-size", str(cell_args.micro_batch_size),
+        "--grad-accum", str(cell.grad_accum), "--max-steps", str(args.steps), "--memory-report", str(record_path),
+        "--no-progress", "--eval-batches", "1",
+    ]  # fmt: skip
+    return argv + (["--gradient-checkpointing"] if cell.gradient_checkpointing else [])
+
+
+def _train_cells(rank: int, world_size: int, argvs: list[list[str]]) -> list[str | None]:
+    """In each rank: train every cell in turn (one process for all: no per-cell imports); errors by cell."""
+    import gc
+
+    from zero_train.runtime.dist import init_distributed
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import Trainer
+    from zero_train.train.setup import plan_run
+
+    errors: list[str | None] = []
+    for argv in argvs:
+        try:
+            args = parse_args(argv)
+            Trainer(args, plan_run(args, world_size=world_size), init_distributed()).run()
+            errors.append(None)
+        except Exception as err:  # noqa: BLE001 - one cell's failure is recorded, the matrix goes on
+            errors.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        gc.collect()
+    return errors
+
+
+def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
+    """Run the cells (by world size, DeepSpeed ZeRO-3 last: transformers keeps its config global), each rank
+    one process for its whole group; returns every cell's run record by name."""
+    from zero_train.cli.profile import CELL_ENGINES
+    from zero_train.launch.launcher import model_meta
+    from zero_train.memory.record import error_record, load_record, write_record
+    from zero_train.report.matrix import BLOCK_SIZE
+    from zero_train.testing import run_ranks
+
+    records, todo = {}, []
+    for cell in cells:
+        record_path = _paths(cell, args)[1]
+        if args.reuse and record_path.exists() and load_record(record_path).get("error") is None:
+            records[cell.name] = load_record(record_path)
+        else:
+            record_path.unlink(missing_ok=True)
+            todo.append(cell)
+    for world_size in sorted({cell.world_size for cell in todo}):
+        group = sorted((c for c in todo if c.world_size == world_size), key=lambda c: c.engine == "ds3")
+        argvs = [_train_argv(cell, args) for cell in group]
+        started = time.perf_counter()
+        errors = run_ranks(_train_cells, world_size, args=(argvs,), timeout_s=args.timeout * len(group))[0]
+        print(
+            f"world size {world_size}: {len(group)} cells in {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
+        for cell, error in zip(group, errors, strict=True):
+            record_path = _paths(cell, args)[1]
+            meta = model_meta(str(build_model_folder(cell.architecture, pathlib.Path(args.out))), BLOCK_SIZE)
+            meta.pop("hidden_size")
+            if error or not record_path.exists():
+                record = error_record(
+                    error or "no run record written", engine=cell.engine, world_size=world_size
+                )
+            else:
+                record = load_record(record_path)
+            record.update(meta, engine=cell.engine, zero_stage=CELL_ENGINES[cell.engine][1])
+            write_record(record, record_path)
+            records[cell.name] = record
+    return records
+
+
+def compare(cell, record: dict) -> dict:
+    """The report's comparison row of one record, with the matrix cell's name and factors."""
+    from dataclasses import asdict
+
+    from zero_train.report.compare import compare_cell
+    from zero_train.report.models import model_facts
+
+    row = compare_cell(record, model_facts(record["model"], record["num_params"]))
+    row.update(matrix_cell=cell.name, matrix=asdict(cell))
+    return row
+
+
+def _selected(names: str | None) -> list:
+    from zero_train.report.matrix import design
+
+    cells = design()
+    if not names:
+        return cells
+    by_name = {cell.name: cell for cell in cells}
+    unknown = [name for name in names.split(",") if name not in by_name]
+    if unknown:
+        raise UsageError(f"unknown cell {unknown[0]!r}; see `scripts/memory_matrix.py --out DIR --list`")
+    return [by_name[name] for name in names.split(",")]
+
+
+def main(argv: list[str]) -> int:
+    """Run the selected cells, compare, write OUT/matrix.json and OUT/matrix.md."""
+    from zero_train.report.matrix import summarize
+    from zero_train.report.matrix_markdown import render_matrix
+    from zero_train.runtime.outputs import check_output_dir
+
+    args = _parser().parse_args(argv)
+    cells = _selected(args.cells)
+    if args.list:
+        print("\n".join(cell.name for cell in cells))
+        return 0
+    check_output_dir(args.out, flag="--out")
+    records = run_cells(cells, args)
+    rows = []
+    for cell in cells:
+        rows.append(compare(cell, records[cell.name]))
+        ratio = (rows[-1].get("peak") or {}).get("ratio_without_other")
+        status = records[cell.name].get("error") or (f"ours / (peak - other) {ratio:.3f}" if ratio else "n/a")
+        print(f"  {cell.name:<36} {status}", flush=True)
+    summary = summarize(rows, GOAL)
+    out = pathlib.Path(args.out)
+    (out / "matrix.json").write_text(json.dumps(dict(summary=summary, rows=rows), indent=1, default=str))
+    (out / "matrix.md").write_text(render_matrix(summary, rows, GOAL))
+    ratio = summary["ratio"]
+    print(f"{summary['within']} of {len(rows) - len(summary['failed'])} cells within {GOAL:.0%}; ours / (peak - "
+          f"other): min {ratio['min']}, median {ratio['median']}, max {ratio['max']} -> {out / 'matrix.md'}")  # fmt: skip
+    return 0 if not summary["failed"] else 1
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(sys.argv[1:]))

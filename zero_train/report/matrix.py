@@ -1,0 +1,127 @@
+"""The out-of-sample memory matrix: which cells to run, and what their comparison rows say together.
+
+Our peak model (zero_train.memory.model.peak) was derived from the engines' code and checked on gpt2-25m
+(12 x 384, micro-batch 2 x block 64, one micro-batch per step, no checkpointing). This matrix runs cells it
+was NOT fitted on: three architectures built from small configs (GPT-2, Llama with an untied head, Qwen2
+with q/k/v biases and one KV head), activation checkpointing on and off, accumulation 1 and 4, world sizes
+2 and 3, fp32 and bf16, for every engine. Not the full product (3 x 2^4 x 6 = 288 runs): each engine gets
+the 8 cells of a 2^(4-1) half fraction of the four two-level factors (every level of every factor meets
+every engine 4 times, every pair of levels twice), the two halves alternating between engines so that all
+16 combinations appear over the matrix, and the architecture rotating so that each meets each engine 2-3
+times. 48 cells. scripts/memory_matrix.py runs them; docs/memory_matrix.md has the figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import dataclass
+
+MATRIX_ENGINES = ("ddp", "zero1", "torch-zero", "ds1", "ds2", "ds3")
+MICRO_BATCH_SIZE = 2
+BLOCK_SIZE = 128
+ARCHITECTURES: dict[str, dict] = {
+    "gpt2": dict(model_type="gpt2", n_layer=4, n_embd=256, n_head=4, n_positions=256,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "llama": dict(model_type="llama", num_hidden_layers=4, hidden_size=256, intermediate_size=704,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=False),
+    "qwen2": dict(model_type="qwen2", num_hidden_layers=3, hidden_size=320, intermediate_size=896,
+                  num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=256,
+                  tie_word_embeddings=True),
+}  # fmt: skip
+"""Small shapes of the three architectures (vocabulary: the offline tokenizer's 8192): 5.3M, 7.2M, 6.0M
+parameters; none is the shape the model was checked on."""
+
+
+@dataclass(frozen=True)
+class MatrixCell:
+    """One run of the matrix."""
+
+    architecture: str
+    engine: str
+    world_size: int
+    precision: str
+    grad_accum: int
+    gradient_checkpointing: bool
+
+    @property
+    def name(self) -> str:
+        """e.g. `llama-ds2-w3-bf16-ga4-ckpt`."""
+        return (
+            f"{self.architecture}-{self.engine}-w{self.world_size}-{self.precision}"
+            + (f"-ga{self.grad_accum}" if self.grad_accum > 1 else "")
+            + ("-ckpt" if self.gradient_checkpointing else "")
+        )
+
+
+def design() -> list[MatrixCell]:
+    """The 48 cells: per engine a 2^(4-1) half fraction of (checkpointing, accumulation, world size,
+    precision), the defining relation alternating by engine, the architecture rotating."""
+    cells = []
+    architectures = list(ARCHITECTURES)
+    for engine_index, engine in enumerate(MATRIX_ENGINES):
+        half = engine_index % 2
+        combos = [c for c in itertools.product((0, 1), repeat=4) if sum(c) % 2 == half]
+        for cell_index, (ckpt, accum, world, precision) in enumerate(combos):
+            cells.append(
+                MatrixCell(
+                    architecture=architectures[(cell_index + engine_index) % len(architectures)],
+                    engine=engine,
+                    world_size=(2, 3)[world],
+                    precision=("fp32", "bf16")[precision],
+                    grad_accum=(1, 4)[accum],
+                    gradient_checkpointing=bool(ckpt),
+                )
+            )
+    return cells
+
+
+def distribution(values: list[float]) -> dict:
+    """min / median / max of `values` (None for each if empty)."""
+    if not values:
+        return dict(min=None, median=None, max=None)
+    return dict(min=min(values), median=statistics.median(values), max=max(values))
+
+
+def summarize(rows: list[dict], goal: float) -> dict:
+    """The matrix's figures from its comparison rows (zero_train.report.compare.compare_cell, each with
+    "matrix_cell"): the headline ratio ours / (peak - other) and its distribution, the old figure with the
+    measured other, and the cells outside `goal`.
+
+    Returns:
+        {"cells", "failed", "within", "ratio" (distribution), "ratio_with_other", "ratio_with_baseline",
+         "misses": [row names], "by_factor": {factor: {level: distribution}}}
+    """
+    done = [row for row in rows if not row.get("error") and row.get("peak", {}).get("ratio_without_other")]
+    ratios = [row["peak"]["ratio_without_other"] for row in done]
+    misses = [row["matrix_cell"] for row in done if abs(row["peak"]["ratio_without_other"] - 1) > goal]
+    by_factor: dict[str, dict] = {}
+    for factor in (
+        "architecture",
+        "engine",
+        "world_size",
+        "precision",
+        "grad_accum",
+        "gradient_checkpointing",
+    ):
+        levels: dict[str, list[float]] = {}
+        for row in done:
+            levels.setdefault(str(row["matrix"][factor]), []).append(row["peak"]["ratio_without_other"])
+        by_factor[factor] = {level: distribution(values) for level, values in levels.items()}
+    return dict(
+        cells=len(rows),
+        failed=[row["matrix_cell"] for row in rows if row.get("error")],
+        within=len(done) - len(misses),
+        ratio=distribution(ratios),
+        ratio_with_other=distribution([row["peak"]["ours_ratio"] for row in done]),
+        ratio_with_baseline=distribution(
+            [
+                row["peak"]["ours_plus_baseline_ratio"]
+                for row in done
+                if row["peak"].get("ours_plus_baseline_ratio")
+            ]
+        ),
+        misses=misses,
+        by_factor=by_factor,
+    )
