@@ -29,6 +29,8 @@ import time
 from zero_train.runtime.errors import UsageError, run_cli
 
 GOAL = 0.10
+CHUNK = 8
+"""Cells per group of rank processes (one interpreter start per rank per group)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,6 +129,18 @@ def _train_cells(rank: int, world_size: int, argvs: list[list[str]]) -> list[str
     return errors
 
 
+def _chunks(cells: list, size: int = CHUNK) -> list[list]:
+    """Groups of at most `size` cells of one world size, engines mixed, ZeRO-3 last in each; the world sizes
+    alternate, so that an interrupted run has recorded a bit of everything (--reuse continues it)."""
+    by_size: dict[int, list[list]] = {}
+    for world_size in sorted({cell.world_size for cell in cells}):
+        mine = [cell for cell in cells if cell.world_size == world_size]
+        count = -(-len(mine) // size)
+        by_size[world_size] = [sorted(mine[i::count], key=lambda c: c.engine == "ds3") for i in range(count)]
+    longest = max((len(groups) for groups in by_size.values()), default=0)
+    return [groups[i] for i in range(longest) for groups in by_size.values() if i < len(groups)]
+
+
 def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
     """Run the cells (by world size, DeepSpeed ZeRO-3 last: transformers keeps its config global), each rank
     one process for its whole group; returns every cell's run record by name."""
@@ -144,8 +158,8 @@ def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
         else:
             record_path.unlink(missing_ok=True)
             todo.append(cell)
-    for world_size in sorted({cell.world_size for cell in todo}):
-        group = sorted((c for c in todo if c.world_size == world_size), key=lambda c: c.engine == "ds3")
+    for group in _chunks(todo):
+        world_size = group[0].world_size
         argvs = [_train_argv(cell, args) for cell in group]
         started = time.perf_counter()
         errors = run_ranks(_train_cells, world_size, args=(argvs,), timeout_s=args.timeout * len(group))[0]

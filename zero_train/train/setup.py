@@ -165,6 +165,7 @@ def model_builder(args: argparse.Namespace, plan: RunPlan, probe=None):
                 model = build_model(plan.model_config)
             else:
                 model = load_model(args.model, vocab_size=len(plan.tokenizer))
+        model.train()  # from_pretrained returns a model in eval mode: no dropout, no checkpointing
         if getattr(args, "gradient_checkpointing", False):
             enable_gradient_checkpointing(model)
         return model
