@@ -34,7 +34,7 @@ CHUNK = 8
 
 
 def _parser() -> argparse.ArgumentParser:
-    from zero_train.cli.parser import OneLineParser, positive_float, positive_int
+    from zero_train.runtime.parser import OneLineParser, positive_float, positive_int
 
     parser = OneLineParser(prog="memory_matrix.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
@@ -78,16 +78,16 @@ def _cell_args(cell, model: pathlib.Path, args: argparse.Namespace) -> argparse.
 
 def _paths(cell, args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]:
     """(its DeepSpeed config, its run record) under OUT/<architecture>/, named as `zero-train profile` does."""
-    from zero_train.cli.profile import _args_cell_name
+    from zero_train.launch.cells import args_cell_name
 
     arch_out = pathlib.Path(args.out) / cell.architecture
-    stem = _args_cell_name(cell.engine, cell.world_size, _cell_args(cell, pathlib.Path(), args))
+    stem = args_cell_name(cell.engine, cell.world_size, _cell_args(cell, pathlib.Path(), args))
     return arch_out / "configs" / f"{stem}.json", arch_out / "cells" / f"{stem}.json"
 
 
 def _train_argv(cell, args: argparse.Namespace) -> list[str]:
     """scripts/train.py's flags for one cell (config generated as `zero-train profile` does)."""
-    from zero_train.cli.profile import CELL_ENGINES, cell_config
+    from zero_train.launch.cells import CELL_ENGINES, cell_config
     from zero_train.ds_config import write_config
     from zero_train.launch.launcher import model_meta
     from zero_train.report.matrix import BLOCK_SIZE
@@ -144,7 +144,7 @@ def _chunks(cells: list, size: int = CHUNK) -> list[list]:
 def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
     """Run the cells (by world size, DeepSpeed ZeRO-3 last: transformers keeps its config global), each rank
     one process for its whole group; returns every cell's run record by name."""
-    from zero_train.cli.profile import CELL_ENGINES
+    from zero_train.launch.cells import CELL_ENGINES
     from zero_train.launch.launcher import model_meta
     from zero_train.memory.record import error_record, load_record, write_record
     from zero_train.report.matrix import BLOCK_SIZE
