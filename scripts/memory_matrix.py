@@ -87,8 +87,8 @@ def _paths(cell, args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]:
 
 def _train_argv(cell, args: argparse.Namespace) -> list[str]:
     """scripts/train.py's flags for one cell (config generated as `zero-train profile` does)."""
-    from zero_train.launch.cells import CELL_ENGINES, cell_config
     from zero_train.ds_config import write_config
+    from zero_train.launch.cells import CELL_ENGINES, cell_config
     from zero_train.launch.launcher import model_meta
     from zero_train.report.matrix import BLOCK_SIZE
 
