@@ -10,6 +10,7 @@ import pytest
 
 from zero_train.cli.main import main
 from zero_train.memory.model import theory
+from zero_train.memory.model.gpu_terms import GpuHeadroom
 
 PAPER_GB = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.88}  # ZeRO paper, 7.5B params, 64 ranks (Figure 1 / Table 1)
 
@@ -58,7 +59,7 @@ def test_json_has_the_same_numbers_and_calls_deepspeeds_estimator(capsys):
     assert by_stage[3]["deepspeed_bytes"] == expected3
 
 
-def test_gpu_memory_picks_the_lowest_stage_that_fits(capsys):
+def test_gpu_memory_picks_the_lowest_stage_that_fits_after_the_named_headroom(capsys):
     argv = ["--params", "7.5e9", "--world-size", "64", "--json"]
     result = json.loads(run_estimate(capsys, *argv, "--gpu-memory", "10"))
     # ours is the peak: 16-bit params whole (15 GB) at stages 0-2, whole gradients during ZeRO-1's backward
@@ -68,8 +69,23 @@ def test_gpu_memory_picks_the_lowest_stage_that_fits(capsys):
     assert "recommended: ZeRO-3" in run_estimate(
         capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "10"
     )
-    assert json.loads(run_estimate(capsys, *argv, "--gpu-memory", "18"))["recommended_stage"] == 2
-    assert json.loads(run_estimate(capsys, *argv, "--gpu-memory", "33"))["recommended_stage"] == 1
+    # the GPU is compared with the peak plus the CUDA context, the allocator's reserve and NCCL's buffers
+    zero2 = result["stages"][2]
+    headroom = GpuHeadroom()
+    assert zero2["headroom"] == dict(
+        cuda_context=headroom.cuda_context_bytes,
+        allocator_reserve=int(0.10 * zero2["ours_bytes"]),
+        nccl_buffers=2 * 2 * 16 * 4 * 2**20,
+    )
+    assert zero2["device_needed_bytes"] == zero2["ours_bytes"] + sum(zero2["headroom"].values())
+    assert 17.5e9 < zero2["ours_bytes"] < 18e9 < 20e9 < zero2["device_needed_bytes"] < 21e9
+    assert json.loads(run_estimate(capsys, *argv, "--gpu-memory", "18"))["recommended_stage"] == 3
+    assert json.loads(run_estimate(capsys, *argv, "--gpu-memory", "21"))["recommended_stage"] == 2
+    assert json.loads(run_estimate(capsys, *argv, "--gpu-memory", "37"))["recommended_stage"] == 1
+    cpu = json.loads(run_estimate(capsys, *argv, "--device", "cpu"))
+    assert all(row["headroom"] == {} for row in cpu["stages"])
+    table = run_estimate(capsys, "--params", "7.5e9", "--world-size", "64", "--gpu-memory", "21")
+    assert "NOT measured on this hardware" in table and "CUDA context (assumed 0.5 GB)" in table
 
 
 def test_ours_is_the_peak_zero1_holds_whole_gradients_in_backward(capsys):
@@ -132,3 +148,87 @@ def test_bad_inputs_exit_2_with_one_line(argv):
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr
+
+
+def test_offload_moves_optimizer_states_to_the_host_as_deepspeed_allocates_them():
+    """DeepSpeed's offload estimators agree with ours: device model states exactly; host per node: both take the
+    fp32 model every rank builds on the host (4 Psi x 8 ranks; DeepSpeed adds a 1.5 buffer factor); while training
+    ours (each buffer named, memory.model.offload) lies between DeepSpeed's bare 16 (ZeRO-2) / 18 (ZeRO-3) bytes
+    per parameter and those times 1.5. ZeRO-3 builds the model partitioned (zero.Init): no full fp32 copy."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    from transformers import LlamaConfig
+
+    from zero_train.memory.model.estimate import estimate_setup
+
+    offload = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    ds_config = {"zero_optimization": {"stage": 3, **offload}, "bf16": {"enabled": True}}
+    config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                         num_attention_heads=8, max_position_embeddings=64)  # fmt: skip
+    result = estimate_setup(config, world_size=8, block_size=16, ds_config=ds_config, host_memory_bytes=1e12,
+                            stages=(2, 3))  # fmt: skip
+    zero2, zero3 = result.stages
+    psi = result.num_params
+    part = -(-psi // 8)
+    cpu2, gpu2 = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=8, cpu_offload=True)
+    assert zero2.device_phases["step"]["params"] == gpu2 == 2 * psi  # the 16-bit model stays on the device
+    for phases in (zero2.device_phases, zero3.device_phases):
+        assert not any(
+            {"master_params", "optimizer_states", "fp32_grads"} & set(terms) for terms in phases.values()
+        )
+    host2 = zero2.host_per_rank
+    assert (host2["master_params"], host2["optimizer_states"], host2["fp32_grads"]) == (
+        4 * part,
+        8 * part,
+        4 * part,
+    )
+    assert (
+        host2["param_copy"] == 2 * part and host2["grad_staging_buffer"] == 2 * 32000 * 512
+    )  # the embedding
+    assert (
+        zero2.host_per_node_bytes == 8 * zero2.host_startup_per_rank == 8 * 4 * psi and cpu2 == 1.5 * 32 * psi
+    )
+    assert 16 * psi < 8 * sum(host2.values()) < 1.5 * 16 * psi
+    cpu3, _, _ = estimate_zero3_model_states_mem_needs(
+        psi, 32000 * 512, num_gpus_per_node=8, cpu_offload=True, cpu_offload_params=True
+    )
+    assert cpu3 == 1.5 * 18 * psi  # no fp32 copy per rank: zero.Init builds the model partitioned
+    assert zero3.host_per_rank == dict(master_params=4 * part, optimizer_states=8 * part, fp32_grads=4 * part,
+                                       grads=2 * part, params=2 * part)  # fmt: skip
+    assert 18 * psi < zero3.host_per_node_bytes == 8 * sum(zero3.host_per_rank.values()) < cpu3
+    assert zero3.device_phases["step"].get("params", 0) == 2 * 512 * 9  # only the persistent norms stay
+    tight = estimate_setup(config, world_size=8, block_size=16, ds_config=ds_config,
+                           host_memory_bytes=zero3.host_per_node_bytes - 1, stages=(3,))  # fmt: skip
+    assert zero3.fits_host and tight.stages[0].fits_host is False and tight.stages[0].fits is None
+
+
+def test_a_config_json_is_estimated_with_activations_counted_on_its_architecture(capsys, tmp_path):
+    import torch
+
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.activations import count_activations
+
+    config = model_config("llama-tiny")
+    config.to_json_file(tmp_path / "config.json")
+    argv = [
+        "--model",
+        str(tmp_path / "config.json"),
+        "--world-size",
+        "2",
+        "--block-size",
+        "64",
+        "--device",
+        "cpu",
+    ]
+    result = json.loads(
+        run_estimate(capsys, *argv, "--gradient-checkpointing", "--grad-accum", "4", "--json")
+    )
+    count = count_activations(config, micro_batch_size=1, block_size=64, dtype=torch.bfloat16,
+                              gradient_checkpointing=True)  # fmt: skip
+    assert result["activations"] == count.as_dict() and count.recompute_bytes > 0
+    assert (result["grad_accum"], result["gradient_checkpointing"]) == (4, True)
+    for row in result["stages"]:
+        assert row["ours_phases"]["forward"]["activations"] == count.saved_bytes
+        assert row["headroom"] == {} and row["host_per_rank"] == {}
+        assert row["host_per_node_bytes"] == 2 * row["host_startup_per_rank"]
+    assert result["stages"][0]["host_startup_per_rank"] == 4 * result["num_params"]

@@ -17,6 +17,7 @@ whole sweep takes seconds; two also run as real subprocesses of the scripts. Exi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pathlib
 import random
@@ -76,6 +77,14 @@ CASES = [
          "--config", "{w}/garbage.bin"], "cannot read config file"),
     Case("estimate-huge-block", "zero-train", ["estimate", "--model", "tiny", "--world-size", "2",
          "--block-size", "99999999999"], "exceeds tiny's context"),
+    Case("estimate-config-json-not-a-causal-lm", "zero-train", ["estimate", "--model", "{w}/t5-config.json",
+         "--world-size", "2"], "'t5' config, not a causal LM"),
+    Case("estimate-config-json-garbage", "zero-train", ["estimate", "--model", "{w}/garbage.txt", "--world-size",
+         "2"], "as a config.json"),
+    Case("estimate-block-beyond-published-context", "zero-train", ["estimate", "--model", "llama-3-8b",
+         "--world-size", "8", "--block-size", "8193"], "exceeds llama-3-8b's context (8192)"),
+    Case("estimate-offload-without-host-memory", "zero-train", ["estimate", "--model", "tiny", "--world-size", "2",
+         "--config", "{w}/offload.json"], "give --host-memory GB"),
     # zero-train export: damaged checkpoints, malicious DeepSpeed pickle, outputs that cannot be written
     Case("export-missing-checkpoint", "zero-train", ["export", "{w}/no-ckpt", "{w}/export-out"], "does not exist"),
     Case("export-truncated-file", "zero-train", ["export", "{w}/ckpt-truncated", "{w}/export-out"],
@@ -198,6 +207,11 @@ def _write_inputs(root: pathlib.Path) -> None:
     (root / "list.json").write_text("[1, 2]")
     (root / "huge.json").write_text('{"train_micro_batch_size_per_gpu": 1e400}')
     (root / "wrong-type.json").write_text('{"train_batch_size": "eight"}')
+    (root / "t5-config.json").write_text('{"model_type": "t5", "d_model": 64}')
+    offload = {"device": "cpu"}
+    (root / "offload.json").write_text(
+        json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": offload}})
+    )
     (root / "not-empty").mkdir()
     (root / "not-empty" / "keep.txt").write_text("an earlier export: must survive")
 

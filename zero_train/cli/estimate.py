@@ -1,11 +1,15 @@
-"""`zero-train estimate`: per-rank memory for ZeRO stages 0-3 before launching, and which stages fit.
+"""`zero-train estimate`: per-rank memory for ZeRO stages 0-3 before launching, device and host, and which fit.
 
-"ours" is our PEAK model (zero_train.memory.model.peak): the most one rank holds in any phase of a step, which
-is what must fit; the paper and DeepSpeed's estimators count model states only.
+"ours" is our PEAK model (zero_train.memory.model.estimate.estimate_setup): the most one rank holds in any phase
+of a step, with activations counted on the real architecture (fake tensors), DeepSpeed's offload moved to the
+host, and on GPUs the named headroom terms (assumed, not measured here); the paper and DeepSpeed's estimators
+count model states only.
 
 zero-train estimate --params 7.5e9 --world-size 64                 # the paper: 120 / 31.4 / 16.6 / 1.88 GB
-zero-train estimate --model gpt2-small --world-size 8 --gpu-memory 16 --micro-batch-size 4
-zero-train estimate --model tiny --world-size 2 --config ds_configs/zero2.json --json
+zero-train estimate --model llama-3-8b --world-size 8 --gpu-memory 80 --block-size 8192 --gradient-checkpointing
+zero-train estimate --model llama-3-8b --world-size 8 --gpu-memory 24 --config ds_configs/zero3_offload.json \
+    --host-memory 512 --grad-accum 4
+zero-train estimate --model path/to/config.json --world-size 2 --device cpu --json
 """
 
 from __future__ import annotations
@@ -18,30 +22,40 @@ from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import positive_float, positive_int
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
-STAGE_ENGINES = {0: "ddp", 1: "ds1", 2: "ds2", 3: "ds3"}  # "ours" models torch DDP and DeepSpeed's stages
+GB = 1e9
 
 
 def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
     """Register `estimate` with its flags."""
     parser = subparsers.add_parser(
         "estimate",
-        help="per-rank memory of ZeRO stages 0-3: paper, DeepSpeed's estimator, ours; which fit",
+        help="per-rank memory of ZeRO stages 0-3 (device and host): paper, DeepSpeed's estimator, ours; which fit",
         description="Per-rank bytes for ZeRO stages 0-3 from (a) the ZeRO paper's formulas, (b) DeepSpeed's "
         "own estimators (model states only), (c) our model of the PEAK over a training step: model states as "
-        "the engines hold them plus communication buckets (from --config), activations (from --model, "
-        "--micro-batch-size, --block-size), gradients before they are reduced, fp32 gradient copies and "
-        "optimizer temporaries. GB = 1e9 bytes.",
+        "the engines hold them, communication buckets (from --config), activations counted on the model's real "
+        "architecture (fake tensors: no memory), gradients before they are reduced, fp32 gradient copies, "
+        "optimizer temporaries, DeepSpeed offload (host bytes per node), and on GPUs the CUDA context, the "
+        "caching allocator's reserve and NCCL buffers (assumed, not measured here). GB = 1e9 bytes.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="a preset (tiny, gpt2-small, ...), a local HF folder or a hub id")
+    source.add_argument(
+        "--model",
+        help="a preset (tiny, llama-3-8b, qwen2.5-7b, ...), a config.json, a local HF folder or a hub id",
+    )
     source.add_argument("--params", type=positive_float, help="a raw parameter count instead, e.g. 7.5e9")
     parser.add_argument("--world-size", type=positive_int, required=True, help="data-parallel ranks")
-    parser.add_argument("--config", help="a DeepSpeed config (bucket sizes, precision)")
+    parser.add_argument("--config", help="a DeepSpeed config (bucket sizes, precision, offload)")
     parser.add_argument(
         "--precision", choices=("fp32", "bf16", "fp16"), default=None, help="default: the config's, else bf16"
     )
     parser.add_argument(
-        "--gpu-memory", type=positive_float, help="memory per rank in GB: say which stages fit"
+        "--gpu-memory", type=positive_float, help="device memory per rank in GB: say which fit"
+    )
+    parser.add_argument(
+        "--host-memory", type=positive_float, help="host memory per node in GB (needed with offload)"
+    )
+    parser.add_argument(
+        "--gpus-per-node", type=positive_int, help="ranks per node (default: min(world size, 8))"
     )
     parser.add_argument(
         "--micro-batch-size", type=positive_int, default=1, help="for activations (default 1)"
@@ -61,7 +75,7 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
-        help="where the ranks run (cpu: gloo collectives, whose all-gather allocates a flat buffer); default cuda",
+        help="where the ranks run (cpu: gloo collectives, no GPU headroom terms); default cuda",
     )
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.set_defaults(func=estimate_command)
@@ -81,60 +95,29 @@ def _precision(args: argparse.Namespace, ds_config: dict | None) -> str:
     return config_precision
 
 
-def _shape_and_block(args: argparse.Namespace):
-    from zero_train.memory.model.theory import ModelShape, model_shape
-
+def _model(args: argparse.Namespace):
+    """(the config or the parameter count, the block size)."""
     if args.params is not None:
-        if args.block_size:
-            raise UsageError("--block-size needs --model (activations come from the model's shape)")
-        return ModelShape(num_params=int(args.params)), 0
+        if args.block_size or args.gradient_checkpointing:
+            raise UsageError(
+                "--block-size and --gradient-checkpointing need --model (activations need its shape)"
+            )
+        return int(args.params), 0
     from zero_train.hf.models import max_context, model_config
 
     config = model_config(args.model)
     block_size = args.block_size or max_context(config)
     if block_size > max_context(config):
         raise UsageError(f"--block-size {block_size} exceeds {args.model}'s context ({max_context(config)})")
-    return model_shape(config), block_size
-
-
-def _stage_row(
-    stage: int, shape, args: argparse.Namespace, precision: str, block_size: int, ds_config
-) -> dict:
-    """One stage: the paper, DeepSpeed's estimator and our peak model (with its phases)."""
-    from zero_train.memory.model import theory
-    from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
-    from zero_train.memory.model.peak import backend_for, engine_peak
-
-    model = engine_peak(
-        STAGE_ENGINES[stage], shape, args.world_size, precision=precision,
-        micro_batch_size=args.micro_batch_size, block_size=block_size, ds_config=ds_config,
-        backend=backend_for(args.device), grad_accum=args.grad_accum,
-        gradient_checkpointing=args.gradient_checkpointing,
-    )  # fmt: skip
-    return dict(
-        stage=stage,
-        paper_bytes=theory.paper_bytes(shape.num_params, args.world_size, stage, precision=precision),
-        deepspeed_bytes=deepspeed_estimate(
-            shape.num_params, args.world_size, stage, largest_layer_params=shape.largest_layer_params
-        ),
-        ours_bytes=model.peak_bytes,
-        ours_peak_phase=model.peak_phase,
-        ours_phases=model.phases,
-        ours_categories=model.boundary,
-    )
+    return config, block_size
 
 
 def build_estimate(args: argparse.Namespace) -> dict:
-    """All numbers of the estimate, as the --json output.
-
-    Returns:
-        {"num_params", "world_size", "precision", "micro_batch_size", "block_size", "grad_accum",
-         "gradient_checkpointing", "device",
-         "gpu_memory_bytes", "stages": [{"stage", "paper_bytes", "deepspeed_bytes", "ours_bytes" (our
-         predicted peak), "ours_peak_phase", "ours_phases" ({phase: {term: bytes}}), "ours_categories"
-         (our categories at the step boundary + activations), "fits"}], "recommended_stage", "notes"}
-    """
-    from zero_train.memory.model import theory
+    """All numbers of the estimate, as the --json output (memory.model.estimate.SetupEstimate.as_dict, with
+    each stage also under its earlier names: ours_bytes = device_peak_bytes, ours_peak_phase, ours_phases =
+    device_phases, ours_categories = boundary)."""
+    from zero_train.memory.model.estimate import estimate_setup
+    from zero_train.memory.model.offload import OffloadSettings
 
     ds_config = None
     if args.config:
@@ -142,54 +125,25 @@ def build_estimate(args: argparse.Namespace) -> dict:
 
         ds_config = load_config(args.config)
     precision = _precision(args, ds_config)
-    shape, block_size = _shape_and_block(args)
-    capacity = int(args.gpu_memory * theory.GB) if args.gpu_memory else None
-    stages = []
-    for stage in theory.STAGES:
-        row = _stage_row(stage, shape, args, precision, block_size, ds_config)
-        row["fits"] = None if capacity is None else row["ours_bytes"] <= capacity
-        stages.append(row)
-    fitting = [s["stage"] for s in stages if s["fits"]]
-    return dict(
-        num_params=shape.num_params,
-        world_size=args.world_size,
-        precision=precision,
-        micro_batch_size=args.micro_batch_size,
-        block_size=block_size,
-        grad_accum=args.grad_accum,
-        gradient_checkpointing=args.gradient_checkpointing,
-        device=args.device,
-        gpu_memory_bytes=capacity,
-        stages=stages,
-        recommended_stage=fitting[0] if fitting else None,
-        notes=_notes(args, precision, shape),
-    )
-
-
-def _notes(args: argparse.Namespace, precision: str, shape) -> list[str]:
-    notes = [
-        "ours = our predicted PEAK per rank (zero_train.memory.model.peak): the largest of the end of forward, the "
-        "start and the end of backward and the optimizer step; the paper and DeepSpeed count model states only",
-        "stage 0 is torch DDP, stages 1-3 DeepSpeed ZeRO-1/2/3; ZeRO-1 holds whole gradients during backward "
-        "(as the paper counts them) and only its partition at the step boundary",
-        "DeepSpeed has no estimator for stages 0 and 1 (only estimate_zero2/zero3_model_states_mem_needs)",
-    ]
-    if precision == "fp32":
-        notes.append("DeepSpeed's estimators assume mixed precision (18 bytes/param sharded) even for fp32")
-    if args.params is not None:
-        notes.append(
-            "--params: activations, the loss's tensors and the largest tensor (AdamW's temporaries, DeepSpeed's "
-            "ZeRO-3 estimator) not counted (give --model)"
+    if OffloadSettings.from_config(ds_config).active and not args.host_memory:
+        raise UsageError(
+            f"{args.config} offloads to the host: give --host-memory GB (per node) to say if it fits"
         )
-    if not args.config:
-        notes.append(
-            "no --config: DeepSpeed's defaults assumed (reduce bucket 5e8 elements, FusedAdam: no optimizer "
-            "temporaries)"
-        )
-    return notes
+    model, block_size = _model(args)
+    result = estimate_setup(
+        model, world_size=args.world_size, precision=precision, micro_batch_size=args.micro_batch_size,
+        block_size=block_size, grad_accum=args.grad_accum, gradient_checkpointing=args.gradient_checkpointing,
+        ds_config=ds_config, device=args.device, gpus_per_node=args.gpus_per_node,
+        gpu_memory_bytes=args.gpu_memory * GB if args.gpu_memory else None,
+        host_memory_bytes=args.host_memory * GB if args.host_memory else None,
+    ).as_dict()  # fmt: skip
+    for row in result["stages"]:
+        row.update(ours_bytes=row["device_peak_bytes"], ours_peak_phase=row["device_peak_phase"],
+                   ours_phases=row["device_phases"], ours_categories=row["boundary"])  # fmt: skip
+    return result
 
 
-def _gb(value: float | None, unit: float = 1e9) -> str:
+def _gb(value: float | None, unit: float = GB) -> str:
     """Three significant digits without exponents: 120, 31.4, 1.88, 1,010."""
     if value is None:
         return "-"
@@ -200,47 +154,90 @@ def _gb(value: float | None, unit: float = 1e9) -> str:
 
 def _phase_line(row: dict, unit: float) -> str:
     """The terms of one stage's peak phase, largest first (the few that matter)."""
+    terms = sorted(row["device_phases"][row["device_peak_phase"]].items(), key=lambda item: -item[1])
+    words = ", ".join(f"{_words().get(name, name)} {_gb(value, unit)}" for name, value in terms[:5])
+    more = f", + {len(terms) - 5} smaller" if len(terms) > 5 else ""
+    phases = " | ".join(f"{name} {_gb(sum(t.values()), unit)}" for name, t in row["device_phases"].items())
+    return f"  {STAGE_NAMES[row['stage']]} ({phases}) peaks at {row['device_peak_phase']}: {words}{more}"
+
+
+def _words() -> dict[str, str]:
+    from zero_train.memory.model.offload import OFFLOAD_WORDS
     from zero_train.memory.model.peak import TERM_WORDS
 
-    terms = sorted(row["ours_phases"][row["ours_peak_phase"]].items(), key=lambda item: -item[1])
-    words = ", ".join(f"{TERM_WORDS.get(name, name)} {_gb(value, unit)}" for name, value in terms[:5])
-    more = f", + {len(terms) - 5} smaller" if len(terms) > 5 else ""
-    return f"  {STAGE_NAMES[row['stage']]} peaks at {row['ours_peak_phase']}: {words}{more}"
+    return {**TERM_WORDS, **OFFLOAD_WORDS}
+
+
+def _header(result: dict, unit_name: str, exponent: int) -> str:
+    block = ""
+    if result["block_size"]:
+        block = f", micro-batch {result['micro_batch_size']} x block {result['block_size']}"
+        block += f" x {result['grad_accum']} accumulated" if result["grad_accum"] > 1 else ""
+        block += ", activation checkpointing" if result["gradient_checkpointing"] else ""
+    offload = result["offload"]
+    moved = [f"{what} -> {where}" for what, where in offload.items() if where != "none"]
+    return (
+        f"{result['num_params']:,} params, {result['world_size']} ranks ({result['gpus_per_node']} per node), "
+        f"{result['precision']}{block}{'; offload ' + ', '.join(moved) if moved else ''}; "
+        f"{unit_name} per rank (1 {unit_name} = 1e{exponent} bytes)"
+    )
 
 
 def _print_table(result: dict) -> None:
-    unit, unit_name = (1e9, "GB") if result["stages"][0]["paper_bytes"] >= 1e9 else (1e6, "MB")
-    exponent = 9 if unit_name == "GB" else 6
-    block = (
-        f"micro-batch {result['micro_batch_size']} x block {result['block_size']}"
-        if result["block_size"]
-        else ""
-    )
-    print(
-        f"{result['num_params']:,} params, {result['world_size']} ranks, {result['precision']}"
-        f"{', ' + block if block else ''}; {unit_name} per rank (1 {unit_name} = 1e{exponent} bytes)"
-    )
-    header = f"{'stage':<14} {'paper':>8} {'DeepSpeed':>10} {'ours':>8} {'peak phase':<15} {'states':>8}"
-    print(header + ("  fits" if result["gpu_memory_bytes"] else ""))
+    unit, unit_name = (GB, "GB") if result["stages"][0]["paper_bytes"] >= GB else (1e6, "MB")
+    print(_header(result, unit_name, 9 if unit_name == "GB" else 6))
+    columns = f"{'stage':<14} {'paper':>8} {'DeepSpeed':>10} {'ours':>8} {'peak phase':<15} {'+headroom':>9}"
+    print(columns + f" {'host/node':>9}" + ("  fits" if result["gpu_memory_bytes"] else ""))
     for row in result["stages"]:
-        cats = row["ours_categories"]
-        states = sum(cats[name] for name in ("params", "grads", "master_params", "optimizer_states"))
         line = (
             f"{STAGE_NAMES[row['stage']]:<14} {_gb(row['paper_bytes'], unit):>8} "
-            f"{_gb(row['deepspeed_bytes'], unit):>10} {_gb(row['ours_bytes'], unit):>8} "
-            f"{row['ours_peak_phase']:<15} {_gb(states, unit):>8}"
+            f"{_gb(row['deepspeed_bytes'], unit):>10} {_gb(row['device_peak_bytes'], unit):>8} "
+            f"{row['device_peak_phase']:<15} {_gb(row['device_needed_bytes'], unit):>9} "
+            f"{_gb(row['host_per_node_bytes'], unit):>9}"
         )
-        print(line + ("" if row["fits"] is None else f"  {'yes' if row['fits'] else 'no'}"))
-    print("ours = predicted peak; states = our model states at the step boundary; in each peak phase:")
+        print(line + ("" if row["fits"] is None else f"  {_fits_word(row)}"))
+    print("ours = predicted allocated peak on the device; +headroom = with the GPU terms; host/node = host bytes of "
+          "one node's ranks; each phase's total, and the peak phase's terms:")  # fmt: skip
     for row in result["stages"]:
         print(_phase_line(row, unit))
+    _print_headroom_and_host(result, unit)
     for note in result["notes"]:
         print(f"note: {note}")
-    if result["gpu_memory_bytes"] is None:
+    _print_verdict(result)
+
+
+def _fits_word(row: dict) -> str:
+    if row["fits"]:
+        return "yes"
+    return "no (host)" if row["fits_device"] else "no"
+
+
+def _print_headroom_and_host(result: dict, unit: float) -> None:
+    from zero_train.memory.model.gpu_terms import HEADROOM_WORDS
+
+    headroom = result["stages"][-1]["headroom"]
+    if headroom:
+        words = ", ".join(
+            f"{HEADROOM_WORDS[name]} {_gb(value, unit)}" for name, value in headroom.items() if value
+        )
+        print(f"GPU headroom added to ours (NOT measured on this hardware; ZeRO-3 row): {words}")
+    for row in result["stages"]:
+        if row["host_per_rank"]:
+            terms = ", ".join(
+                f"{_words().get(name, name)} {_gb(value, unit)}"
+                for name, value in row["host_per_rank"].items()
+            )
+            nvme = f"; NVMe {_gb(row['nvme_per_rank_bytes'], unit)}" if row["nvme_per_rank_bytes"] else ""
+            print(f"  {STAGE_NAMES[row['stage']]} host per rank: {terms}{nvme}")
+
+
+def _print_verdict(result: dict) -> None:
+    capacity = result["gpu_memory_bytes"]
+    if capacity is None:
         print("give --gpu-memory GB to see which stages fit")
     elif result["recommended_stage"] is None:
         print(
-            f"nothing fits in {_gb(result['gpu_memory_bytes'])} GB: add ranks, offload, or shrink the micro-batch"
+            f"nothing fits in {_gb(capacity)} GB: add ranks, offload, checkpointing, or shrink the micro-batch"
         )
     else:
         stage = result["recommended_stage"]
