@@ -6,8 +6,8 @@ peak (the one that decides whether a run fits); every rank's own numbers stay in
 
 Row keys (summary.json's "cells"; zero_train.report.summary documents the file):
     cell, engine, zero_stage, world_size, precision, model, num_params, micro_batch_size, block_size,
-    steps, tokens_per_s, error, reported_rank, ranks, categories, allocator_bytes, peak_bytes,
-    baseline_bytes, bytes_per_param, model_states, ours_categories, ours_peak, paper_categories,
+    grad_accum, gradient_checkpointing, steps, tokens_per_s, error, reported_rank, ranks, categories,
+    allocator_bytes, peak_bytes, baseline_bytes, bytes_per_param, model_states, ours_categories, ours_peak, paper_categories,
     footprint, peak, comm, notes (and explanations, added by zero_train.report.explain)
 
 "ours" is zero_train.memory.model.peak: ours_categories its step-boundary categories (compared with the
@@ -118,6 +118,8 @@ def _meta(record: dict) -> dict:
     keys = ("engine", "zero_stage", "world_size", "precision", "model", "num_params", "micro_batch_size")
     row = dict(cell=cell_name(record), **{key: record.get(key) for key in keys})
     row.update(block_size=record.get("block_size"), steps=record.get("steps"), error=record.get("error"))
+    row.update(grad_accum=record.get("grad_accum") or 1,
+               gradient_checkpointing=bool(record.get("gradient_checkpointing")))  # fmt: skip
     row.update(
         tokens_per_s=record.get("tokens_per_s"),
         device=record.get("device"),

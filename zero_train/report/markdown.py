@@ -48,7 +48,9 @@ def _source(summary: dict) -> str:
         return line + "."
     return (
         f"{line}: micro-batch {_values(cells, 'micro_batch_size')} x block {_values(cells, 'block_size')} "
-        f"tokens, {_values(cells, 'steps')} optimizer steps per cell, device {_values(cells, 'device')}. "
+        f"tokens, {_values(cells, 'grad_accum')} micro-batches per step, activation checkpointing "
+        f"{_values(cells, 'gradient_checkpointing')}, {_values(cells, 'steps')} optimizer steps per cell, "
+        f"device {_values(cells, 'device')}. "
         "Written by `zero-train report`."
     )
 
