@@ -71,3 +71,24 @@ def test_checkpointing_keeps_block_inputs_and_the_loss_and_recomputes_one_block(
     assert checkpointed.backward_peak_bytes < full.backward_peak_bytes
     assert full.recompute_bytes == 0 and checkpointed.recompute_bytes > 0
     assert full.block_input_bytes == tokens * hidden * 4
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_deep_model_counted_from_one_two_and_three_blocks_equals_its_whole_count(checkpointing):
+    from transformers import GPT2Config, LlamaConfig
+
+    from zero_train.memory.model import activations
+
+    deep = [
+        LlamaConfig(**dict(SMALL, num_hidden_layers=6)),
+        GPT2Config(
+            vocab_size=4096, n_embd=64, n_layer=6, n_head=4, n_positions=256, resid_pdrop=0.1
+        ),  # dropout
+    ]
+    for config in deep:
+        settings = dict(
+            micro_batch_size=2, block_size=32, dtype=torch.bfloat16, gradient_checkpointing=checkpointing
+        )
+        extended = activations._by_layers(config, **settings)
+        assert extended is not None and extended == activations._count_fake(config, **settings)
+        assert extended.num_blocks == 6

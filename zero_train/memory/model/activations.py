@@ -26,6 +26,7 @@ attention kernel's workspace), and allocator rounding; those stay in the measure
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass, field
@@ -81,7 +82,8 @@ def count_activations(
 ) -> ActivationCount:
     """Count one micro-batch's activations of `config`'s model at its real size, on fake tensors.
 
-    Seconds even for 8B parameters at 8k tokens; results are cached per (config, settings).
+    Seconds even for 8B parameters at 8k tokens (a deep model whose blocks are alike is counted at 1, 2 and 3
+    blocks and extended: _by_layers); results are cached per (config, settings).
 
     Args:
         config: a transformers PretrainedConfig of a causal LM (AutoModelForCausalLM builds it).
@@ -93,17 +95,54 @@ def count_activations(
     Returns:
         The ActivationCount.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     key = (config.to_json_string(), micro_batch_size, block_size, dtype, gradient_checkpointing)
     if key not in _CACHE:
-        with FakeTensorMode():
-            model = build_for_counting(config, dtype=dtype)
-            _CACHE[key] = count_model_activations(
-                model, micro_batch_size=micro_batch_size, block_size=block_size,
-                gradient_checkpointing=gradient_checkpointing,
-            )  # fmt: skip
+        settings = dict(micro_batch_size=micro_batch_size, block_size=block_size, dtype=dtype,
+                        gradient_checkpointing=gradient_checkpointing)  # fmt: skip
+        _CACHE[key] = _by_layers(config, **settings) or _count_fake(config, **settings)
     return _CACHE[key]
+
+
+def _count_fake(config, *, dtype: torch.dtype, **settings) -> ActivationCount:
+    """The count of the whole model on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return count_model_activations(build_for_counting(config, dtype=dtype), **settings)
+
+
+ADDITIVE_FIELDS = ("saved_bytes", "loss_bytes", "forward_peak_bytes", "backward_peak_bytes")
+"""Fields that grow by the same bytes with every identical block (the others are per block, or fixed)."""
+
+
+def _by_layers(config, **settings) -> ActivationCount | None:
+    """The count of a deep model from the same model with 1, 2 and 3 blocks, when its blocks are alike.
+
+    Each block of a decoder holds the same bytes (same shapes), so the additive fields are a + b x layers:
+    counted at 1, 2 and 3 blocks, they must be evenly spaced (checked; otherwise None: count it whole) and the
+    line gives the full depth. Eight times fewer fake ops for a 32-block model; tests compare with the full count.
+    None for shallow models and for configs whose layers differ (per-layer `layer_types`, sliding windows on
+    some layers only).
+    """
+    import copy
+
+    layers = getattr(config, "num_hidden_layers", 0) or 0
+    if layers <= 4 or len(set(getattr(config, "layer_types", None) or ["same"])) > 1:
+        return None
+    if getattr(config, "use_sliding_window", False) and getattr(config, "max_window_layers", layers) < layers:
+        return None
+    counts = []
+    for depth in (1, 2, 3):
+        shallow = copy.deepcopy(config)
+        shallow.num_hidden_layers = depth
+        if getattr(shallow, "layer_types", None):
+            shallow.layer_types = shallow.layer_types[:depth]
+        counts.append(_count_fake(shallow, **settings))
+    steps = [[getattr(c, name) for c in counts] for name in ADDITIVE_FIELDS]
+    if any(c - b != b - a for a, b, c in steps) or counts[1].block_saved_bytes != counts[2].block_saved_bytes:
+        return None
+    grown = {name: c + (c - b) * (layers - 3) for name, (_, b, c) in zip(ADDITIVE_FIELDS, steps, strict=True)}
+    return dataclasses.replace(counts[2], num_blocks=layers, **grown)
 
 
 _CACHE: dict[tuple, ActivationCount] = {}

@@ -1,7 +1,7 @@
 """GPU headroom: device memory a rank needs beyond the tensors our peak model counts. NOT measured here.
 
 No machine of this project has a GPU: these are named assumptions with their sources, to be replaced by
-measurements (torch.cuda.mem_get_info / max_memory_reserved, recorded by the probe on CUDA) when one runs.
+measurements (torch.cuda.mem_get_info / max_memory_reserved beside max_memory_allocated, issue 20) when one runs.
 An estimate against a GPU's capacity subtracts them and says so.
 
 - cuda_context: the CUDA context, loaded kernels (torch, cuBLAS, cuDNN, NCCL) and driver state, outside the
