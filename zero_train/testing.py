@@ -3,8 +3,10 @@
     results = run_ranks(fn, world_size=2, args=(...,))   # results[rank] == fn(rank, world_size, *args)
 
 `fn` must be a module-level function (it is pickled into the children). Each child gets RANK /
-WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, a gloo process group already initialised, and one torch
-thread (2-core machines: ranks would otherwise fight for cores).
+WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, ZT_DEVICE=cpu (the group is gloo: CPU tensors, also on a
+GPU machine), a gloo process group already initialised with the collective timeout init_distributed
+uses ($ZT_COLLECTIVE_TIMEOUT_S, else 60 s), and one torch thread (2-core machines: ranks would otherwise
+fight for cores).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ def _child(rank: int, world_size: int, port: int, fn: Callable, args: tuple, que
         LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        ZT_DEVICE="cpu",
     )
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
-        )
+        from zero_train.runtime.dist import collective_timeout_s
+
+        timeout = datetime.timedelta(seconds=collective_timeout_s())
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))
     except BaseException:  # report any failure to the parent instead of hanging it

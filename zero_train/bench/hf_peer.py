@@ -28,6 +28,7 @@ import time
 import torch
 from transformers import TrainerCallback
 
+from zero_train.runtime.device import synchronize
 from zero_train.runtime.errors import UsageError
 
 PEER_SCHEMA = "zero_train.bench_peer/1"
@@ -86,8 +87,9 @@ def collate_blocks(rows: list[dict]) -> dict[str, torch.Tensor]:
 class StepRecorder(TrainerCallback):
     """Wall time between step ends, the loss of each step, and the comm payload between step ends."""
 
-    def __init__(self, ledger, tokens_per_step: int) -> None:
+    def __init__(self, ledger, tokens_per_step: int, device: torch.device | str = "cpu") -> None:
         self.ledger = ledger
+        self.device = device  # CUDA: synchronised before each clock read (kernels run asynchronously)
         self.tokens_per_step = tokens_per_step
         self.step_times: list[float] = []
         self.losses: dict[int, float] = {}
@@ -95,10 +97,12 @@ class StepRecorder(TrainerCallback):
         self._last = time.perf_counter()
 
     def on_train_begin(self, training_args, state, control, **kwargs) -> None:
+        synchronize(self.device)
         self._last = time.perf_counter()
         self.ledger.reset()
 
     def on_step_end(self, training_args, state, control, **kwargs) -> None:
+        synchronize(self.device)
         now = time.perf_counter()
         self.step_times.append(now - self._last)
         self._last = now
@@ -129,18 +133,23 @@ def run_peer(args: argparse.Namespace) -> None:
     from zero_train.comm.ledger import CommLedger
     from zero_train.hf.data import prepare_datasets
     from zero_train.memory import measure
-    from zero_train.runtime.dist import init_distributed, read_env
+    from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
     from zero_train.train.setup import model_builder, plan_run
 
     check_peer_args(args)
     plan = plan_run(args, world_size=read_env()[1])  # every UsageError before any collective
     dist_info = init_distributed()  # gloo/nccl as in scripts/train.py; DeepSpeed and accelerate reuse it
-    data = prepare_datasets(args.dataset, plan.tokenizer, block_size=args.block_size, seed=args.seed)
+    with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds the dataset, the others wait long
+        data = prepare_datasets(
+            args.dataset, plan.tokenizer, block_size=args.block_size, seed=args.seed, process_group=waiting
+        )
     with CommLedger() as ledger, tempfile.TemporaryDirectory() as output_dir:
         training_args = training_arguments(args, plan, output_dir)  # before the model: ZeRO-3's zero.Init
         measure.reset_peak(dist_info.device)
         model = model_builder(args, plan)()
-        recorder = StepRecorder(ledger, tokens_per_step=plan.settings.train_batch_size * args.block_size)
+        recorder = StepRecorder(
+            ledger, tokens_per_step=plan.settings.train_batch_size * args.block_size, device=dist_info.device
+        )
         trainer = Trainer(
             model=model,
             args=training_args,

@@ -20,21 +20,39 @@ from zero_train.runtime.errors import UsageError
 RUN_FILE = "run.json"
 
 
-def capture_rng() -> dict:
-    """This rank's RNG states as weights_only-loadable values (tensors, ints, tuples)."""
+def capture_rng(device: torch.device | str = "cpu") -> dict:
+    """This rank's RNG states as weights_only-loadable values (tensors, ints, tuples).
+
+    Args:
+        device: this rank's device; on CUDA its generator alone is saved ("cuda"), not every visible
+            GPU's: each rank owns one device, and restoring all of them would overwrite the others'.
+    """
     state = dict(torch=torch.get_rng_state(), python=_python_rng_to_plain(random.getstate()))
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    device = torch.device(device)
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def restore_rng(state: dict) -> None:
-    """Restore what capture_rng() returned."""
+def restore_rng(state: dict, device: torch.device | str = "cpu") -> None:
+    """Restore what capture_rng() returned, the CUDA generator onto THIS rank's device.
+
+    Works with another number of visible devices than at save time (one generator per rank travels);
+    a state saved on CPU leaves a CUDA generator as seeded, a CUDA state is ignored on a CPU rank. Older
+    checkpoints saved every visible device's generator (a list): this rank takes its own index's, if any.
+    """
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    device = torch.device(device)
+    saved = state.get("cuda")
+    if device.type != "cuda" or saved is None:
+        return
+    if isinstance(saved, (list, tuple)):  # get_rng_state_all() of older checkpoints
+        index = device.index or 0
+        saved = saved[index] if index < len(saved) else None
+    if saved is not None:
+        torch.cuda.set_rng_state(saved, device)
 
 
 def _python_rng_to_plain(state: tuple) -> tuple:
@@ -43,7 +61,7 @@ def _python_rng_to_plain(state: tuple) -> tuple:
 
 
 def save_checkpoint(
-    engine, *, save_dir, step: int, client_state: dict, run_info: dict, dist_info
+    engine, *, save_dir, step: int, client_state: dict, run_info: dict, dist_info, process_group=None
 ) -> pathlib.Path:
     """Write a complete checkpoint of `engine` at `step` (collective: every rank calls it).
 
@@ -54,15 +72,19 @@ def save_checkpoint(
         client_state: this rank's loop state (step, data position, rng).
         run_info: what rank 0 records in run.json (engine, model, settings, ...).
         dist_info: this process's DistInfo.
+        process_group: where the ranks wait for rank 0's staging, manifest hashing and publishing
+            (default: the world; the loop passes zero_train.runtime.dist.rank0_work_group's long timeout).
 
     Returns:
         The final checkpoint directory.
     """
-    staging = pathlib.Path(checkpoint.begin(save_dir, step, dist_info=dist_info))
+    staging = pathlib.Path(checkpoint.begin(save_dir, step, dist_info=dist_info, process_group=process_group))
     engine.save_checkpoint(staging, client_state=client_state)
     if dist_info.is_main:
         (staging / RUN_FILE).write_text(json.dumps(dict(run_info, step=step), indent=2, default=str))
-    return pathlib.Path(checkpoint.commit(save_dir, staging, dist_info=dist_info))
+    return pathlib.Path(
+        checkpoint.commit(save_dir, staging, dist_info=dist_info, process_group=process_group)
+    )
 
 
 def resume_path(resume: str | None, save_dir: str | None) -> pathlib.Path | None:

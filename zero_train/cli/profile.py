@@ -29,6 +29,7 @@ from zero_train.launch.cells import (
     launch_command,
 )
 from zero_train.launch.launcher import check_launcher, model_meta, run_logged
+from zero_train.runtime.device import launched_device_type
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import int_list, name_list, positive_float, positive_int
 from zero_train.runtime.ports import free_port
@@ -134,7 +135,7 @@ def _model_meta(args: argparse.Namespace) -> dict:
         grad_accum=args.grad_accum,
         gradient_checkpointing=args.gradient_checkpointing,
         block_size=args.block_size,
-        device="cpu",
+        device=launched_device_type(),  # error records too: a failed cell on a GPU node says cuda
     )
 
 

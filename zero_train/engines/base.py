@@ -90,8 +90,13 @@ class Engine(Protocol):
         """Consolidated fp32 (or model-dtype) weights on rank 0, None elsewhere (collective)."""
         ...
 
-    def memory_categories(self) -> dict[str, int]:
-        """Bytes this rank holds per category (keys: MEMORY_CATEGORIES), from the engine's own tensors."""
+    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
+        """Bytes this rank holds per category (keys: MEMORY_CATEGORIES), from the engine's own tensors.
+
+        device: count only tensors stored on this device (None: wherever they are). The memory probe
+        compares the measured device's level with the bytes on that device only; the rest (DeepSpeed's
+        offloaded states in pinned host memory, CPU step counters) is reported beside it.
+        """
         ...
 
 
@@ -128,7 +133,7 @@ def build_engine(
     return engine_class(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
 
 
-def tensor_bytes(tensors, seen: set[int] | None = None) -> int:
+def tensor_bytes(tensors, seen: set | None = None, *, device: torch.device | str | None = None) -> int:
     """Total bytes of the storages behind `tensors`, each storage counted once.
 
     A view (a parameter inside a flat buffer, a partition) counts its whole storage, once; None and
@@ -136,20 +141,34 @@ def tensor_bytes(tensors, seen: set[int] | None = None) -> int:
 
     Args:
         tensors: an iterable of tensors (or None).
-        seen: storage addresses already counted elsewhere (updated), to avoid double counting
-            across categories.
+        seen: storages already counted elsewhere (updated), to avoid double counting across categories.
+        device: count only storages on this device (None: all). A storage elsewhere is still marked
+            seen, so a later category does not count it either (as without the filter).
 
     Returns:
         The bytes.
     """
     seen = set() if seen is None else seen
+    wanted = None if device is None else torch.device(device)
     total = 0
     for tensor in tensors:
         if tensor is None or tensor.numel() == 0:
             continue
         storage = tensor.untyped_storage()
-        if storage.data_ptr() in seen:
+        pointer = storage.data_ptr()  # addresses are per device; meta storages all have 0: key them by object
+        key = (storage.device, pointer or storage._cdata)
+        if key in seen:
             continue
-        seen.add(storage.data_ptr())
-        total += storage.nbytes()
+        seen.add(key)
+        if wanted is None or _same_device(storage.device, wanted):
+            total += storage.nbytes()
     return total
+
+
+def _same_device(stored: torch.device, wanted: torch.device) -> bool:
+    """cuda:0 matches "cuda" only if it is the current device; types and indices must agree otherwise."""
+    if stored.type != wanted.type:
+        return False
+    if stored.type != "cuda" or wanted.index is None:
+        return True
+    return (stored.index if stored.index is not None else 0) == wanted.index

@@ -130,24 +130,33 @@ class DDPEngine(LocalEngine):
         )
         return own["client_state"]
 
-    def memory_categories(self) -> dict[str, int]:
-        """Bytes held by this rank: whole model, grads, fp32 masters (mixed precision), Adam moments, DDP buckets."""
+    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
+        """Bytes held by this rank: whole model, grads, fp32 masters (mixed precision), Adam moments, DDP buckets.
+
+        device: count only tensors on it (None: all). DDP's buckets live with the gradients, on the model's device.
+        """
         params = list(self.model.parameters())
         masters = self.master.master_params if self.master.has_copies else []
-        reducer_buckets = _ddp_bucket_bytes(self.ddp_model)
+        on_device = device is None or torch.device(device).type == self.dist_info.device.type
+        reducer_buckets = _ddp_bucket_bytes(self.ddp_model) if on_device else 0
+        grads = tensor_bytes((p.grad for p in params), device=device)
         return dict(
-            params=tensor_bytes(params),
-            grads=tensor_bytes(p.grad for p in params) + tensor_bytes(m.grad for m in masters),
-            master_params=tensor_bytes(masters),
-            optimizer_states=_optimizer_state_bytes(self.optimizer),
+            params=tensor_bytes(params, device=device),
+            grads=grads + tensor_bytes((m.grad for m in masters), device=device),
+            master_params=tensor_bytes(masters, device=device),
+            optimizer_states=_optimizer_state_bytes(self.optimizer, device),
             comm_buffers=reducer_buckets,
         )
 
 
-def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor in the optimizer's per-parameter state (Adam: exp_avg, exp_avg_sq, step)."""
+def _optimizer_state_bytes(optimizer: torch.optim.Optimizer, device: torch.device | None = None) -> int:
+    """Bytes of every tensor in the optimizer's per-parameter state (Adam: exp_avg, exp_avg_sq, step).
+
+    On CUDA, torch's Adam keeps each "step" counter on the CPU (unless fused/capturable): `device` tells.
+    """
     return tensor_bytes(
-        v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+        (v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)),
+        device=device,
     )
 
 

@@ -176,9 +176,9 @@ class DeepSpeedEngine:
             result[name] = buffer.detach().to("cpu", copy=True).contiguous()
         return _in_state_dict_order(self.model, result)
 
-    def memory_categories(self) -> dict[str, int]:
-        """Bytes per category read from DeepSpeed's optimizer partitions and buffers."""
-        return deepspeed_memory_categories(self.ds_engine)
+    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
+        """Bytes per category read from DeepSpeed's optimizer partitions and buffers (on `device` only if given)."""
+        return deepspeed_memory_categories(self.ds_engine, device)
 
 
 def _in_state_dict_order(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

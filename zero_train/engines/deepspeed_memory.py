@@ -56,11 +56,13 @@ def _ipg_buffers(zero_optimizer) -> Iterator[torch.Tensor]:
         yield from _tensors(getattr(bucket, "buffer", None))
 
 
-def deepspeed_memory_categories(ds_engine) -> dict[str, int]:
+def deepspeed_memory_categories(ds_engine, device: torch.device | None = None) -> dict[str, int]:
     """Bytes this rank holds per category, for a DeepSpeed engine at any ZeRO stage.
 
     Args:
         ds_engine: the object deepspeed.initialize returned.
+        device: count only tensors on this device (None: all); with offload_optimizer the fp32 masters
+            and optimizer states sit in (pinned) host memory, not on the GPU.
 
     Returns:
         params, grads, master_params, optimizer_states, comm_buffers (bytes).
@@ -69,18 +71,20 @@ def deepspeed_memory_categories(ds_engine) -> dict[str, int]:
     inner = getattr(zero_optimizer, "optimizer", zero_optimizer)  # the torch optimizer DeepSpeed wraps
     model_params = list(ds_engine.module.parameters())
     masters = list(_attributes(zero_optimizer, MASTER_ATTRIBUTES))
-    seen: set[int] = set()
-    params = tensor_bytes(model_params, seen)
-    params += tensor_bytes((getattr(p, "ds_tensor", None) for p in model_params), seen)  # ZeRO-3 partitions
-    params += tensor_bytes(_attributes(zero_optimizer, PARAM_ATTRIBUTES), seen)
-    master_params = tensor_bytes(masters, seen)
-    grads = tensor_bytes(_attributes(zero_optimizer, GRAD_ATTRIBUTES), seen)
-    grads += tensor_bytes((p.grad for p in model_params), seen)
-    grads += tensor_bytes((m.grad for m in masters), seen)
+    seen: set = set()
+    params = tensor_bytes(model_params, seen, device=device)
+    params += tensor_bytes(
+        (getattr(p, "ds_tensor", None) for p in model_params), seen, device=device
+    )  # ZeRO-3 partitions
+    params += tensor_bytes(_attributes(zero_optimizer, PARAM_ATTRIBUTES), seen, device=device)
+    master_params = tensor_bytes(masters, seen, device=device)
+    grads = tensor_bytes(_attributes(zero_optimizer, GRAD_ATTRIBUTES), seen, device=device)
+    grads += tensor_bytes((p.grad for p in model_params), seen, device=device)
+    grads += tensor_bytes((m.grad for m in masters), seen, device=device)
     optimizer_states = tensor_bytes(
-        (v for state in getattr(inner, "state", {}).values() for v in _tensors(state)), seen
+        (v for state in getattr(inner, "state", {}).values() for v in _tensors(state)), seen, device=device
     )
-    comm_buffers = tensor_bytes(_ipg_buffers(zero_optimizer), seen)
+    comm_buffers = tensor_bytes(_ipg_buffers(zero_optimizer), seen, device=device)
     return dict(
         params=params,
         grads=grads,

@@ -32,8 +32,8 @@ class TorchZeroEngine(DDPEngine):
         self.optimizer.consolidate_state_dict(to=0)
         return self.optimizer.state_dict() if self.dist_info.is_main else None
 
-    def memory_categories(self) -> dict[str, int]:
+    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
         """As DDP, but optimizer_states counts only this rank's shard (the local optimizer's state)."""
-        categories = super().memory_categories()
-        categories["optimizer_states"] = _optimizer_state_bytes(self.optimizer.optim)
+        categories = super().memory_categories(device)
+        categories["optimizer_states"] = _optimizer_state_bytes(self.optimizer.optim, device)
         return categories

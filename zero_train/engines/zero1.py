@@ -21,6 +21,7 @@ from zero_train.checkpoint.files import (
     unique_state_dict,
     write_model,
 )
+from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
 from zero_train.engines.precision import make_loss_scaler
@@ -109,6 +110,19 @@ class Zero1Engine(LocalEngine):
         self.restore_counters(own["counters"])
         return own["client_state"]
 
-    def memory_categories(self) -> dict[str, int]:
-        """The sharder's own account (params, grads, master_params, optimizer_states, comm_buffers)."""
-        return dict(self.optimizer.memory_bytes())
+    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
+        """The sharder's own account (params, grads, master_params, optimizer_states, comm_buffers).
+
+        device: count only tensors on it. All the sharder's buffers live on the model's device; the inner
+        optimizer's state may not (torch's Adam keeps "step" counters on the CPU when the model is on CUDA).
+        """
+        categories = dict(self.optimizer.memory_bytes())
+        if device is None:
+            return categories
+        inner = self.optimizer._inner  # the inner torch optimizer over the owned masters (sharding/zero1.py)
+        states = [v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+        states_there = tensor_bytes(states, device=device)
+        if torch.device(device).type != self.dist_info.device.type:  # none of the sharder's buffers are there
+            return {name: (states_there if name == "optimizer_states" else 0) for name in categories}
+        categories["optimizer_states"] -= tensor_bytes(states) - states_there
+        return categories

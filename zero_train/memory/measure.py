@@ -1,7 +1,10 @@
 """Bytes allocated right now, and the peak since a reset, on CUDA or on CPU.
 
 CUDA: the caching allocator's own counters (`torch.cuda.memory_allocated` / `max_memory_allocated`),
-exact, peak included.
+exact, peak included. They count live tensors only; what the GPU also holds is recorded beside them by
+`cuda_memory_info`: the allocator's reserve (`max_memory_reserved`: cached blocks never returned), and,
+from the driver (`torch.cuda.mem_get_info`), everything else in use on the device: the CUDA context,
+NCCL's buffers, other processes.
 
 CPU: glibc's `mallinfo2()` through ctypes. `uordblks` (bytes in use in the malloc arenas, all arenas
 summed) plus `hblkhd` (bytes in mmap-ed chunks, where large tensors live) is the allocator-level
@@ -165,3 +168,26 @@ def reset_peak(device: torch.device | str) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     else:
         cpu_peak_tracker().reset()
+
+
+def cuda_memory_info(device: torch.device | str) -> dict[str, int] | None:
+    """What a CUDA device holds beyond live tensors (None on CPU).
+
+    Returns:
+        max_allocated_bytes, max_reserved_bytes, reserved_bytes (the caching allocator; reserved minus
+        allocated is its cache), free_bytes and total_bytes (the driver, mem_get_info), and
+        outside_allocator_bytes = total - free - reserved: the CUDA context, NCCL's buffers, cuBLAS
+        workspaces outside the allocator, and any other process on this GPU.
+    """
+    if not _is_cuda(device):
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    reserved = int(torch.cuda.memory_reserved(device))
+    return dict(
+        max_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
+        max_reserved_bytes=int(torch.cuda.max_memory_reserved(device)),
+        reserved_bytes=reserved,
+        free_bytes=int(free),
+        total_bytes=int(total),
+        outside_allocator_bytes=int(total) - int(free) - reserved,
+    )

@@ -17,8 +17,13 @@ What is measured, per rank:
   (max over occurrences); measure.py's precision applies (CPU peak: sampled, a lower bound).
 - attribution, taken when the last "step" phase begins (gradients, optimizer states and buckets all
   exist then, activations are already freed): model-state categories and comm_buffers from
-  engine.memory_categories() (the engine's own tensors, DeepSpeed's partitions and buffers), and
-  "other" = allocator level then minus those (the interpreter, libraries, data, unowned tensors).
+  engine.memory_categories(device) (the engine's own tensors ON THE MEASURED DEVICE, DeepSpeed's
+  partitions and buffers), and "other" = that device's allocator level then minus those (the
+  interpreter, libraries, data, unowned tensors). Tensors stored elsewhere (DeepSpeed's offloaded fp32
+  masters and Adam states in pinned host memory on a GPU run, torch's CPU step counters) are not part of
+  the device level: they go to off_device_bytes, per category, beside it.
+- cuda (CUDA only, at the end): what the device holds beyond live tensors, measure.cuda_memory_info
+  (max_memory_reserved, mem_get_info and the bytes outside the allocator: context, NCCL buffers).
 - activations: the bytes autograd saves for backward during a forward phase (saved-tensor hooks,
   each storage once, parameters excluded), the largest micro-batch's. Exact, without the transient
   temporaries of a forward; those show up in the phase peaks instead.
@@ -120,7 +125,7 @@ class MemoryProbe:
         if counter is not None:
             self.activation_bytes = max(self.activation_bytes, counter.total)
         if name == ATTRIBUTION_PHASE and self.engine is not None:
-            held = sum(int(value) for value in self.engine.memory_categories().values())
+            held = sum(int(value) for value in self.engine.memory_categories(self.device).values())
             self.other_between_steps = current - held
 
     def _param_storages(self) -> set[int]:
@@ -139,10 +144,12 @@ class MemoryProbe:
         self.run_peak_bytes = max(self.run_peak_bytes, peak)
 
     def _attribute(self, engine) -> None:
-        """Snapshot the engine's categories and the allocator level at the same moment."""
-        categories = {name: int(value) for name, value in engine.memory_categories().items()}
+        """Snapshot the engine's categories (on the device, and elsewhere) and the device's level together."""
+        on_device = {name: int(value) for name, value in engine.memory_categories(self.device).items()}
+        everywhere = {name: int(value) for name, value in engine.memory_categories().items()}
         level = measure.allocated_bytes(self.device)
-        self.attribution = dict(categories=categories, level=level)
+        off_device = {name: everywhere[name] - on_device.get(name, 0) for name in everywhere}
+        self.attribution = dict(categories=on_device, off_device=off_device, level=level)
 
     def on_step_end(self, engine, step: int) -> None:
         """Called after every optimizer step: remembers the engine and the step's communication bytes."""
@@ -170,6 +177,8 @@ class MemoryProbe:
             baseline_bytes=self.baseline_bytes,
             comm_bytes_per_step=self.comm_bytes_per_step,
             other_between_steps=self.other_between_steps,
+            off_device_bytes=self.attribution["off_device"],
+            cuda=measure.cuda_memory_info(self.device),
         )
 
     def finish(self, engine, *, meta: dict, step_times_s: list[float], tokens_per_step: int) -> dict | None:

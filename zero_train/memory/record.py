@@ -9,7 +9,10 @@ reads them. The schema is in notes/CONTRACTS.md; in short:
      "step_time_s": {"median", "min", "max"}, "tokens_per_s": 1234.0,
      "ranks": [{"rank", "phases": [{"name", "current_bytes", "peak_bytes"}], "categories": {...},
                 "allocator_bytes", "peak_bytes", "comm_bytes_per_step": {...} | null,
-                "other_between_steps": int | null (optional; records before it lack the key)}],
+                "other_between_steps": int | null (optional; records before it lack the key),
+                "off_device_bytes": {category: bytes stored off the measured device} (optional),
+                "cuda": null | {"max_allocated_bytes", "max_reserved_bytes", "reserved_bytes", "free_bytes",
+                                "total_bytes", "outside_allocator_bytes"} (optional; CUDA runs)}],
      "error": null | "one line"}
 
 Per rank, CATEGORIES plus "other" sum exactly to allocator_bytes (see zero_train.memory.probe for

@@ -9,14 +9,19 @@ Each cell (engine x world size) is one real training run of `scripts/train.py` u
 (`zero-train profile`), a few optimizer steps with AdamW; every rank measures itself:
 
 - **Allocator level.** On CPU, glibc's `mallinfo2()` (bytes in use in the malloc arenas plus mmap-ed
-  chunks), which tracks torch's CPU tensors to the byte; on CUDA, `torch.cuda.memory_stats()`. Both
-  describe the whole process, so nothing is left out.
+  chunks), which tracks torch's CPU tensors to the byte; it does not see memory mapped outside malloc
+  (Python's small-object arenas, shared-memory segments). On CUDA, the caching allocator's
+  live-tensor bytes (`torch.cuda.memory_allocated`); NOT in that level, and recorded beside it in each
+  run record's `cuda` entry: the allocator's cache (`max_memory_reserved` minus allocated), the CUDA
+  context, NCCL's buffers and cuBLAS workspaces (`mem_get_info`: the device's used bytes minus reserved).
 - **Categories** are taken at the last step boundary (gradients, optimizer states and buffers all
   alive) from the engines' own tensors: parameters, gradients, fp32 master parameters, optimizer
   states, communication buffers (DDP buckets, DeepSpeed's reduce bucket, our ZeRO-1's padding and ring
   buffer). **Activations** are the bytes autograd saves for backward in one micro-batch (saved-tensor
   hooks, each storage once). **other** is the rest of the allocator level (interpreter, libraries, data,
   unowned tensors): reported, never hidden. Per rank, the categories plus other equal the total exactly.
+  Categories count only tensors on the measured device; tensors elsewhere (DeepSpeed's offloaded states
+  in pinned host memory on a GPU run) are listed as off-device bytes, not subtracted from the device.
 - **Peak** is the highest level seen in the run. On CPU it is sampled (every 1 ms and at every phase
   boundary), so it is a lower bound: a temporary shorter than the sampling interval can be missed. On
   CUDA it is the allocator's exact peak.

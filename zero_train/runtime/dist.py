@@ -6,6 +6,7 @@ MASTER_ADDR / MASTER_PORT; a plain `python script.py` has none of them and runs 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from zero_train.runtime.device import choose_device, requested_device
 from zero_train.runtime.faults import record_peers
 
 TIMEOUT_ENV = "ZT_COLLECTIVE_TIMEOUT_S"
@@ -46,9 +48,9 @@ class DistInfo:
     local_rank: int
     """Rank on this node; picks the CUDA device."""
     device: torch.device
-    """`cuda:<local_rank>` when CUDA is available, else `cpu`."""
+    """`cuda:<local_rank>` with nccl, `cpu` with gloo (see choose_device)."""
     backend: str
-    """`nccl` on CUDA, `gloo` on CPU."""
+    """`nccl` on CUDA, `gloo` on CPU (an existing default group's backend, if there is one)."""
 
     @property
     def is_main(self) -> bool:
@@ -91,24 +93,42 @@ def local_world_size(world_size: int) -> int:
     return world_size
 
 
+RANK0_WORK_TIMEOUT_ENV = "ZT_RANK0_WORK_TIMEOUT_S"
+DEFAULT_RANK0_WORK_TIMEOUT_S = 3600.0  # building a dataset, hashing or exporting a big model: minutes
+
+
 def init_distributed(*, timeout_s: float | None = None, force_cpu: bool = False) -> DistInfo:
     """Initialise torch.distributed once (also for a world of one) and describe this process.
+
+    The device and backend come from choose_device: $ZT_DEVICE (cpu / cuda; the tests set cpu), an
+    existing default group (whose backend decides), else CUDA + NCCL where available, CPU + gloo elsewhere.
 
     Args:
         timeout_s: collective timeout (default: collective_timeout_s()); short so that a dead peer fails
             the job instead of hanging it.
-        force_cpu: use CPU + gloo even where CUDA is available.
+        force_cpu: use CPU + gloo even where CUDA is available (as ZT_DEVICE=cpu).
 
     Returns:
         The frozen DistInfo every other module takes as an argument.
+
+    Raises:
+        UsageError: the device asked for, the existing group and the machine disagree.
     """
     rank, world_size, local_rank = read_env()
-    use_cuda = torch.cuda.is_available() and not force_cpu
-    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
-    backend = "nccl" if use_cuda else "gloo"
-    if use_cuda:
+    requested = requested_device(force_cpu)
+    existing = dist.get_backend() if dist.is_initialized() else None
+    cuda_count = torch.cuda.device_count() if requested != "cpu" and torch.cuda.is_available() else 0
+    device, backend = choose_device(
+        requested=requested,
+        local_rank=local_rank,
+        cuda_count=cuda_count,
+        existing_backend=existing,
+        ds_accelerator=os.environ.get("DS_ACCELERATOR") or None,
+    )
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would pick CUDA on a GPU machine
         share_cpu_threads(local_world_size(world_size))
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -124,3 +144,45 @@ def init_distributed(*, timeout_s: float | None = None, force_cpu: bool = False)
         )
         record_peers(world_size)  # lets a survivor name the rank that died (zero_train.runtime.faults)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)
+
+
+def rank0_work_timeout_s() -> float:
+    """Seconds the other ranks wait for work rank 0 does alone: $ZT_RANK0_WORK_TIMEOUT_S, else 3600."""
+    value = os.environ.get(RANK0_WORK_TIMEOUT_ENV, "")
+    try:
+        seconds = float(value) if value else DEFAULT_RANK0_WORK_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        from zero_train.runtime.errors import UsageError
+
+        raise UsageError(
+            f"{RANK0_WORK_TIMEOUT_ENV}={value!r} is not a positive number of seconds; unset it or use e.g. 3600"
+        )
+    return seconds
+
+
+@contextlib.contextmanager
+def rank0_work_group(world_size: int):
+    """A gloo group of all ranks with a long timeout, for waiting while rank 0 works alone.
+
+    Building the dataset, hashing checkpoint files and exporting run on rank 0 only and can take minutes
+    on a big model, far beyond the short collective timeout (60 s). The others wait in THIS group
+    instead: gloo, so on an NCCL job the wait raises a Python exception when it does time out (NCCL's
+    watchdog would kill the process silently) and holds no GPU memory. A rank that dies meanwhile still
+    fails the wait at once (gloo sees the closed connection). Collective to create (every rank enters it).
+
+    Args:
+        world_size: the number of ranks (a world of one, or no process group, yields None).
+
+    Yields:
+        The group to pass as process_group, or None.
+    """
+    if world_size <= 1 or not dist.is_initialized():
+        yield None
+        return
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=rank0_work_timeout_s()))
+    try:
+        yield group
+    finally:
+        dist.destroy_process_group(group)

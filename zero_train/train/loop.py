@@ -18,9 +18,9 @@ import statistics
 import sys
 import time
 
-import torch.distributed as dist
-
 from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng, save_checkpoint
+from zero_train.runtime.device import synchronize
+from zero_train.runtime.dist import rank0_work_group
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.ports import free_port
 from zero_train.train.log import get_logger
@@ -71,7 +71,14 @@ class Trainer:
 
         self.args, self.plan, self.dist_info, self.settings = args, plan, dist_info, plan.settings
         self.log = get_logger(dist_info.rank)
-        self.data = prepare_datasets(args.dataset, plan.tokenizer, block_size=args.block_size, seed=args.seed)
+        with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds, the others wait long
+            self.data = prepare_datasets(
+                args.dataset,
+                plan.tokenizer,
+                block_size=args.block_size,
+                seed=args.seed,
+                process_group=waiting,
+            )
         if (
             steps_per_epoch(
                 self.data["train"],
@@ -157,6 +164,7 @@ class Trainer:
         )
 
     def _train_step(self, step: int, batches) -> dict:
+        synchronize(self.dist_info.device)  # CUDA runs asynchronously: time an empty queue to an empty queue
         started = time.perf_counter()
         losses = []
         for _ in range(self.settings.grad_accum):
@@ -167,6 +175,7 @@ class Trainer:
             result = self.engine.step()
         if self.probe is not None:
             self.probe.on_step_end(self.engine, step)
+        synchronize(self.dist_info.device)
         elapsed = time.perf_counter() - started
         loss, memory = _gather_loss_and_memory(sum(losses) / len(losses), self.dist_info)
         self.guard.check(step=step, loss=loss, grad_norm=result.grad_norm, skipped=result.skipped)
@@ -225,7 +234,7 @@ class Trainer:
             step=step,
             micro_steps=step * self.settings.grad_accum,
             global_micro_batch=self.settings.micro_batch_size * self.dist_info.world_size,
-            rng=capture_rng(),
+            rng=capture_rng(self.dist_info.device),
         )
         run_info = dict(
             engine=self.args.engine,
@@ -238,14 +247,16 @@ class Trainer:
             world_size=self.dist_info.world_size,
             settings={name: getattr(self.settings, name) for name in self.settings.__slots__},
         )
-        self.checkpoint = save_checkpoint(
-            self.engine,
-            save_dir=self.args.save_dir,
-            step=step,
-            client_state=client_state,
-            run_info=run_info,
-            dist_info=self.dist_info,
-        )
+        with rank0_work_group(self.dist_info.world_size) as waiting:  # rank 0 hashes and publishes alone
+            self.checkpoint = save_checkpoint(
+                self.engine,
+                save_dir=self.args.save_dir,
+                step=step,
+                client_state=client_state,
+                run_info=run_info,
+                dist_info=self.dist_info,
+                process_group=waiting,
+            )
         self.log.info(f"checkpoint step {step}: {self.checkpoint}")
 
     def _resume(self) -> tuple[int, int]:
@@ -256,7 +267,7 @@ class Trainer:
                 self.log.info(f"resume auto: no checkpoint in {self.args.save_dir} yet, starting fresh")
             return 0, 0
         client_state = self.engine.load_checkpoint(ckpt)
-        restore_rng(client_state["rng"])
+        restore_rng(client_state["rng"], self.dist_info.device)
         step, micro_steps = int(client_state["step"]), int(client_state["micro_steps"])
         global_batch = self.settings.micro_batch_size * self.dist_info.world_size
         if int(client_state["global_micro_batch"]) != global_batch:
@@ -305,14 +316,21 @@ class Trainer:
     def _export(self) -> str | None:
         if not self.args.export_hf:
             return None
-        state_dict = self.engine.full_state_dict()  # collective
-        if self.dist_info.is_main:
-            from zero_train.checkpoint.export import export_model
+        from zero_train.checkpoint.atomic import on_rank0
+        from zero_train.checkpoint.export import export_model
 
-            export_model(state_dict, self.engine.model.config, self.plan.tokenizer, self.args.export_hf)
-            self.log.info(f"exported Hugging Face model to {self.args.export_hf}")
-        if self.dist_info.world_size > 1:
-            dist.barrier()
+        state_dict = self.engine.full_state_dict()  # collective; the weights on rank 0, in CPU memory
+        with rank0_work_group(self.dist_info.world_size) as waiting:  # rank 0 writes alone, maybe for minutes
+            on_rank0(  # the others wait in the long-timeout group and raise rank 0's UsageError, if any
+                lambda: str(
+                    export_model(
+                        state_dict, self.engine.model.config, self.plan.tokenizer, self.args.export_hf
+                    )
+                ),
+                dist_info=self.dist_info,
+                process_group=waiting,
+            )
+        self.log.info(f"exported Hugging Face model to {self.args.export_hf}")
         return self.args.export_hf
 
     def _write_memory_report(self) -> None:
