@@ -199,18 +199,21 @@ class FSDP2Engine(LocalEngine):
         )
         return own["client_state"]
 
-    def memory_categories(self) -> dict[str, int]:
+    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
         """This rank's bytes: fp32 shards (params in fp32, master_params in mixed precision), gathered
         16-bit parameters still alive, gradient shards, Adam moments; FSDP2's reduce-scatter and
-        all-gather buffers live only inside a collective (comm_buffers 0 between steps)."""
+        all-gather buffers live only inside a collective (comm_buffers 0 between steps). device: count
+        only tensors on it (None: all)."""
         from zero_train.engines.base import tensor_bytes
 
-        seen: set[int] = set()
-        shards = tensor_bytes((_local(p) for p in self.model.parameters()), seen)
-        gathered = tensor_bytes(_gathered_parameters(self.model), seen)
-        grads = tensor_bytes((_local(p.grad) for p in self.model.parameters()), seen)
+        seen: set = set()
+        shards = tensor_bytes((_local(p) for p in self.model.parameters()), seen, device=device)
+        gathered = tensor_bytes(_gathered_parameters(self.model), seen, device=device)
+        grads = tensor_bytes((_local(p.grad) for p in self.model.parameters()), seen, device=device)
         states = tensor_bytes(
-            (_local(v) for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)), seen
+            (_local(v) for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)),
+            seen,
+            device=device,
         )
         mixed = self.settings.precision != "fp32"
         return dict(

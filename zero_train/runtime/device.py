@@ -11,8 +11,10 @@ initialised one) decides, and a request that contradicts it is one clear UsageEr
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: the CLI's --help imports this module
+    import torch
 
 DEVICE_ENV = "ZT_DEVICE"
 DEVICE_CHOICES = ("cpu", "cuda")
@@ -59,6 +61,8 @@ def choose_device(
     Raises:
         UsageError: the request, the group and the machine disagree (one line naming the fix).
     """
+    import torch
+
     from zero_train.runtime.errors import UsageError
 
     cpu_group = existing_backend is not None and "nccl" not in existing_backend  # gloo, mpi, ...
@@ -100,6 +104,8 @@ def launched_device_type() -> str:
     For records written by a parent process (a profile cell that failed before its ranks did): the same
     choice init_distributed makes, without a process group.
     """
+    import torch
+
     requested = requested_device()
     if requested is not None:
         return requested
@@ -111,6 +117,8 @@ def synchronize(device: torch.device | str) -> None:
 
     CUDA kernels run asynchronously: a wall-clock timing is only right if the queue is empty at both ends.
     """
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
