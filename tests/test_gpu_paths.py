@@ -282,7 +282,14 @@ def test_profile_records_the_device_its_ranks_run_on(monkeypatch):
 
     from zero_train.cli import profile
 
-    args = argparse.Namespace(model="tiny", block_size=32, precision="fp32", micro_batch_size=2)
+    args = argparse.Namespace(
+        model="tiny",
+        block_size=32,
+        precision="fp32",
+        micro_batch_size=2,
+        grad_accum=1,
+        gradient_checkpointing=False,
+    )
     monkeypatch.setattr(profile, "model_meta", lambda model, block_size: {})  # builds the model: slow here
     assert profile._model_meta(args)["device"] == "cpu"  # ZT_DEVICE=cpu (conftest)
     _fake_gpu_node(monkeypatch, 2)
