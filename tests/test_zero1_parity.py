@@ -1,11 +1,12 @@
-"""Zero1Optimizer trains exactly like unsharded training with averaged gradients (fp32 and bf16).
+"""Zero1Optimizer and Zero2Optimizer train exactly like unsharded training with averaged gradients.
 
-One spawned run per world size (2 and 3) does every check and returns numbers; the tests assert.
-The unsharded reference runs inside each rank: it computes every rank's gradients itself, averages
-them in the order our gloo ring reduce-scatter sums (`ring_average`: divide by N, then add starting
-at the owner's right neighbour), clips with torch.nn.utils.clip_grad_norm_ and steps the plain
-optimizer. The optimizers are elementwise, so the sharded update must equal the reference BIT FOR
-BIT: the tolerance is zero.
+One spawned run per world size (2 and 3) does every check for both sharders (fp32 and bf16) and returns
+numbers; the tests assert. The unsharded reference runs inside each rank: it computes every rank's
+gradients itself, averages them in the order our gloo rings sum (`ring_average`: divide by N, then add
+starting at the owner's right neighbour; ZeRO-1 once per step over the accumulated gradients, ZeRO-2 once
+per micro-step, then accumulated: `stage_average`), clips with torch.nn.utils.clip_grad_norm_ and steps
+the plain optimizer. The optimizers are elementwise, so the sharded update must equal the reference BIT
+FOR BIT: the tolerance is zero.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import math
 
 import pytest
 import torch
-from zero1_helpers import TiedNet, batch, ring_average, two_groups
+from zero1_helpers import TiedNet, batch, stage_average, two_groups
 
 from zero_train.comm.ledger import CommLedger
-from zero_train.sharding import Zero1Optimizer
+from zero_train.sharding import Zero1Optimizer, Zero2Optimizer
 from zero_train.testing import run_ranks
 
 STEPS, ACCUM = 10, 2
@@ -29,22 +30,30 @@ CASES = {
 }
 
 
-def _reference_grads(model: TiedNet, world_size: int, step: int) -> list[list[torch.Tensor]]:
-    """Every rank's accumulated gradients (by trainable parameter), computed locally."""
-    per_rank = []
+SHARDERS = {
+    1: Zero1Optimizer,
+    2: lambda *args, **kwargs: Zero2Optimizer(*args, bucket_elements=100, **kwargs),
+}
+
+
+def _reference_grads(model: TiedNet, world_size: int, step: int) -> list[list[list[torch.Tensor]]]:
+    """grads[trainable parameter][rank][micro_step], each micro-step's own gradient, computed locally."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grads = [[[] for _ in range(world_size)] for _ in trainable]
     for rank in range(world_size):
-        model.zero_grad(set_to_none=True)
         for micro in range(ACCUM):
+            model.zero_grad(set_to_none=True)
             (model(batch(rank, step, micro)) / ACCUM).backward()
-        per_rank.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
-    return per_rank
+            for index, param in enumerate(trainable):
+                grads[index][rank].append(param.grad.clone())
+    return grads
 
 
-def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype) -> dict:
-    """10 steps of Zero1Optimizer and of the reference; returns the largest differences seen."""
+def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype, stage: int) -> dict:
+    """10 steps of our ZeRO-`stage` and of the reference; returns the largest differences seen."""
     optimizer_class, kwargs, max_norm = CASES[case]
     model, reference = TiedNet().to(dtype), TiedNet().to(dtype)
-    sharded = Zero1Optimizer(two_groups(model, kwargs["lr"]), optimizer_class, **kwargs)
+    sharded = SHARDERS[stage](two_groups(model, kwargs["lr"]), optimizer_class, **kwargs)
     ref_params = [p for p in reference.parameters() if p.requires_grad]
     masters = [p.detach().float().clone().requires_grad_(True) for p in ref_params]
     ref_groups = two_groups(reference, kwargs["lr"])
@@ -57,8 +66,7 @@ def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype) -> di
     for step in range(STEPS):
         grads_by_rank = _reference_grads(reference, world_size, step)
         for i, (master, param) in enumerate(zip(masters, ref_params, strict=True)):
-            average = ring_average([g[i] for g in grads_by_rank], owners[i])
-            master.grad = average.float()
+            master.grad = stage_average(grads_by_rank[i], owners[i], stage).float()
             param.grad = None
         if max_norm is not None:
             ref_norm = torch.nn.utils.clip_grad_norm_(masters, max_norm)
@@ -98,8 +106,12 @@ def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype) -> di
 
 
 def _all_cases(rank: int, world_size: int) -> dict:
-    results = {case: _train_pair(rank, world_size, case, torch.float32) for case in CASES}
-    results["bf16_adamw"] = _train_pair(rank, world_size, "adamw", torch.bfloat16)
+    results = {}
+    for stage in SHARDERS:
+        results.update(
+            {(stage, case): _train_pair(rank, world_size, case, torch.float32, stage) for case in CASES}
+        )
+        results[stage, "bf16_adamw"] = _train_pair(rank, world_size, "adamw", torch.bfloat16, stage)
     return results
 
 
@@ -109,10 +121,11 @@ def parity_runs(request):
 
 
 @pytest.mark.multiproc
+@pytest.mark.parametrize("stage", SHARDERS, ids=["zero1", "zero2"])
 @pytest.mark.parametrize("case", [*CASES, "bf16_adamw"])
-def test_sharded_training_equals_unsharded_bit_for_bit(parity_runs, case):
+def test_sharded_training_equals_unsharded_bit_for_bit(parity_runs, case, stage):
     for rank_results in parity_runs:
-        result = rank_results[case]
+        result = rank_results[stage, case]
         assert result["moved"] > 1e-3  # the parameters really trained
         assert result["param_diff"] == 0.0
         assert result["master_diff"] == 0.0
@@ -120,8 +133,11 @@ def test_sharded_training_equals_unsharded_bit_for_bit(parity_runs, case):
 
 
 @pytest.mark.multiproc
-def test_tied_and_frozen_parameters_and_silent_micro_steps(parity_runs):
+def test_tied_and_frozen_parameters_and_where_backward_communicates(parity_runs):
     for rank_results in parity_runs:
-        for result in rank_results.values():
+        for (stage, _), result in rank_results.items():
             assert result["tied"] and result["frozen_unchanged"]
-            assert result["micro_step_bytes"] == 0  # backward never communicates (accumulation is free)
+            if stage == 1:
+                assert result["micro_step_bytes"] == 0  # ZeRO-1: backward never communicates
+            else:
+                assert result["micro_step_bytes"] > 0  # ZeRO-2: every micro-step reduces its buckets

@@ -50,3 +50,37 @@ def ring_average(grads_by_rank: list[torch.Tensor], owner: int) -> torch.Tensor:
     for rank in order[1:]:
         total = total + grads_by_rank[rank] / world_size
     return total
+
+
+def stage_average(grads: list[list[torch.Tensor | None]], owner: int, stage: int) -> torch.Tensor | None:
+    """The averaged gradient our ZeRO-`stage` hands the optimizer, from grads[rank][micro_step] (None: none).
+
+    ZeRO-1 accumulates each rank's micro-steps locally (as autograd does: m0, then += m1) and averages once
+    at the boundary (`ring_average`); ZeRO-2 averages every micro-step as its backward ends and the owner
+    accumulates the averages in order. A rank without a gradient counts as zero (DDP's rule); None when no
+    rank had one in any micro-step (the optimizer skips the parameter).
+    """
+    present = [g for per_rank in grads for g in per_rank if g is not None]
+    if not present:
+        return None
+    zero = torch.zeros_like(present[0])
+
+    def accumulate(parts):
+        total = None
+        for part in parts:
+            if part is not None:
+                total = part.clone() if total is None else total + part
+        return total
+
+    if stage == 1:
+        local = [accumulate(per_rank) for per_rank in grads]
+        return ring_average([g if g is not None else zero for g in local], owner)
+    micro_steps = len(grads[0])
+    averages = []
+    for micro in range(micro_steps):
+        column = [per_rank[micro] for per_rank in grads]
+        if all(g is None for g in column):
+            averages.append(zero.clone())  # the bucket still travels: zeros, added to the accumulator
+            continue
+        averages.append(ring_average([g if g is not None else zero for g in column], owner))
+    return accumulate(averages)

@@ -36,6 +36,7 @@ MEMORY_CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "co
 ENGINES: dict[str, tuple[str, str]] = {
     "ddp": ("zero_train.engines.ddp", "DDPEngine"),
     "zero1": ("zero_train.engines.zero1", "Zero1Engine"),
+    "zero2": ("zero_train.engines.zero2", "Zero2Engine"),
     "torch-zero": ("zero_train.engines.torch_zero", "TorchZeroEngine"),
     "deepspeed": ("zero_train.engines.deepspeed_engine", "DeepSpeedEngine"),
     "fsdp2": ("zero_train.engines.fsdp2", "FSDP2Engine"),
@@ -60,7 +61,7 @@ class Engine(Protocol):
     """A model plus its optimizer, gradient reduction, precision and checkpoint format."""
 
     name: str
-    """"deepspeed" | "zero1" | "ddp" | "torch-zero" | "fsdp2"."""
+    """"deepspeed" | "zero1" | "zero2" | "ddp" | "torch-zero" | "fsdp2"."""
     model: torch.nn.Module
     """The unwrapped Hugging Face model (for ZeRO-3: with partitioned parameters)."""
     settings: TrainSettings
@@ -111,7 +112,7 @@ def build_engine(
     """Build the named engine around a freshly built model.
 
     Args:
-        name: one of ENGINES ("ddp", "zero1", "torch-zero", "deepspeed").
+        name: one of ENGINES ("ddp", "zero1", "zero2", "torch-zero", "deepspeed").
         model_fn: builds the HF model in fp32 (called once; the deepspeed engine calls it inside
             transformers' ZeRO-3 integration so that the model is created partitioned).
         settings: from `zero_train.ds_config.train_settings` (its world_size must match dist_info).

@@ -1,4 +1,4 @@
-"""What the engines that drive a torch optimizer themselves (ddp, zero1, torch-zero) share.
+"""What the engines that drive a torch optimizer themselves (ddp, zero1, zero2, torch-zero) share.
 
 The accumulation bookkeeping follows DeepSpeed's engine: micro-batch losses are divided by grad_accum
 before backward, `step()` must come exactly after grad_accum micro-batches, and the schedule advances
@@ -114,9 +114,10 @@ def warn_unsupported(settings: TrainSettings, *, engine: str) -> None:
                 "use --engine deepspeed to offload",
                 stacklevel=3,
             )
-    if settings.zero_stage not in (0, 1) and engine not in ("deepspeed", "fsdp2"):
+    implemented = (0, 1, 2) if engine == "zero2" else (0, 1)
+    if settings.zero_stage not in implemented and engine not in ("deepspeed", "fsdp2"):
         warnings.warn(
             f"engine {engine!r} ignores zero_stage={settings.zero_stage} from the config; "
-            "use --engine deepspeed for ZeRO-2/3",
+            "use --engine zero2 for ZeRO-2 or --engine deepspeed for ZeRO-2/3",
             stacklevel=3,
         )

@@ -25,6 +25,8 @@ from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
 from zero_train.engines.precision import make_loss_scaler
+from zero_train.sharding import Zero1Optimizer
+from zero_train.sharding.sharded import ShardedOptimizer
 
 
 class Zero1Engine(LocalEngine):
@@ -33,19 +35,22 @@ class Zero1Engine(LocalEngine):
     name = "zero1"
 
     def __init__(self, *, model_fn, settings, ds_config, dist_info):
-        from zero_train.sharding import Zero1Optimizer
-
         super().__init__(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
         optimizer_class, kwargs = optimizer_spec(settings)
         kwargs["lr"] = scheduled_lr(settings, 0)
-        self.optimizer = Zero1Optimizer(
+        self.optimizer = self._build_optimizer(
             list(self.model.parameters()),
             optimizer_class,
+            ds_config,
             process_group=self.process_group,
             master_dtype=torch.float32,
             loss_scaler=make_loss_scaler(settings),
             **kwargs,
         )
+
+    def _build_optimizer(self, params, optimizer_class, ds_config: dict, **kwargs) -> ShardedOptimizer:
+        """Our ZeRO-1 over the model's parameters (the config's buckets do not apply: it has none)."""
+        return Zero1Optimizer(params, optimizer_class, **kwargs)
 
     def _no_sync(self, boundary: bool):
         """The last micro-batch's hooks write gradients already divided by N (one pass fewer)."""
@@ -60,7 +65,8 @@ class Zero1Engine(LocalEngine):
         return None if scaler is None else float(scaler.loss_scale)
 
     def _apply_step(self, lr: float) -> tuple[float | None, bool]:
-        """Average (one collective per bucket), clip by the global norm, update the owned shard, gather."""
+        """Average (one reduce-scatter of the flat gradient buffer), clip by the global norm (one all-reduce
+        of the per-tensor norms), update the owned shard, all-gather the parameters."""
         self.optimizer.reduce_gradients()
         max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else math.inf
         grad_norm = self.optimizer.clip_grad_norm_(max_norm)

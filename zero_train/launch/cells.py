@@ -17,6 +17,7 @@ from zero_train.launch.launcher import launcher_path
 CELL_ENGINES = {
     "ddp": ("ddp", 0),
     "zero1": ("zero1", 1),
+    "zero2": ("zero2", 2),
     "torch-zero": ("torch-zero", 1),
     "ds1": ("deepspeed", 1),
     "ds2": ("deepspeed", 2),

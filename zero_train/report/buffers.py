@@ -3,39 +3,34 @@
 - torch DDP (and ZeroRedundancyOptimizer, which wraps it): flat gradient buckets, with
   gradient_as_bucket_view=False (torch's default) a second copy of every gradient.
 - our ZeRO-1: padding of its two owner-ordered flat buffers (every rank's region is padded to the
-  largest; zero_train.sharding.partition) plus, on gloo, the ring's receive buffer (at most
-  RECV_BUFFER_ELEMENTS elements).
+  largest) plus, on gloo, the ring's receive buffer: zero_train.sharding.accounting computes them for
+  the sharder itself, and here for the run's layout and backend.
 - DeepSpeed: one reduce bucket of zero_optimization.reduce_bucket_size elements (default 5e8) in the
   gradient dtype, with contiguous_gradients; ZeRO-1/2 hold it only during backward, ZeRO-3 keeps it.
 """
 
 from __future__ import annotations
 
+from zero_train.memory.model.peak import backend_for
 from zero_train.memory.model.theory import DEFAULT_REDUCE_BUCKET_SIZE, precision_bytes
 from zero_train.report import units
 from zero_train.report.compare import is_large
 from zero_train.report.models import ModelFacts
+from zero_train.sharding import accounting
+from zero_train.sharding.accounting import BufferBytes
 
 
-def zero1_buffer_bytes(facts: ModelFacts, world_size: int, element_size: int) -> dict[str, int]:
-    """Our ZeRO-1's buffers: padding of each flat buffer, receive buffer, region size (elements).
+def zero1_buffers(facts: ModelFacts, world_size: int, element_size: int, backend: str) -> BufferBytes:
+    """Our ZeRO-1's buffers for this model, from the sharder's own accounting (zero_train.sharding.accounting).
 
     Args:
         facts: the model's parameter sizes.
         world_size: ranks.
         element_size: bytes per element of the model dtype.
+        backend: "gloo" (CPU runs: our rings and their receive buffer) or "nccl".
     """
-    from zero_train.sharding.collectives import RECV_BUFFER_ELEMENTS
-    from zero_train.sharding.partition import flat_layout, greedy_owners
-
-    layout = flat_layout(facts.param_numels, greedy_owners(facts.param_numels, world_size), world_size)
-    receive = min(layout.region_size, RECV_BUFFER_ELEMENTS) if world_size > 1 else 0
-    return dict(
-        padding=layout.padding() * element_size,
-        receive=receive * element_size,
-        receive_elements=receive,
-        region_elements=layout.region_size,
-    )
+    layout = accounting.owner_layout(facts.param_numels, world_size)
+    return accounting.zero1_buffers(layout, element_size, backend)
 
 
 def _ddp_words(row: dict, measured: int) -> tuple[str, int]:
@@ -49,17 +44,39 @@ def _ddp_words(row: dict, measured: int) -> tuple[str, int]:
 
 
 def _zero1_words(row: dict, facts: ModelFacts | None) -> tuple[str, int | None]:
+    backend = backend_for(row.get("device"))
+    receive_words = "the gloo ring's receive buffer" if backend == "gloo" else "no receive buffer (NCCL)"
     if facts is None:
-        return "padding of the two flat buffers and the gloo ring's receive buffer (model facts n/a)", None
+        return f"padding of the two flat buffers and {receive_words} (model facts n/a)", None
     element_size = precision_bytes(row["precision"])["params"]
-    parts = zero1_buffer_bytes(facts, row["world_size"], element_size)
-    padding = f"2 x {units.mb(parts['padding'])}" if parts["padding"] else "no padding: the regions are equal"
+    parts = zero1_buffers(facts, row["world_size"], element_size, backend)
+    padding = f"2 x {units.mb(parts.padding)}" if parts.padding else "no padding: the regions are equal"
     words = (
         f"padding of our ZeRO-1's two owner-ordered flat buffers (regions padded to the largest, "
-        f"{parts['region_elements']:,} elements: {padding}) plus the gloo ring's "
-        f"receive buffer ({parts['receive_elements']:,} elements, {units.mb(parts['receive'])})"
+        f"{parts.region_elements:,} elements: {padding}) plus {receive_words}"
     )
-    return words, 2 * parts["padding"] + parts["receive"]
+    if parts.receive_elements:
+        words += f" ({parts.receive_elements:,} elements, {units.mb(parts.receive)})"
+    return words, parts.comm_buffers
+
+
+def _zero2_words(row: dict, facts: ModelFacts | None) -> tuple[str, int | None]:
+    """Our ZeRO-2 keeps its bucket buffer and receive buffer between steps (DeepSpeed frees its bucket)."""
+    if facts is None:
+        return "padding of the parameter buffer, the bucket and the receive buffer (model facts n/a)", None
+    zero = (row.get("ds_config") or {}).get("zero_optimization", {})
+    bucket = zero.get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET_SIZE)
+    bucket = int(bucket) if isinstance(bucket, (int, float)) else DEFAULT_REDUCE_BUCKET_SIZE
+    layout = accounting.owner_layout(facts.param_numels, row["world_size"])
+    element_size = precision_bytes(row["precision"])["params"]
+    parts = accounting.zero2_buffers(layout, element_size, backend_for(row.get("device")), bucket)
+    words = (
+        f"our ZeRO-2's bucket buffer ({units.mb(parts.bucket)}: the largest bucket it copies, at most "
+        f"reduce_bucket_size = {bucket:,} elements; a tensor that large is reduced in its own gradient), "
+        f"kept between steps, the receive buffer ({parts.receive_elements:,} elements, {units.mb(parts.receive)}) "
+        f"and the parameter buffer's padding ({units.mb(parts.padding)})"
+    )
+    return words, parts.comm_buffers
 
 
 def _deepspeed_words(row: dict) -> tuple[str, int]:
@@ -104,6 +121,8 @@ def buffer_sentence(
         words, predicted = _ddp_words(row, measured)
     elif engine == "zero1":
         words, predicted = _zero1_words(row, facts)
+    elif engine == "zero2":
+        words, predicted = _zero2_words(row, facts)
     else:
         words, predicted = _deepspeed_words(row)
     sentence = f"comm_buffers: {row['engine']} holds {units.mb(measured)}: {words}"

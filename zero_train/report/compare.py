@@ -41,10 +41,11 @@ GAP_FRACTION = 0.02
 MIN_GAP_BYTES = 64 * 1024
 """... and at least 64 KiB (smaller gaps are allocator noise)."""
 
-ENGINE_ORDER = ("ddp", "zero1", "torch-zero", "ds1", "ds2", "ds3")
+ENGINE_ORDER = ("ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "ds3")
 ENGINE_LABELS = {
     "ddp": "torch DDP",
     "zero1": "our ZeRO-1",
+    "zero2": "our ZeRO-2",
     "torch-zero": "torch ZeroRedundancyOptimizer",
     "ds1": "DeepSpeed ZeRO-1",
     "ds2": "DeepSpeed ZeRO-2",

@@ -22,6 +22,7 @@ from zero_train.report.compare import is_large
 from zero_train.report.explain_peak import peak_sentences
 from zero_train.report.explain_runtime import comm_sentences, other_sentences
 from zero_train.report.models import ModelFacts
+from zero_train.sharding import accounting
 
 
 def _paper_to_ours(row: dict, category: str) -> str | None:
@@ -53,15 +54,15 @@ def _owned_elements(facts: ModelFacts | None, world_size: int, rank: int) -> int
     """Parameters `rank` owns under sorted-greedy whole-tensor sharding (our ZeRO-1, torch's ZeRO)."""
     if facts is None:
         return None
-    from zero_train.sharding.partition import flat_layout, greedy_owners
-
-    owners = greedy_owners(facts.param_numels, world_size)
-    return flat_layout(facts.param_numels, owners, world_size).loads()[rank]
+    return accounting.owner_layout(facts.param_numels, world_size).loads()[rank]
 
 
 def _imbalance(row: dict, category: str, facts: ModelFacts | None, residual: float) -> str | None:
     """Whole-tensor sharding explains a rank holding more (or less) than 1/N of the optimizer state."""
-    if row["engine"] not in ("zero1", "torch-zero") or category not in ("optimizer_states", "master_params"):
+    if row["engine"] not in ("zero1", "zero2", "torch-zero") or category not in (
+        "optimizer_states",
+        "master_params",
+    ):
         return None
     owned = _owned_elements(facts, row["world_size"], row["reported_rank"])
     if owned is None:

@@ -52,7 +52,7 @@ def _ours_sentence(row: dict) -> str:
     ours, peak = row["ours_peak"], row["peak"]
     phase = ours["peak_phase"]
     verdict = "within" if peak["within_goal"] else "OUTSIDE"
-    whole_tensors = row["engine"] in ("zero1", "torch-zero")
+    whole_tensors = row["engine"] in ("zero1", "zero2", "torch-zero")
     whose = "" if ours["rank"] == row["reported_rank"] or not whole_tensors else (
         f" (for rank {ours['rank']}, which whole-tensor sharding gives the highest peak)"
     )  # fmt: skip

@@ -6,11 +6,12 @@ sentences are in zero_train.report.explain_peak).
 
 from __future__ import annotations
 
+from zero_train.memory.model.peak import backend_for
 from zero_train.report import units
-from zero_train.report.buffers import zero1_buffer_bytes
 from zero_train.report.compare import is_large
 from zero_train.report.models import ModelFacts
 from zero_train.report.traffic import element_bytes
+from zero_train.sharding import accounting
 
 DEEPSPEED_FIRST_INIT_BYTES = 16_000_000
 """Library state the first `deepspeed.initialize` of a process allocates beyond the tensors it creates.
@@ -90,16 +91,10 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
             "ZeroRedundancyOptimizer wraps DDP: gradients are all-reduced whole (2 Psi, not reduce-scattered), "
             f"then every owner broadcasts its updated parameters{masters}: {psi.get('broadcast', 0):.2f} Psi"
         )
-    if engine == "zero1" and world_size == 1:
-        return "our ZeRO-1 skips every collective on 1 rank"
-    if engine == "zero1" and facts is not None:
-        region = zero1_buffer_bytes(facts, world_size, 1)["region_elements"]
-        padded = world_size * region / row["num_params"]
-        return (
-            "our ZeRO-1 runs point-to-point rings on gloo (reduce-scatter, then all-gather; the ledger counts a "
-            f"message on both ends); regions are padded to the largest ({region:,} elements, {world_size} x "
-            f"region = {padded:.3f} Psi), so the rings move {2 * padded:.2f} Psi"
-        )
+    if engine in ("zero1", "zero2") and world_size == 1:
+        return f"our ZeRO-{engine[-1]} skips every collective on 1 rank"
+    if engine in ("zero1", "zero2") and facts is not None:
+        return _zero1_comm_cause(row, facts)
     if (
         engine in ("ds1", "ds2")
         and psi.get("all_reduce")
@@ -117,6 +112,26 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
             f"backward (stage3_max_live_parameters = {live:,} >= {row['num_params']:,})"
         )
     return None
+
+
+def _zero1_comm_cause(row: dict, facts: ModelFacts) -> str:
+    """Our ZeRO-1's (and ZeRO-2's: its bucket reductions send what ZeRO-1's reduce-scatter does) bytes from
+    the sharders' own accounting (zero_train.sharding.accounting), per backend."""
+    world_size, backend = row["world_size"], backend_for(row.get("device"))
+    layout = accounting.owner_layout(facts.param_numels, world_size)
+    sent = accounting.comm_bytes_per_step(layout, row["reported_rank"], 1, backend)
+    rings = (sent["reduce_scatter"] + sent["all_gather"]) / row["num_params"]
+    if backend != "gloo":
+        padded = world_size * layout.region_size / row["num_params"]
+        return (
+            f"our ZeRO-{row['engine'][-1]} reduces the gradients and all-gathers the parameters with torch's collectives "
+            f"over regions padded to the largest ({world_size} x region = {padded:.3f} Psi): {rings:.2f} Psi sent"
+        )
+    return (
+        f"our ZeRO-{row['engine'][-1]} runs point-to-point rings on gloo (gradients to their owners, then an all-gather) that send every region's "
+        f"data but one and never the padding: rank {row['reported_rank']} sends {rings:.2f} Psi, which the "
+        f"ledger counts on both ends ({2 * rings:.2f} Psi)"
+    )
 
 
 def comm_sentences(row: dict, facts: ModelFacts | None) -> list[str]:

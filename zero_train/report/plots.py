@@ -27,7 +27,15 @@ CATEGORY_COLORS = {
     "comm_buffers": "#c44e52", "activations": "#8172b3", "other": "#d9d9d9",
 }  # fmt: skip
 STAGE_COLORS = {0: "#4c72b0", 1: "#55a868", 2: "#dd8452", 3: "#c44e52"}
-ENGINE_MARKERS = {"ddp": "o", "zero1": "s", "torch-zero": "D", "ds1": "^", "ds2": "v", "ds3": "P"}
+ENGINE_MARKERS = {
+    "ddp": "o",
+    "zero1": "s",
+    "zero2": "X",
+    "torch-zero": "D",
+    "ds1": "^",
+    "ds2": "v",
+    "ds3": "P",
+}
 DPI = 110
 
 

@@ -14,7 +14,7 @@ call, with L_i the data elements of region i, Psi = sum L_i and e bytes per elem
     all_gather_:     (Psi - L_{r+1}) e      (every region but its right neighbour's)
 Together 2 Psi e - (L_r + L_{r+1}) e: summed over the ranks 2 (N-1) Psi e, exactly what DDP's ring
 all-reduce sends in total (the ZeRO paper's 2 Psi); at N = 2 every rank sends exactly Psi e, as in DDP.
-On NCCL the regions travel whole (equal chunks: padding included).
+On NCCL the regions travel whole (equal chunks: padding included). accounting.py counts these bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ def group_rank_and_size(process_group=None) -> tuple[int, int]:
 def uses_p2p_rings(process_group=None) -> bool:
     """True on gloo, whose reduce-scatter and all-gather are slower than our isend/irecv rings."""
     return dist.get_backend(process_group) == "gloo"
+
+
+def backend_name(process_group=None) -> str:
+    """The group's backend ("gloo", "nccl", ...); "gloo" without a process group (nothing travels)."""
+    if process_group is None and not dist.is_initialized():
+        return "gloo"
+    return str(dist.get_backend(process_group))
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, *, to_rank: int, from_rank: int, process_group) -> None:
@@ -69,23 +76,56 @@ def reduce_scatter_(
     rank, world_size = group_rank_and_size(process_group)
     if world_size == 1:
         return
-    regions = flat.view(world_size, -1)
+    region_size = flat.numel() // world_size
     if not uses_p2p_rings(process_group):
-        dist.reduce_scatter_tensor(regions[rank], flat, group=process_group)
+        dist.reduce_scatter_tensor(flat.view(world_size, -1)[rank], flat, group=process_group)
         return
+    starts = [r * region_size for r in range(world_size)]
+    _ring_reduce_(flat, recv_buffer, process_group, starts, lengths or [region_size] * world_size)
+
+
+def reduce_to_owners_(
+    flat: torch.Tensor,
+    recv_buffer: torch.Tensor | None,
+    process_group=None,
+    *,
+    starts: list[int],
+    lengths: list[int],
+) -> None:
+    """Sum region r of `flat` (`starts[r]`, `lengths[r]`: unequal, unpadded) over the ranks onto rank r.
+
+    ZeRO-2's bucket reduction. On gloo the same ring as reduce_scatter_ (same summation order, only the
+    data travels); elsewhere one torch reduce per non-empty region, to its owner.
+    """
+    rank, world_size = group_rank_and_size(process_group)
+    if world_size == 1:
+        return
+    if uses_p2p_rings(process_group):
+        _ring_reduce_(flat, recv_buffer, process_group, starts, lengths)
+        return
+    for owner, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+        if length:
+            dst = dist.get_global_rank(process_group, owner) if process_group is not None else owner
+            dist.reduce(flat[start : start + length], dst=dst, group=process_group)
+
+
+def _ring_reduce_(flat, recv_buffer, process_group, starts: list[int], lengths: list[int]) -> None:
+    """The gloo ring: N-1 exchanges with the neighbours; region r ends summed on rank r."""
     assert recv_buffer is not None
-    lengths = lengths or [regions.shape[1]] * world_size
+    rank, world_size = group_rank_and_size(process_group)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     piece = recv_buffer.numel()  # a region travels in pieces of the receive buffer's size
     for step in range(world_size - 1):
         send_index = (rank - step - 1) % world_size
         recv_index = (rank - step - 2) % world_size  # what the left neighbour sends: its send_index
         send_length, recv_length = lengths[send_index], lengths[recv_index]
+        send_start, recv_start = starts[send_index], starts[recv_index]
         for start in range(0, max(send_length, recv_length), piece):
             received = recv_buffer[: max(0, min(start + piece, recv_length) - start)]
-            send = regions[send_index, start : max(start, min(start + piece, send_length))]
+            send_stop = send_start + max(start, min(start + piece, send_length))
+            send = flat[send_start + start : send_stop]
             _exchange(send, received, to_rank=right, from_rank=left, process_group=process_group)
-            regions[recv_index, start : start + received.numel()].add_(received)
+            flat[recv_start + start : recv_start + start + received.numel()].add_(received)
 
 
 def all_gather_(flat: torch.Tensor, process_group=None, *, lengths: list[int] | None = None) -> None:
@@ -126,16 +166,3 @@ def all_reduce_sum_(tensor: torch.Tensor, process_group=None) -> None:
 
 RECV_BUFFER_ELEMENTS = 1 << 22
 """Largest receive buffer of the gloo reduce-scatter ring (16 MB in fp32), so it costs O(1), not Psi/N."""
-
-
-def ring_bytes(region_size: int, element_size: int, world_size: int) -> int:
-    """Bytes one rank sends in one reduce-scatter or all-gather of whole regions (NCCL: padding included)."""
-    return (world_size - 1) * region_size * element_size
-
-
-def p2p_ring_bytes(lengths: list[int], rank: int, element_size: int) -> tuple[int, int]:
-    """(reduce_scatter_, all_gather_) bytes `rank` sends on gloo, where only each region's data travels."""
-    total, world_size = sum(lengths), len(lengths)
-    if world_size == 1:
-        return 0, 0
-    return (total - lengths[rank]) * element_size, (total - lengths[(rank + 1) % world_size]) * element_size

@@ -36,10 +36,18 @@ class FlatGradients:
         layout: where each parameter's slot starts (`layout.offsets`).
         world_size: N, the divisor of the average.
         dtype, device: of the buffer (the parameters' own).
+        averaged: ids of parameters whose gradient is already divided by N this step (a rebuild).
     """
 
     def __init__(
-        self, params: list[torch.nn.Parameter], layout: FlatLayout, *, world_size: int, dtype, device
+        self,
+        params: list[torch.nn.Parameter],
+        layout: FlatLayout,
+        *,
+        world_size: int,
+        dtype,
+        device,
+        averaged: set[int] | None = None,
     ):
         self.world_size = world_size
         self.buffer = torch.zeros(layout.total_size, dtype=dtype, device=device)
@@ -47,12 +55,14 @@ class FlatGradients:
         for param, offset in zip(params, layout.offsets, strict=True):
             slot = self.buffer[offset : offset + param.numel()].view_as(param)
             self.slots[id(param)] = slot
-            if param.grad is not None:  # gradients computed before the optimizer existed
-                slot.copy_(param.grad)
+            if param.grad is not None:  # computed before the optimizer existed, or before a rebuild
+                slot.copy_(dense_grad(param))
                 param.grad = slot
         self._in_boundary = False
-        self._averaged: set[int] = set()  # parameters whose slot already holds grad / N this step
-        self._handles = [param.register_post_accumulate_grad_hook(self._hook()) for param in params]
+        self.averaged: set[int] = set(averaged or ())  # parameters whose slot holds grad / N this step
+        self._handles = [  # a frozen parameter gets no gradient, so no hook (torch refuses one)
+            param.register_post_accumulate_grad_hook(self._hook()) for param in params if param.requires_grad
+        ]
 
     def _hook(self):
         grads_ref = weakref.ref(self)  # a parameter must not keep the buffer of a dropped optimizer alive
@@ -67,19 +77,19 @@ class FlatGradients:
     def _accept(self, param: torch.Tensor) -> None:
         """Move `param.grad` into its slot (divided by N inside boundary_backward())."""
         key = id(param)
-        if key in self._averaged:
+        if key in self.averaged:
             raise RuntimeError(
                 "a backward after boundary_backward() in the same step: its gradients were already averaged; "
                 "call step() or zero_grad() first"
             )
         slot = self.slots[key]
-        fresh = param.grad.data_ptr() != slot.data_ptr()
+        fresh = dense_grad(param).data_ptr() != slot.data_ptr()
         if self._in_boundary:
             if fresh:
                 torch.div(param.grad, self.world_size, out=slot)
             else:
                 slot.div_(self.world_size)
-            self._averaged.add(key)
+            self.averaged.add(key)
         elif fresh:  # first micro-step; later ones accumulate in place
             slot.copy_(param.grad)
         param.grad = slot
@@ -96,7 +106,7 @@ class FlatGradients:
     def average(self, params: list[torch.nn.Parameter]) -> None:
         """Make every slot hold its gradient / N (zero without a gradient), skipping what the hooks did."""
         for param in params:
-            if id(param) in self._averaged:
+            if id(param) in self.averaged:
                 continue
             slot = self.slots[id(param)]
             if param.grad is None:
@@ -105,14 +115,24 @@ class FlatGradients:
                 torch.div(param.grad, self.world_size, out=slot)
             else:
                 slot.div_(self.world_size)
-            self._averaged.add(id(param))
+            self.averaged.add(id(param))
 
     def new_step(self) -> None:
         """Forget which slots were averaged (after the step or zero_grad)."""
-        self._averaged.clear()
+        self.averaged.clear()
 
     def remove_hooks(self) -> None:
         """Detach the hooks (the optimizer rebuilds its buffers when a param group is added)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def dense_grad(param: torch.Tensor) -> torch.Tensor:
+    """`param.grad`, refused with a ValueError if sparse (a sharder averages dense flat buffers)."""
+    if param.grad.is_sparse:
+        raise ValueError(
+            f"a sparse gradient ({tuple(param.shape)} parameter) cannot be sharded; build the layer with "
+            "sparse=False (e.g. nn.Embedding(..., sparse=False)) to train it with our ZeRO"
+        )
+    return param.grad

@@ -17,7 +17,7 @@ from zero_train.runtime.parser import (
     positive_int,
 )
 
-ENGINE_CHOICES = ("deepspeed", "zero1", "ddp", "torch-zero", "fsdp2")
+ENGINE_CHOICES = ("deepspeed", "zero1", "zero2", "ddp", "torch-zero", "fsdp2")
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
 
@@ -53,9 +53,9 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
         "--engine",
         choices=ENGINE_CHOICES,
         default="deepspeed",
-        help="deepspeed: ZeRO at the config's stage; zero1: our ZeRO-1 sharder; ddp: plain DDP; "
-        "torch-zero: torch ZeroRedundancyOptimizer; fsdp2: torch fully_shard, stage 3 = reshard after "
-        "forward, stage 2 = keep gathered (default: deepspeed)",
+        help="deepspeed: ZeRO at the config's stage; zero1: our ZeRO-1 sharder; zero2: our ZeRO-2 sharder; "
+        "ddp: plain DDP; torch-zero: torch ZeroRedundancyOptimizer; fsdp2: torch fully_shard, stage 3 = "
+        "reshard after forward, stage 2 = keep gathered (default: deepspeed)",
     )
     add(
         "--model",

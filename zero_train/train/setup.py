@@ -18,7 +18,7 @@ from typing import Any
 from zero_train.runtime.errors import UsageError
 from zero_train.train.args import TRAIN_DEFAULTS
 
-DEFAULT_CONFIG_STAGE = {"deepspeed": 2, "zero1": 1, "torch-zero": 1, "ddp": 0, "fsdp2": 3}
+DEFAULT_CONFIG_STAGE = {"deepspeed": 2, "zero1": 1, "zero2": 2, "torch-zero": 1, "ddp": 0, "fsdp2": 3}
 # train_settings argument -> the config keys it fills (only the "auto" ones need a value from us)
 AUTO_FILLED_BY = {
     "micro_batch_size": ("train_micro_batch_size_per_gpu",),

@@ -40,6 +40,7 @@ from zero_train.memory.model.peak_engines import (
     deepspeed_boundary,
     deepspeed_phases,
     zero1_phases,
+    zero2_phases,
 )
 from zero_train.memory.model.peak_terms import (
     ActivationTerms,
@@ -80,6 +81,7 @@ TERM_WORDS = {
     "accumulated_grads": "gradients kept from earlier micro-batches",
     "accumulating_gradient": "the new gradient being added to an accumulated one",
     "recomputed_block": "a checkpointed block's recomputed activations",
+    "pending_grads": "gradients waiting for their bucket (our ZeRO-2)",
 }
 """Words for every term of a phase (report sentences, estimate notes)."""
 
@@ -129,7 +131,7 @@ def _state(terms: dict[str, int]) -> dict[str, int]:
 
 
 def _rank_models(engine: str, run: Run) -> list[PeakModel]:
-    """Our model of every rank that differs: whole-tensor shares (zero1, torch-zero), DeepSpeed's partitions
+    """Our model of every rank that differs: whole-tensor shares (zero1, zero2, torch-zero), DeepSpeed's partitions
     (the tensors each slice touches), one rank for DDP."""
     stage = ENGINE_STAGES[engine]
     if engine.startswith("ds"):
@@ -144,7 +146,7 @@ def _rank_models(engine: str, run: Run) -> list[PeakModel]:
         shares = whole_tensor_shares(run)
     models = []
     for share in shares:
-        phases = zero1_phases(run, share) if engine == "zero1" else ddp_phases(run, share)
+        phases = {"zero1": zero1_phases, "zero2": zero2_phases}.get(engine, ddp_phases)(run, share)
         boundary = _state(phases["step"])  # the step's transients are not categories
         models.append(PeakModel(engine=engine, rank=share.rank, phases=phases, boundary=boundary))
     return models
@@ -168,7 +170,7 @@ def engine_peak(
     """Our per-phase model of one engine (the rank with the highest peak, or `rank`).
 
     Args:
-        engine: "ddp", "zero1", "torch-zero", "ds1", "ds2" or "ds3".
+        engine: "ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2" or "ds3".
         shape: the model (theory.model_shape; a bare parameter count gives no activations).
         world_size: N, the data-parallel ranks.
         precision: "fp32", "bf16" or "fp16".

@@ -22,6 +22,7 @@ from zero_train.memory.model.peak_terms import (
     reduce_buckets,
     tied_gradient_copies,
     zero1_comm_buffers,
+    zero2_buffers,
 )
 
 Phases = dict[str, dict[str, int]]
@@ -126,7 +127,7 @@ def zero1_phases(run: Run, share: Share) -> Phases:
         grads=e * psi,
         master_params=FP32_BYTES * share.owned if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * share.owned,
-        comm_buffers=zero1_comm_buffers(run, share),
+        comm_buffers=zero1_comm_buffers(run),
     )
     forward, backward_start = _forward_terms(run)  # accumulation: in the flat buffer, already at rest
     end = _add(dict(tied_gradient_copies=3 * tied_gradient_copies(run)), _accumulating(run))
@@ -135,6 +136,38 @@ def zero1_phases(run: Run, share: Share) -> Phases:
         forward=forward,
         backward_start=backward_start,
         backward_end=_recompute(run, {}, end),
+        step=dict(
+            fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
+            adamw_temporaries=adamw_temporaries(share.largest),
+        ),
+    )
+
+
+def zero2_phases(run: Run, share: Share) -> Phases:
+    """Our ZeRO-2 (zero_train.sharding.zero2): each gradient is reduced to its owner with its bucket.
+
+    At rest: the model, the accumulator of the owned gradients (e x owned), and, kept between steps
+    (DeepSpeed frees its bucket at the end of backward), the bucket buffer, the gloo ring's receive buffer
+    and the parameter buffer's padding; for the owned share the fp32 masters (16-bit model) and Adam's
+    moments. Backward holds each gradient until its bucket is complete (at most the largest bucket's) and,
+    at its end, a tied embedding's two contributions and their sum. The step is ZeRO-1's.
+    """
+    e, psi = run.element_bytes, run.shape.num_params
+    comm_buffers, largest_bucket = zero2_buffers(run)
+    rest = dict(
+        params=e * psi,
+        grads=e * share.owned,
+        master_params=FP32_BYTES * share.owned if run.mixed else 0,
+        optimizer_states=2 * FP32_BYTES * share.owned,
+        comm_buffers=comm_buffers,
+    )
+    forward, backward_start = _forward_terms(run)
+    pending = dict(pending_grads=e * largest_bucket)
+    return _phases(
+        rest,
+        forward=forward,
+        backward_start=_add(backward_start, pending),
+        backward_end=_largest(pending, dict(tied_gradient_copies=3 * tied_gradient_copies(run))),
         step=dict(
             fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
             adamw_temporaries=adamw_temporaries(share.largest),

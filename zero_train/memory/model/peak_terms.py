@@ -19,6 +19,8 @@ from zero_train.memory.model.theory import (
     ModelShape,
     activation_bytes,
 )
+from zero_train.sharding import accounting
+from zero_train.sharding.partition import gradient_buckets
 
 ADAMW_TEMPORARY_BYTES = 8
 """torch.optim.AdamW's single-tensor step (foreach=False, what our engines and DeepSpeed's torch_adam run)
@@ -223,10 +225,6 @@ class Share:
     """Parameter elements whose optimizer state (and fp32 master) the rank holds."""
     largest: int
     """Elements of the largest tensor it updates (its AdamW temporaries)."""
-    padding: int = 0
-    """Padding elements of our ZeRO-1's owner-ordered flat buffers (every region padded to the largest)."""
-    region: int = 0
-    """Elements of one region of those buffers."""
 
 
 def whole_tensor_shares(run: Run) -> list[Share]:
@@ -237,19 +235,14 @@ def whole_tensor_shares(run: Run) -> list[Share]:
     world_size, numels = run.world_size, run.shape.param_numels
     if not numels:
         even = -(-run.shape.num_params // world_size)
-        return [Share(rank=0, owned=even, largest=run.largest_tensor, region=even)]
-    from zero_train.sharding.partition import flat_layout, greedy_owners
-
-    owners = greedy_owners(numels, world_size)
-    layout = flat_layout(numels, owners, world_size)
-    loads = layout.loads()
+        return [Share(rank=0, owned=even, largest=run.largest_tensor)]
+    layout = accounting.owner_layout(numels, world_size)
+    owners, loads = layout.owners, layout.loads()
     return [
         Share(
             rank=rank,
             owned=loads[rank],
             largest=max((n for n, owner in zip(numels, owners, strict=True) if owner == rank), default=0),
-            padding=layout.padding(),
-            region=layout.region_size,
         )
         for rank in range(world_size)
     ]
@@ -292,9 +285,30 @@ def flat_partitions(run: Run) -> list[Partition]:
     return partitions
 
 
-def zero1_comm_buffers(run: Run, share: Share) -> int:
-    """Our ZeRO-1's padding of its two flat buffers, plus on gloo (N > 1) the ring's receive buffer."""
-    from zero_train.sharding.collectives import RECV_BUFFER_ELEMENTS
+def zero1_comm_buffers(run: Run) -> int:
+    """Our ZeRO-1's padding of its two flat buffers plus, on gloo (N > 1), the ring's receive buffer: the
+    sharder's own accounting (zero_train.sharding.accounting) for this run's layout and backend (without
+    the tensor sizes: an even split, no padding)."""
+    numels, world_size = run.shape.param_numels, run.world_size
+    layout = (
+        accounting.owner_layout(numels, world_size)
+        if numels
+        else accounting.even_layout(run.shape.num_params, world_size)
+    )
+    return accounting.zero1_buffers(layout, run.element_bytes, run.backend).comm_buffers
 
-    receive = min(share.region, RECV_BUFFER_ELEMENTS) if run.backend == "gloo" and run.world_size > 1 else 0
-    return (2 * share.padding + receive) * run.element_bytes
+
+def zero2_buffers(run: Run) -> tuple[int, int]:
+    """Our ZeRO-2's (comm_buffers bytes, largest bucket in elements) for this run's layout, bucket size and
+    backend: padding of the flat parameter buffer, the bucket buffer and on gloo the receive buffer, from
+    the sharder's own accounting (zero_train.sharding.accounting); without tensor sizes, an even split."""
+    numels, world_size = run.shape.param_numels, run.world_size
+    layout = (
+        accounting.owner_layout(numels, world_size)
+        if numels
+        else accounting.even_layout(run.shape.num_params, world_size)
+    )
+    bucket = run.deepspeed.reduce_bucket_size
+    buffers = accounting.zero2_buffers(layout, run.element_bytes, run.backend, bucket)
+    largest = max((b.size for b in gradient_buckets(layout, bucket)), default=0)
+    return buffers.comm_buffers, largest

@@ -148,5 +148,5 @@ def model_shape(config) -> ModelShape:
     )
 
 
-ENGINE_STAGES = {"ddp": 0, "zero1": 1, "torch-zero": 1, "ds1": 1, "ds2": 2, "ds3": 3}
+ENGINE_STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "torch-zero": 1, "ds1": 1, "ds2": 2, "ds3": 3}
 """The ZeRO stage each engine of the profile matrix implements (the paper's row it is compared with)."""
