@@ -1,9 +1,9 @@
 """`zero-train bench` plumbing: real runs of a tiny model through the launcher, numbers read back, no timing.
 
-One bench of 3 runs (ddp, zero1, and the HF Trainer peer with DeepSpeed ZeRO-1; fp32; 2 steps, 1 repeat)
+One bench of 4 runs (ddp, zero1, zero2 and the HF Trainer peer with DeepSpeed ZeRO-1; fp32; 2 steps, 1 repeat)
 checks the JSON cells, that every number that must be positive is, and that the bytes per step are what
 the model's size says: the ZeRO paper's 2 Psi (as a 2-rank ring sends it: Psi elements per rank) within
-WIRE_TOLERANCE for DDP and our ZeRO-1, and DeepSpeed's all-reduce + all-gather of Psi each. Timings are
+WIRE_TOLERANCE for DDP and our ZeRO-1 and ZeRO-2, and DeepSpeed's all-reduce + all-gather of Psi each. Timings are
 never compared here (noisy); only the benchmark compares them.
 """
 
@@ -29,7 +29,7 @@ BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench.
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    argv = ["--model", "tiny", "--engines", "ddp,zero1,hf-ds1", "--precisions", "fp32", "--repeats", "1",
+    argv = ["--model", "tiny", "--engines", "ddp,zero1,zero2,hf-ds1", "--precisions", "fp32", "--repeats", "1",
             "--steps", "2", "--warmup", "1", "--block-size", "32", "--out", str(out)]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, str(BENCH_SCRIPT), *argv], capture_output=True, text=True, timeout=240
@@ -41,7 +41,7 @@ def tiny_bench(tmp_path_factory):
 @pytest.mark.multiproc
 def test_every_cell_ran_and_reports_positive_numbers(tiny_bench):
     result, _ = tiny_bench
-    assert [c["cell"] for c in result["cells"]] == ["ddp-fp32", "zero1-fp32", "hf-ds1-fp32"]
+    assert [c["cell"] for c in result["cells"]] == ["ddp-fp32", "zero1-fp32", "zero2-fp32", "hf-ds1-fp32"]
     for cell in result["cells"]:
         assert cell["runs"] == 1 and cell["errors"] == [], cell["errors"]
         assert cell["step_time_s"]["median"] > 0 and cell["tokens_per_s"]["median"] > 0
@@ -58,7 +58,8 @@ def test_bytes_per_step_are_the_models_size(tiny_bench):
     cells = {c["engine"]: c["comm"] for c in result["cells"]}
     assert cells["ddp"]["payload"]["all_reduce"] == psi_bytes  # DDP's buckets: every parameter once
     assert cells["zero1"]["payload"]["send_recv"] == 2 * psi_bytes  # both ends of each message, no padding
-    for engine in ("ddp", "zero1"):
+    assert cells["zero2"]["payload"]["send_recv"] == 2 * psi_bytes  # the buckets to their owners + all-gather
+    for engine in ("ddp", "zero1", "zero2"):
         assert cells[engine]["paper_wire"] == psi_bytes
         assert cells[engine]["wire"]["total"] == pytest.approx(psi_bytes, rel=WIRE_TOLERANCE)
     deepspeed = cells["hf-ds1"]["payload"]  # ZeRO-1 on CPU: all-reduce the gradients, all-gather partitions

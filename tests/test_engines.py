@@ -1,7 +1,8 @@
 """Engines against real references, on 2 gloo ranks and a tiny GPT-2 (~133k parameters).
 
 - ddp is the reference (torch DDP + torch AdamW, the textbook recipe);
-- zero1 and torch-zero must give the same fp32 parameters and losses, bit for bit;
+- zero1 and torch-zero must give the same fp32 parameters and losses, bit for bit; zero2 (which averages
+  every micro-step, as DDP without no_sync would) within rounding, with every gradient held once over the ranks;
 - DeepSpeed ZeRO-1/2 in fp32 must agree within rounding (it clips and reduces in another order);
 - DeepSpeed ZeRO-3 (model built under zero.Init) is checked against ddp started from its weights;
 - a save -> load round trip continues exactly as the uninterrupted run, for every engine;
@@ -269,7 +270,7 @@ def _broadcast_state(state: dict | None) -> dict:
 
 @pytest.fixture(scope="module")
 def local_runs(tmp_path_factory):
-    names = ("ddp", "torch-zero", "zero1")
+    names = ("ddp", "torch-zero", "zero1", "zero2")
     return run_ranks(_local_engines_ranks, 2, (str(tmp_path_factory.mktemp("local")), names))
 
 
@@ -295,7 +296,7 @@ def test_clipping_and_schedule_are_exercised(local_runs):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("name", ["ddp", "zero1", "torch-zero"])
+@pytest.mark.parametrize("name", ["ddp", "zero1", "zero2", "torch-zero"])
 def test_local_engine_checkpoint_round_trip_is_exact(local_runs, name):
     for rank, rank_runs in enumerate(local_runs):
         run = rank_runs[name]
@@ -331,6 +332,24 @@ def test_zero1_memory_categories_are_sharded(local_runs):
     for memory in zero1:
         assert memory["params"] == 4 * num_params
         assert abs(memory["optimizer_states"] - 8 * num_params / 2) <= 0.05 * 8 * num_params
+
+
+@pytest.mark.multiproc
+def test_zero2_engine_trains_like_ddp_and_keeps_each_gradient_once(local_runs):
+    num_params = local_runs[0]["ddp"]["num_params"]
+    for rank_runs in local_runs:
+        for ours, ddp in zip(rank_runs["zero2"]["history"], rank_runs["ddp"]["history"], strict=True):
+            assert ours[0] == pytest.approx(ddp[0], rel=1e-5) and ours[1] == pytest.approx(ddp[1], rel=1e-4)
+            assert ours[2:] == ddp[2:]  # lr, skipped
+    assert local_runs[0]["zero2"]["diff_to_ddp"] < DEEPSPEED_PARAM_TOLERANCE  # averaged per micro-step
+    held = [rank_runs["zero2"]["memory_boundary"]["grads"] for rank_runs in local_runs]
+    assert sum(held) == 4 * num_params  # before the step: every averaged gradient on exactly one rank
+    assert all(abs(g - 4 * num_params / 2) < 0.6 * 4 * num_params for g in held)
+    for rank_runs in local_runs:
+        assert repr(rank_runs["fp16"]["zero2"]["history"][:FP16_SKIPPED_STEPS]) == repr(
+            rank_runs["fp16"]["ddp"]["history"][:FP16_SKIPPED_STEPS]
+        )  # the same overflowing steps skipped
+        assert rank_runs["fp16"]["zero2"]["loss_scales"] == rank_runs["fp16"]["ddp"]["loss_scales"]
 
 
 # DeepSpeed reduces, norms and clips in its own order: `(norm + 1e-6) / clip` divides the gradients

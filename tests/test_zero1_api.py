@@ -6,6 +6,8 @@ size 2 covers add_param_group balance, fp16 loss scaling with skipped steps, and
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -13,7 +15,7 @@ from zero1_helpers import TiedNet, batch, ring_average, two_groups
 
 from zero_train.comm.ledger import CommLedger
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding import DynamicLossScaler, Zero1Optimizer
+from zero_train.sharding import DynamicLossScaler, Zero1Optimizer, Zero2Optimizer
 from zero_train.testing import run_ranks
 
 
@@ -141,9 +143,31 @@ def _add_group_and_fp16(rank: int, world_size: int) -> dict:
         sorted({optimizer.layout.owners[i] for i in range(2)}),
         sorted(set(optimizer.layout.owners[2:])),
     ]
-    results["fp16"] = _fp16_skips(rank, world_size)
+    results["fp16"] = _fp16_skips(rank, world_size, Zero1Optimizer)
     results["pieces_diff"] = _small_receive_buffer_diff(rank)
+    results["zero2"] = _zero2_bytes(rank)
+    results["zero2_fp16"] = _fp16_skips(rank, world_size, partial(Zero2Optimizer, bucket_elements=100))
     return results
+
+
+def _zero2_bytes(rank: int) -> dict:
+    """One clipped ZeRO-2 step under the ledger, with small buckets (several reductions per backward)."""
+    model = _wide_model()
+    optimizer = Zero2Optimizer(
+        model.parameters(), torch.optim.AdamW, bucket_elements=60, lr=1e-2, foreach=False
+    )
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
+    with CommLedger() as ledger:
+        model(x).square().mean().backward()
+        optimizer.clip_grad_norm_(1.0)
+        optimizer.step()
+    return dict(
+        ledger=ledger.totals(),
+        wire=ledger.wire_bytes(),
+        reported=optimizer.comm_bytes_per_step(),
+        balance=optimizer.balance_report(),
+        buckets=len(optimizer.buckets),
+    )
 
 
 def _small_receive_buffer_diff(rank: int) -> float:
@@ -165,16 +189,14 @@ def _small_receive_buffer_diff(rank: int) -> float:
     return max(float((a - b).abs().max()) for a, b in zip(*finals, strict=True))
 
 
-def _fp16_skips(rank: int, world_size: int) -> dict:
+def _fp16_skips(rank: int, world_size: int, sharder) -> dict:
     """fp16 model from a loss scale of 2**16: overflowing steps skip, the scale halves, then training runs."""
 
     def scaler():
         return DynamicLossScaler(init_scale=2.0**16, scale_window=2, hysteresis=1, min_scale=1.0)
 
     model, reference = TiedNet().half(), TiedNet().half()
-    optimizer = Zero1Optimizer(
-        model.parameters(), torch.optim.AdamW, loss_scaler=scaler(), lr=1e-2, foreach=False
-    )
+    optimizer = sharder(model.parameters(), torch.optim.AdamW, loss_scaler=scaler(), lr=1e-2, foreach=False)
     ref_scaler = scaler()
     trainable = [p for p in reference.parameters() if p.requires_grad]
     masters = [p.detach().float().clone() for p in trainable]
@@ -246,9 +268,22 @@ def test_ring_in_small_pieces_gives_the_same_result(two_ranks):
 
 
 @pytest.mark.multiproc
-def test_fp16_overflow_skips_steps_and_matches_reference(two_ranks):
+def test_zero2_sends_what_zero1_does_per_step_and_the_ledger_agrees(two_ranks):
     for results in two_ranks:
-        fp16 = results["fp16"]
+        zero2 = results["zero2"]
+        reported, ledger = zero2["reported"], zero2["ledger"]
+        assert zero2["buckets"] >= 3  # the gradients travelled in several buckets during backward
+        assert ledger["send_recv"] == 2 * (reported["reduce"] + reported["all_gather"])
+        assert zero2["wire"]["all_reduce"] == reported["all_reduce"]  # norms and has-gradient flags
+        # at N = 2 a rank sends exactly Psi e per step, as DDP's ring all-reduce (the paper's 2 Psi in total)
+        assert reported["reduce"] + reported["all_gather"] == sum(zero2["balance"]["bytes_per_rank"])
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("sharder", ["fp16", "zero2_fp16"])
+def test_fp16_overflow_skips_steps_and_matches_reference(two_ranks, sharder):
+    for results in two_ranks:
+        fp16 = results[sharder]
         skipped = [entry[0] for entry in fp16["history"]]
         assert (
             skipped[:2] == [True, False] and skipped.count(True) >= 2

@@ -1,4 +1,5 @@
-"""Zero1Optimizer state dicts: shard round trip, consolidation, re-sharding 2 -> 3 and 2 -> 1, memory per rank.
+"""Our sharders' state dicts (ZeRO-1 and ZeRO-2): shard round trip, consolidation, re-sharding 2 -> 3 and
+2 -> 1, memory per rank. Both sharders run in the same spawned worlds, each on its own files.
 
 One run at world size 2 trains 3 steps, saves every rank's shard, the consolidated dict and the
 weights, trains 3 more steps, and checks that a fresh optimizer loaded from its own shard continues
@@ -9,23 +10,26 @@ the same averaged gradients: equal bit for bit.
 
 from __future__ import annotations
 
+import os
+from functools import partial
+
 import pytest
 import torch
 from zero1_helpers import TiedNet, batch, ring_average, two_groups
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding import Zero1Optimizer, consolidate_shards
+from zero_train.sharding import Zero1Optimizer, Zero2Optimizer, consolidate_shards
 from zero_train.testing import run_ranks
 
 LR = 3e-2
 SAVED_AT, CONTINUE = 3, range(3, 6)
+STAGES = (1, 2)
 
 
-def _make(dtype: torch.dtype, seed: int = 0) -> tuple[TiedNet, Zero1Optimizer]:
+def _make(dtype: torch.dtype, seed: int = 0, stage: int = 1) -> tuple[TiedNet, Zero1Optimizer]:
     model = TiedNet(seed).to(dtype)
-    return model, Zero1Optimizer(
-        two_groups(model, LR), torch.optim.AdamW, lr=LR, weight_decay=0.1, foreach=False
-    )
+    sharder = Zero1Optimizer if stage == 1 else partial(Zero2Optimizer, bucket_elements=100)
+    return model, sharder(two_groups(model, LR), torch.optim.AdamW, lr=LR, weight_decay=0.1, foreach=False)
 
 
 def _train(model: TiedNet, optimizer: Zero1Optimizer, rank: int, steps) -> None:
@@ -70,9 +74,13 @@ def _plain_continue(weights: dict, consolidated: dict, world_size: int, owners: 
 
 
 def _save_and_round_trip(rank: int, world_size: int, tmp: str) -> dict:
+    return {stage: _save_and_round_trip_stage(rank, world_size, f"{tmp}/z{stage}", stage) for stage in STAGES}
+
+
+def _save_and_round_trip_stage(rank: int, world_size: int, tmp: str, stage: int) -> dict:
     results = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        model, optimizer = _make(dtype)
+        model, optimizer = _make(dtype, stage=stage)
         _train(model, optimizer, rank, range(SAVED_AT))
         torch.save(optimizer.state_dict(), f"{tmp}/{name}-shard{rank}.pt")
         weights = {k: v.clone() for k, v in model.state_dict().items()}
@@ -84,7 +92,7 @@ def _save_and_round_trip(rank: int, world_size: int, tmp: str) -> dict:
         results[f"{name}_region"] = optimizer.layout.region_size
         _train(model, optimizer, rank, CONTINUE)
 
-        fresh_model, fresh = _make(dtype, seed=1)
+        fresh_model, fresh = _make(dtype, seed=1, stage=stage)
         fresh_model.load_state_dict(weights)
         fresh.load_state_dict(torch.load(f"{tmp}/{name}-shard{rank}.pt"))
         _train(fresh_model, fresh, rank, CONTINUE)
@@ -103,9 +111,13 @@ def _save_and_round_trip(rank: int, world_size: int, tmp: str) -> dict:
 
 
 def _reshard(rank: int, world_size: int, tmp: str) -> dict:
+    return {stage: _reshard_stage(rank, world_size, f"{tmp}/z{stage}", stage) for stage in STAGES}
+
+
+def _reshard_stage(rank: int, world_size: int, tmp: str, stage: int) -> dict:
     shards = [torch.load(f"{tmp}/fp32-shard{r}.pt") for r in range(2)]
     weights = torch.load(f"{tmp}/fp32-weights.pt")
-    model, optimizer = _make(torch.float32, seed=1)
+    model, optimizer = _make(torch.float32, seed=1, stage=stage)
     model.load_state_dict(weights)
     try:
         optimizer.load_state_dict(shards[0])
@@ -124,55 +136,64 @@ def _reshard(rank: int, world_size: int, tmp: str) -> dict:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("zero1_state"))
+    for stage in STAGES:
+        os.makedirs(f"{tmp}/z{stage}")
     return tmp, run_ranks(_save_and_round_trip, 2, (tmp,))
 
 
 @pytest.mark.multiproc
-def test_shard_round_trip_continues_bit_for_bit(saved):
+@pytest.mark.parametrize("stage", STAGES, ids=["zero1", "zero2"])
+def test_shard_round_trip_continues_bit_for_bit(saved, stage):
     for results in saved[1]:
         for name in ("fp32", "bf16"):
-            assert results[f"{name}_round_trip_diff"] == 0.0
-            assert results[f"{name}_master_diff"] == 0.0  # bf16: the fp32 masters travel in the shard
+            assert results[stage][f"{name}_round_trip_diff"] == 0.0
+            assert results[stage][f"{name}_master_diff"] == 0.0  # bf16: the fp32 masters travel in the shard
 
 
 @pytest.mark.multiproc
-def test_consolidated_state_loads_into_plain_adamw_and_continues_identically(saved):
-    assert saved[1][0]["plain_diff"] == 0.0
+@pytest.mark.parametrize("stage", STAGES, ids=["zero1", "zero2"])
+def test_consolidated_state_loads_into_plain_adamw_and_continues_identically(saved, stage):
+    assert saved[1][0][stage]["plain_diff"] == 0.0
 
 
 @pytest.mark.multiproc
-def test_loading_another_ranks_shard_names_the_fix(saved):
+@pytest.mark.parametrize("stage", STAGES, ids=["zero1", "zero2"])
+def test_loading_another_ranks_shard_names_the_fix(saved, stage):
     for results in saved[1]:
-        assert "consolidate_shards" in results["wrong_shard_error"]
+        assert "consolidate_shards" in results[stage]["wrong_shard_error"]
 
 
 @pytest.mark.multiproc
-def test_optimizer_state_is_split_across_ranks(saved):
-    per_param = saved[1][0]["unsharded_state_bytes"]
+@pytest.mark.parametrize("stage", STAGES, ids=["zero1", "zero2"])
+def test_optimizer_state_is_split_across_ranks(saved, stage):
+    per_param = saved[1][0][stage]["unsharded_state_bytes"]
     total, largest = sum(per_param), max(per_param)
     for name in ("fp32", "bf16"):
-        states = [r[f"{name}_memory"]["optimizer_states"] for r in saved[1]]
+        states = [r[stage][f"{name}_memory"]["optimizer_states"] for r in saved[1]]
         assert sum(states) == total  # every parameter's state exists exactly once
         for state in states:
             assert abs(state - total / 2) <= largest  # within one tensor of total / N
     for results in saved[1]:
-        bf16 = results["bf16_memory"]
-        assert bf16["master_params"] == 4 * results["bf16_region"]  # fp32 masters of the owned region only
-        assert results["fp32_memory"]["master_params"] == 0
+        bf16 = results[stage]["bf16_memory"]
+        assert (
+            bf16["master_params"] == 4 * results[stage]["bf16_region"]
+        )  # fp32 masters of the owned region only
+        assert results[stage]["fp32_memory"]["master_params"] == 0
 
 
 @pytest.mark.multiproc
 def test_reshard_to_three_ranks_continues_identically(saved):
     tmp = saved[0]
     runs = run_ranks(_reshard, 3, (tmp,))
-    assert runs[0]["diff"] == 0.0
-    assert all("rank 0 of 2" in run["shard_error"] for run in runs[1:])
-    total = sum(saved[1][0]["unsharded_state_bytes"])
-    assert sum(run["memory"]["optimizer_states"] for run in runs) == total
+    for stage in STAGES:
+        assert runs[0][stage]["diff"] == 0.0
+        assert all("rank 0 of 2" in run[stage]["shard_error"] for run in runs[1:])
+        total = sum(saved[1][0][stage]["unsharded_state_bytes"])
+        assert sum(run[stage]["memory"]["optimizer_states"] for run in runs) == total
 
 
 def test_reshard_to_one_rank_continues_identically(saved):
-    result = _reshard(0, 1, saved[0])
-    assert result["diff"] == 0.0
-    assert "rank 0 of 2" in result["shard_error"]
-    assert result["memory"]["optimizer_states"] == sum(saved[1][0]["unsharded_state_bytes"])
+    for stage, result in _reshard(0, 1, saved[0]).items():
+        assert result["diff"] == 0.0
+        assert "rank 0 of 2" in result["shard_error"]
+        assert result["memory"]["optimizer_states"] == sum(saved[1][0][stage]["unsharded_state_bytes"])

@@ -1,6 +1,6 @@
 """The benchmark's cells (engine x precision), their interleaved order, and the command line of one run.
 
-A cell is one engine at one precision. Engines are `zero-train profile`'s (ddp, zero1, torch-zero,
+A cell is one engine at one precision. Engines are `zero-train profile`'s (ddp, zero1, zero2, torch-zero,
 ds1..ds3: scripts/train.py with the config generated for that stage) plus the Hugging Face Trainer
 peers `hf-<cell engine>`: scripts/hf_trainer.py, the Trainer with the SAME generated config (hf-ds1:
 Trainer + DeepSpeed ZeRO-1; hf-ddp: the Trainer's own DDP). Every run goes through the same launcher and
@@ -26,7 +26,7 @@ PEER_PREFIX = "hf-"
 PEER_SCRIPT = TRAIN_SCRIPT.parent / "hf_trainer.py"
 PEER_ENGINES = tuple(PEER_PREFIX + name for name in ("ddp", "ds1", "ds2", "ds3"))
 BENCH_ENGINES = (*CELL_ENGINES, *PEER_ENGINES)
-DEFAULT_ENGINES = ("ddp", "zero1", "torch-zero", "ds1", "ds2", "ds3", "hf-ds1")
+DEFAULT_ENGINES = ("ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "ds3", "hf-ds1")
 PRECISIONS = ("fp32", "bf16")
 
 

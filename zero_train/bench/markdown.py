@@ -7,6 +7,7 @@ from zero_train.bench.machine import CPU_FLAGS
 LABELS = {
     "ddp": "ddp (torch DDP)",
     "zero1": "**zero1 (ours)**",
+    "zero2": "**zero2 (ours)**",
     "torch-zero": "torch-zero (ZeroRedundancyOptimizer)",
     "ds1": "ds1 (DeepSpeed ZeRO-1)",
     "ds2": "ds2 (DeepSpeed ZeRO-2)",

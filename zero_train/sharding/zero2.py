@@ -29,6 +29,7 @@ import torch
 
 from zero_train.sharding import accounting
 from zero_train.sharding.grad_buckets import GradientBuckets
+from zero_train.sharding.partition import Bucket
 from zero_train.sharding.sharded import ShardedOptimizer
 
 DEFAULT_BUCKET_ELEMENTS = 500_000_000
@@ -131,6 +132,11 @@ class Zero2Optimizer(ShardedOptimizer):
             active = {id(p) for p in self._params if p.requires_grad}
             self._buckets.seen.update(active)
             self._buckets.written.update(active)
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        """The buckets every rank reduces, in order (partition.gradient_buckets of this layout)."""
+        return self._buckets.buckets
 
     def buffer_bytes(self) -> accounting.BufferBytes:
         """Padding of the parameter buffer, the bucket and the receive buffer (accounting.zero2_buffers)."""
