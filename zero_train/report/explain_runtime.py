@@ -114,6 +114,9 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
     return None
 
 
+GRADIENT_RINGS = {"zero1": "one reduce-scatter", "zero2": "each bucket to its owners during backward"}
+
+
 def _zero1_comm_cause(row: dict, facts: ModelFacts) -> str:
     """Our ZeRO-1's (and ZeRO-2's: its bucket reductions send what ZeRO-1's reduce-scatter does) bytes from
     the sharders' own accounting (zero_train.sharding.accounting), per backend."""
@@ -128,7 +131,8 @@ def _zero1_comm_cause(row: dict, facts: ModelFacts) -> str:
             f"over regions padded to the largest ({world_size} x region = {padded:.3f} Psi): {rings:.2f} Psi sent"
         )
     return (
-        f"our ZeRO-{row['engine'][-1]} runs point-to-point rings on gloo (gradients to their owners, then an all-gather) that send every region's "
+        f"our ZeRO-{row['engine'][-1]} runs point-to-point rings on gloo ({GRADIENT_RINGS[row['engine']]}, then an "
+        "all-gather) that send every region's "
         f"data but one and never the padding: rank {row['reported_rank']} sends {rings:.2f} Psi, which the "
         f"ledger counts on both ends ({2 * rings:.2f} Psi)"
     )

@@ -101,7 +101,6 @@ class GradientBuckets:
         if not self._callback_queued:  # the end of this backward reduces what is still waiting
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._callback_queued = True
-        self.seen.add(id(param))
         bucket = self.bucket_of.get(index)
         if bucket is None:
             return  # unfrozen since the buckets were built: the end of backward rebuilds them
@@ -129,6 +128,8 @@ class GradientBuckets:
         params = [self.params[i] for i in bucket.indices]
         if bucket.direct:
             grad = params[0].grad
+            if grad is not None:
+                self.seen.add(id(params[0]))
             flat = (grad if grad is not None else torch.zeros_like(params[0])).reshape(-1)
             flat.div_(self.world_size)
         else:
@@ -139,6 +140,7 @@ class GradientBuckets:
                     slot.zero_()  # no gradient here: zero in the average (DDP's rule)
                 else:
                     torch.div(param.grad, self.world_size, out=slot)
+                    self.seen.add(id(param))
         collectives.reduce_to_owners_(
             flat,
             self.recv_buffer,

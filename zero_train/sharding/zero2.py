@@ -99,10 +99,8 @@ class Zero2Optimizer(ShardedOptimizer):
         if self._reduced:
             return
         self._refresh_trainable()
-        loose = [p for p in self._params if p.requires_grad and p.grad is not None]
-        if loose:
-            self._buckets.seen.update(id(p) for p in loose)
-            self._buckets.flush()
+        if any(p.requires_grad and p.grad is not None for p in self._params):
+            self._buckets.flush()  # gradients no hook saw (computed before this optimizer existed)
         seen = self._buckets.seen
         flags = [1.0 if p.requires_grad and id(p) in seen else 0.0 for p in self._params]
         self._local_flags = torch.tensor(flags, device=self._param_buffer.device)

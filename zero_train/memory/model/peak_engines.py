@@ -149,8 +149,10 @@ def zero2_phases(run: Run, share: Share) -> Phases:
     At rest: the model, the accumulator of the owned gradients (e x owned), and, kept between steps
     (DeepSpeed frees its bucket at the end of backward), the bucket buffer, the gloo ring's receive buffer
     and the parameter buffer's padding; for the owned share the fp32 masters (16-bit model) and Adam's
-    moments. Backward holds each gradient until its bucket is complete (at most the largest bucket's) and,
-    at its end, a tied embedding's two contributions and their sum. The step is ZeRO-1's.
+    moments. Backward holds each gradient until its bucket is complete: at its start that is the LM head's
+    weight gradient, already in loss_backward's term; later at most the largest bucket's tensors, or at its
+    end a tied embedding's two contributions and their sum. The step is ZeRO-1's. Measured on gpt2-25m
+    (fp32, 2 ranks): forward+backward 350 MB and step 268 MB above "other", ours 349.6 and 266.
     """
     e, psi = run.element_bytes, run.shape.num_params
     comm_buffers, largest_bucket = zero2_buffers(run)
@@ -166,7 +168,7 @@ def zero2_phases(run: Run, share: Share) -> Phases:
     return _phases(
         rest,
         forward=forward,
-        backward_start=_add(backward_start, pending),
+        backward_start=backward_start,
         backward_end=_largest(pending, dict(tied_gradient_copies=3 * tied_gradient_copies(run))),
         step=dict(
             fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
