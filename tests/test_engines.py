@@ -346,9 +346,12 @@ def test_zero2_engine_trains_like_ddp_and_keeps_each_gradient_once(local_runs):
     assert sum(held) == 4 * num_params  # before the step: every averaged gradient on exactly one rank
     assert all(abs(g - 4 * num_params / 2) < 0.6 * 4 * num_params for g in held)
     for rank_runs in local_runs:
-        assert repr(rank_runs["fp16"]["zero2"]["history"][:FP16_SKIPPED_STEPS]) == repr(
-            rank_runs["fp16"]["ddp"]["history"][:FP16_SKIPPED_STEPS]
-        )  # the same overflowing steps skipped
+        # the same overflowing steps skipped (the norm is inf or nan depending on the summation order)
+        overflows = [
+            [(loss, math.isfinite(norm), lr, skipped) for loss, norm, lr, skipped in run["history"]]
+            for run in (rank_runs["fp16"]["zero2"], rank_runs["fp16"]["ddp"])
+        ]
+        assert overflows[0][:FP16_SKIPPED_STEPS] == overflows[1][:FP16_SKIPPED_STEPS]
         assert rank_runs["fp16"]["zero2"]["loss_scales"] == rank_runs["fp16"]["ddp"]["loss_scales"]
 
 

@@ -6,7 +6,10 @@ collectives.py  the few collectives the sharders use (gloo: our point-to-point r
 sharded.py      ShardedOptimizer: owners, flat parameter buffer, clipping, the step, param_groups
 zero1.py        Zero1Optimizer: every gradient in one flat buffer, reduce-scattered at the boundary
 flat_grads.py   ZeRO-1's flat gradient buffer and the hooks that fill it
+zero2.py        Zero2Optimizer: gradients reduced to their owners bucket by bucket during backward
+grad_buckets.py ZeRO-2's buckets, hooks and accumulator of the owned gradients
 state_dict.py   per-rank shards, consolidation, re-sharding
+gather.py       one tensor at a time onto the rank that writes a checkpoint or an export
 loss_scale.py   fp16 dynamic loss scaling (DeepSpeed's rules)
 """
 
