@@ -163,13 +163,15 @@ def zero2_phases(run: Run, share: Share) -> Phases:
         optimizer_states=2 * FP32_BYTES * share.owned,
         comm_buffers=comm_buffers,
     )
+    # accumulation: into the owned accumulator at rest; every micro-step's gradients are released
     forward, backward_start = _forward_terms(run)
     pending = dict(pending_grads=e * largest_bucket)
+    end = _largest(pending, dict(tied_gradient_copies=3 * tied_gradient_copies(run)))
     return _phases(
         rest,
         forward=forward,
         backward_start=backward_start,
-        backward_end=_largest(pending, dict(tied_gradient_copies=3 * tied_gradient_copies(run))),
+        backward_end=_recompute(run, {}, end),
         step=dict(
             fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
             adamw_temporaries=adamw_temporaries(share.largest),
