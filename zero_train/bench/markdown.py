@@ -66,7 +66,7 @@ def cells_table(cells: list[dict]) -> list[str]:
 def _ratio_text(values: dict | None) -> str:
     if values is None:
         return "n/a"
-    mark = "met" if values["met"] else "**missed**"
+    mark = {True: "met", False: "**missed**", None: "measured"}[values["met"]]
     if values["n"] == 1 or values["min"] == values["max"]:
         return f"{values['median']:.6g} ({mark})"
     return f"{values['min']:.3f} / **{values['median']:.3f}** / {values['max']:.3f} ({mark})"
