@@ -12,6 +12,8 @@ LABELS = {
     "ds1": "ds1 (DeepSpeed ZeRO-1)",
     "ds2": "ds2 (DeepSpeed ZeRO-2)",
     "ds3": "ds3 (DeepSpeed ZeRO-3)",
+    "fsdp2-z2": "fsdp2-z2 (torch FSDP2, kept gathered)",
+    "fsdp2-z3": "fsdp2-z3 (torch FSDP2, resharded)",
     "hf-ddp": "hf-ddp (HF Trainer, its DDP)",
     "hf-ds1": "hf-ds1 (HF Trainer + DeepSpeed ZeRO-1)",
     "hf-ds2": "hf-ds2 (HF Trainer + DeepSpeed ZeRO-2)",

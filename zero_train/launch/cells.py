@@ -22,6 +22,8 @@ CELL_ENGINES = {
     "ds1": ("deepspeed", 1),
     "ds2": ("deepspeed", 2),
     "ds3": ("deepspeed", 3),
+    "fsdp2-z2": ("fsdp2", 2),
+    "fsdp2-z3": ("fsdp2", 3),
 }
 TRAIN_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
 

@@ -41,7 +41,7 @@ GAP_FRACTION = 0.02
 MIN_GAP_BYTES = 64 * 1024
 """... and at least 64 KiB (smaller gaps are allocator noise)."""
 
-ENGINE_ORDER = ("ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "ds3")
+ENGINE_ORDER = ("ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "fsdp2-z2", "ds3", "fsdp2-z3")
 ENGINE_LABELS = {
     "ddp": "torch DDP",
     "zero1": "our ZeRO-1",
@@ -50,6 +50,8 @@ ENGINE_LABELS = {
     "ds1": "DeepSpeed ZeRO-1",
     "ds2": "DeepSpeed ZeRO-2",
     "ds3": "DeepSpeed ZeRO-3",
+    "fsdp2-z2": "torch FSDP2, parameters kept gathered (stage 2 config)",
+    "fsdp2-z3": "torch FSDP2, resharded after forward (stage 3 config)",
 }
 
 

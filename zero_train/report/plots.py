@@ -35,6 +35,8 @@ ENGINE_MARKERS = {
     "ds1": "^",
     "ds2": "v",
     "ds3": "P",
+    "fsdp2-z2": "p",
+    "fsdp2-z3": "*",
 }
 DPI = 110
 

@@ -42,6 +42,7 @@ from zero_train.memory.model.peak_engines import (
     zero1_phases,
     zero2_phases,
 )
+from zero_train.memory.model.peak_fsdp2 import fsdp2_boundary, fsdp2_phases
 from zero_train.memory.model.peak_terms import (
     ActivationTerms,
     DeepSpeedSettings,
@@ -134,6 +135,12 @@ def _rank_models(engine: str, run: Run) -> list[PeakModel]:
     """Our model of every rank that differs: whole-tensor shares (zero1, zero2, torch-zero), DeepSpeed's partitions
     (the tensors each slice touches), one rank for DDP."""
     stage = ENGINE_STAGES[engine]
+    if engine.startswith("fsdp2"):  # every rank holds an even shard of every tensor: one model
+        return [
+            PeakModel(
+                engine=engine, rank=0, phases=fsdp2_phases(run, stage), boundary=_state(fsdp2_boundary(run))
+            )
+        ]
     if engine.startswith("ds"):
         return [
             PeakModel(engine=engine, rank=part.rank, phases=deepspeed_phases(run, stage, part),
@@ -170,7 +177,7 @@ def engine_peak(
     """Our per-phase model of one engine (the rank with the highest peak, or `rank`).
 
     Args:
-        engine: "ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2" or "ds3".
+        engine: "ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "ds3", "fsdp2-z2" or "fsdp2-z3".
         shape: the model (theory.model_shape; a bare parameter count gives no activations).
         world_size: N, the data-parallel ranks.
         precision: "fp32", "bf16" or "fp16".
@@ -203,7 +210,7 @@ def engine_peak(
     models = _rank_models(engine, run)
     chosen = [model for model in models if model.rank == rank]
     model = chosen[0] if chosen else max(models, key=lambda m: (m.peak_bytes, -m.rank))
-    alike = len(models) == 1  # DDP (and a model without tensor sizes): every rank holds the same
+    alike = len(models) == 1  # DDP, FSDP2 (and a model without tensor sizes): every rank holds the same
     return PeakModel(engine=engine, rank=(rank or 0) if alike else model.rank, phases=model.phases,
                      boundary=dict(model.boundary, activations=activations(run)))  # fmt: skip
 

@@ -148,5 +148,16 @@ def model_shape(config) -> ModelShape:
     )
 
 
-ENGINE_STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "torch-zero": 1, "ds1": 1, "ds2": 2, "ds3": 3}
-"""The ZeRO stage each engine of the profile matrix implements (the paper's row it is compared with)."""
+ENGINE_STAGES = {
+    "ddp": 0,
+    "zero1": 1,
+    "zero2": 2,
+    "torch-zero": 1,
+    "ds1": 1,
+    "ds2": 2,
+    "ds3": 3,
+    "fsdp2-z2": 2,
+    "fsdp2-z3": 3,
+}
+"""The ZeRO stage each engine of the profile matrix implements (the paper's row it is compared with; FSDP2's
+modes are named by the config stage that picks them, though both shard parameters at rest)."""

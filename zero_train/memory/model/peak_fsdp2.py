@@ -1,0 +1,100 @@
+"""FSDP2 (zero_train.engines.fsdp2: torch fully_shard per block + root) in the per-phase peak model.
+
+Every parameter tensor is split over the N ranks along its first dimension (P = sum ceil(n / N) elements
+per rank), in fp32: the shards are the optimizer's parameters, and with a 16-bit policy also the masters.
+A unit (one transformer block, or the root: embeddings, final norm, LM head) is all-gathered in the
+compute dtype for its forward and again for its backward, and its gradients are reduce-scattered (fp32 by
+default) into the fp32 gradient shards as soon as its backward ends. The two modes differ in what stays
+gathered:
+
+    stage 3 (reshard_after_forward=True)   the root (FSDP2 never reshards the root after forward: backward
+                                           needs it at once) + the block being computed (in backward also
+                                           the next one, which FSDP2 prefetches)
+    stage 2 (reshard_after_forward=False)  every block, from its forward until its backward ends: e x Psi at
+                                           the end of forward, as DeepSpeed ZeRO-2 holds the whole model
+
+Units: the root is the embedding (and an untied LM head); the blocks share the rest evenly (a GPT-2's
+position embedding is counted in the blocks: < 1% of a block on the presets).
+"""
+
+from __future__ import annotations
+
+from zero_train.memory.model.peak_terms import (
+    FP32_BYTES,
+    Run,
+    activations,
+    adamw_temporaries,
+    loss_backward,
+    loss_forward,
+    tied_gradient_copies,
+)
+
+Phases = dict[str, dict[str, int]]
+
+
+def shard_elements(run: Run) -> int:
+    """P: elements of this rank's shards (every tensor split along dim 0, rounded up per tensor)."""
+    numels = run.shape.param_numels or (run.shape.num_params,)
+    return sum(-(-n // run.world_size) for n in numels)
+
+
+def unit_elements(run: Run) -> tuple[int, int]:
+    """(root, one block) parameter elements, the all-gather units."""
+    shape = run.shape
+    embedding = shape.vocab_size * shape.hidden_size
+    root = embedding if shape.tied_embedding_params else 2 * embedding
+    root = min(root, shape.num_params)
+    block = (shape.num_params - root) // shape.num_layers if shape.num_layers else shape.num_params - root
+    return root, block
+
+
+def _add(*parts: dict[str, int]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.items():
+            total[name] = total.get(name, 0) + int(value)
+    return {name: value for name, value in total.items() if value}
+
+
+def fsdp2_rest(run: Run) -> dict[str, int]:
+    """Between steps: the fp32 shards (params in fp32, master_params under a 16-bit policy) and Adam's moments."""
+    shards = FP32_BYTES * shard_elements(run)
+    return dict(
+        params=0 if run.mixed else shards,
+        master_params=shards if run.mixed else 0,
+        optimizer_states=2 * shards,
+    )
+
+
+def fsdp2_boundary(run: Run) -> dict[str, int]:
+    """The probe's categories at the step boundary: at rest + the fp32 gradient shards."""
+    return _add(fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run)))
+
+
+def fsdp2_phases(run: Run, stage: int) -> Phases:
+    """{phase: {term: bytes}} for FSDP2 in the mode of config stage 2 or 3.
+
+    Args:
+        run: the run.
+        stage: 3 reshards every block after its forward; 2 keeps the blocks gathered until their backward.
+    """
+    e, psi = run.element_bytes, run.shape.num_params
+    root, block = unit_elements(run)
+    rest, grad_shards = fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run))
+    during_forward = e * (root + block) if stage == 3 else e * psi
+    during_backward = e * (root + 2 * block) if stage == 3 else e * psi  # backward prefetches the next block
+    saved = activations(run)
+    root_reduce = dict(
+        gathered_params=e * root,
+        fp32_grads=FP32_BYTES * root if run.mixed else 0,  # the reduce dtype's copy of the root's gradients
+        tied_gradient_copies=3 * tied_gradient_copies(run),
+    )
+    largest_shard = -(-run.largest_tensor // run.world_size)
+    return dict(
+        forward=_add(rest, dict(gathered_params=during_forward, activations=saved, loss_temporaries=loss_forward(run))),
+        backward_start=_add(
+            rest, dict(gathered_params=during_backward, activations=saved, loss_gradients=loss_backward(run))
+        ),
+        backward_end=_add(rest, grad_shards, root_reduce),
+        step=_add(rest, grad_shards, dict(adamw_temporaries=adamw_temporaries(largest_shard))),
+    )  # fmt: skip
