@@ -5,11 +5,15 @@
     zero-train config --stage 2 --model small -o ds.json             # buckets from the model's hidden size
     zero-train config --stage 2 --hf-auto                            # "auto" where the HF Trainer fills values
     zero-train config check ds.json --world-size 8                   # validate any DeepSpeed JSON
+    zero-train config --stage 3 --precision bf16 --world-size 2 --format accelerate -o accel.yaml
+        # accel.yaml (DeepSpeed plugin) + accel.json; --engine fsdp2: the FSDP plugin (version 2)
+    zero-train config check accel.json --accelerate accel.yaml       # YAML and JSON agree?
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 
 from zero_train.runtime.parser import (
@@ -81,6 +85,18 @@ def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--model", help="a preset or an HF config folder: bucket sizes from its hidden size")
     out.add_argument("--hf-auto", action="store_true", help='"auto" where the HF Trainer fills values')
     out.add_argument("-o", "--output", help="write the JSON here (default stdout)")
+    _add_accelerate_flags(parser)
+
+
+def _add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
+    accel = parser.add_argument_group("accelerate (--format accelerate: -o YAML, the JSON beside it)")
+    accel.add_argument("--format", choices=("deepspeed", "accelerate"), default="deepspeed")
+    accel.add_argument("--engine", choices=("deepspeed", "fsdp2"), default="deepspeed", help="plugin")
+    accel.add_argument("--num-machines", type=positive_int, default=1, help="machines (default 1)")
+    accel.add_argument("--machine-rank", type=non_negative_int, default=0)
+    accel.add_argument("--main-process-ip", help="machine rank 0's address (several machines)")
+    accel.add_argument("--main-process-port", type=positive_int, default=29500)
+    accel.add_argument("--accelerate", metavar="YAML", help="config check: compare with this accelerate YAML")
 
 
 def _add_comm_and_fp16_flags(parser: argparse.ArgumentParser) -> None:
@@ -173,12 +189,57 @@ def config_command(args: argparse.Namespace) -> int:
 
     if args.words:
         return config_check_command(args)
+    if args.accelerate:
+        from zero_train.runtime.errors import UsageError
+
+        raise UsageError("--accelerate YAML belongs to `zero-train config check FILE --accelerate YAML`")
     cfg = generate_config(request_from_args(args))
+    if args.format == "accelerate":
+        return write_accelerate(cfg, args)
     if args.output:
         write_config(cfg, args.output)
     else:
         sys.stdout.write(config_text(cfg))
     return 0
+
+
+def write_accelerate(cfg: dict, args: argparse.Namespace) -> int:
+    """-o accel.yaml: the accelerate YAML there and the DeepSpeed JSON beside it (accel.json)."""
+    from zero_train.ds_config import write_config
+    from zero_train.ds_config.accelerate import accelerate_config_text
+    from zero_train.runtime.errors import UsageError
+    from zero_train.runtime.outputs import check_output_file
+
+    if not args.output or not args.output.endswith((".yaml", ".yml")):
+        raise UsageError("--format accelerate needs -o FILE.yaml (the DeepSpeed JSON goes beside it)")
+    check_output_file(args.output, flag="-o")
+    json_path = str(pathlib.Path(args.output).with_suffix(".json"))
+    text = accelerate_config_text(
+        cfg,
+        json_path=json_path,
+        engine=args.engine,
+        num_processes=args.world_size or 1,
+        num_machines=args.num_machines,
+        machine_rank=args.machine_rank,
+        main_process_ip=args.main_process_ip,
+        main_process_port=args.main_process_port,
+        block_class=block_class(args.model) if args.model and args.engine == "fsdp2" else None,
+    )
+    write_config(cfg, json_path)
+    pathlib.Path(args.output).expanduser().write_text(text)
+    print(f"wrote {args.output} and {json_path}")
+    return 0
+
+
+def block_class(model: str) -> str | None:
+    """The transformer block class FSDP wraps (the first of HF's _no_split_modules), None if it names none."""
+    from transformers import AutoModelForCausalLM
+
+    from zero_train.hf.models import model_config
+
+    config = model_config(model)
+    names = getattr(AutoModelForCausalLM._model_mapping[type(config)], "_no_split_modules", None) or []
+    return names[0] if names else None
 
 
 def check_file_from_args(args: argparse.Namespace) -> str:
@@ -196,13 +257,14 @@ def check_file_from_args(args: argparse.Namespace) -> str:
     parser = args.config_parser
     for action in parser._actions:
         if (
-            action.dest in ("help", "words", "world_size", "func", "config_parser")
+            action.dest in ("help", "words", "world_size", "accelerate", "func", "config_parser")
             or not action.option_strings
         ):
             continue
         if getattr(args, action.dest) != parser.get_default(action.dest):
             raise UsageError(
-                f"{action.option_strings[-1]} does not apply to `config check` (only --world-size does)"
+                f"{action.option_strings[-1]} does not apply to `config check` (only --world-size and "
+                "--accelerate do)"
             )
     return args.words[1]
 
@@ -213,7 +275,14 @@ def config_check_command(args: argparse.Namespace) -> int:
     from zero_train.ds_config.check import check_config
 
     path = check_file_from_args(args)
-    report = check_config(load_config(path), world_size=args.world_size)
+    cfg = load_config(path)
+    report = check_config(cfg, world_size=args.world_size)
+    if args.accelerate:
+        from zero_train.ds_config.accelerate import agreement_problems, launch_fields, load_accelerate_config
+
+        fields = launch_fields(load_accelerate_config(args.accelerate), from_env=False)
+        report.problems += [f"{args.accelerate}: {problem}" for problem in agreement_problems(cfg, fields)]
+        report.summary.append(f"accelerate: {args.accelerate} ({fields['distributed_type']}) agrees")
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     report.raise_if_invalid(path)

@@ -83,17 +83,24 @@ def plan_run(args: argparse.Namespace, *, world_size: int) -> RunPlan:
     """
     from zero_train.checkpoint.resume import resume_path
     from zero_train.ds_config import load_config, resolve_auto, train_settings
+    from zero_train.ds_config.accelerate import agreement_problems, launch_fields
     from zero_train.hf.models import check_block_size, load_tokenizer, model_config
 
     check_flag_combinations(args)
     resume_checkpoint = resume_path(args.resume, args.save_dir)  # a damaged checkpoint fails here, early
-    if args.deepspeed_config:
-        cfg, source = load_config(args.deepspeed_config), args.deepspeed_config
+    accelerate = launch_fields(os.environ, from_env=True)  # None unless started by `accelerate launch`
+    config_file = args.deepspeed_config or (accelerate or {}).get("deepspeed_config_file")
+    if config_file:
+        cfg, source = load_config(config_file), config_file
     else:
         cfg, source = (
             default_config(args.engine),
             f"generated default (ZeRO stage {DEFAULT_CONFIG_STAGE[args.engine]})",
         )
+    if accelerate is not None:
+        problems = agreement_problems(cfg, accelerate, engine=args.engine)
+        if problems:  # the YAML and the JSON describe one run: never train with a silent disagreement
+            raise UsageError(f"accelerate config vs {source}: {problems[0]}")
     tokenizer = load_tokenizer(args.tokenizer)
     config = model_config(args.model, vocab_size=len(tokenizer))
     check_block_size(config, args.block_size)
