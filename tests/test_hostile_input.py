@@ -35,6 +35,18 @@ ENV = dict(
     os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1"
 )
 TRAIN = ["--engine", "ddp", "--model", "tiny", "--block-size", "16", "--max-steps", "2", "--no-progress"]
+PLAN = [
+    "--model",
+    "tiny",
+    "--gpus-per-node",
+    "2",
+    "--host-memory",
+    "100",
+    "--global-batch-size",
+    "4",
+    "--block-size",
+    "64",
+]  # zero-train plan's flags but --gpu-memory
 CKPT = "saves/step-00000001"  # the real checkpoint (ddp, tiny, 1 step) every damaged copy starts from
 
 
@@ -115,6 +127,24 @@ CASES = [
          "--warmup", "3", "--out", "{w}/bench"], "--warmup 3 must be at least 0 and below --steps 3"),
     Case("bench-unknown-precision", "zero-train", ["bench", "--model", "tiny", "--precisions", "fp8",
          "--out", "{w}/bench"], "unknown precision(s) fp8"),
+    # zero-train plan: nothing fits, inconsistent batch, unknown model, bad numbers and outputs
+    Case("plan-nothing-fits", "zero-train", ["plan", *PLAN, "--gpu-memory", "0.000001", "-o", "{w}/plan.json"],
+         "no set-up fits"),
+    Case("plan-inconsistent-batch", "zero-train", ["plan", "--model", "tiny", "--gpus-per-node", "2",
+         "--gpu-memory", "80", "--host-memory", "100", "--global-batch-size", "7", "--block-size", "64"],
+         "is not a multiple of the 2 ranks"),
+    Case("plan-unknown-model", "zero-train", ["plan", *PLAN, "--model", "{w}/no-model/", "--gpu-memory", "80"],
+         "no such folder"),
+    Case("plan-headroom-out-of-range", "zero-train", ["plan", *PLAN, "--gpu-memory", "80", "--headroom", "1.5"],
+         "--headroom 1.5"),
+    Case("plan-output-in-proc", "zero-train", ["plan", *PLAN, "--gpu-memory", "80", "-o", "/proc/zt-plan.json"],
+         "is not writable"),
+    Case("plan-accelerate-not-yaml", "zero-train", ["plan", *PLAN, "--gpu-memory", "80", "--format",
+         "accelerate", "-o", "{w}/plan.json"], "FILE.yaml"),
+    Case("config-accelerate-not-yaml", "zero-train", ["config", "--format", "accelerate", "-o", "{w}/a.json"],
+         "FILE.yaml"),
+    Case("check-accelerate-garbage", "zero-train", ["config", "check", "{w}/wrong-type.json", "--accelerate",
+         "{w}/garbage.bin"], "accelerate config"),
     # scripts/train.py flags
     Case("train-huge-max-steps", "train.py", ["--max-steps", "1e400"], "--max-steps"),
     Case("train-lr-wrong-type", "train.py", ["--lr", "fast"], "--lr"),

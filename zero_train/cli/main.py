@@ -10,7 +10,7 @@ from zero_train.runtime.errors import run_cli
 from zero_train.runtime.parser import OneLineParser
 
 # Module names under zero_train.cli; each defines `<module>_command_parser(subparsers)`.
-COMMANDS = ["config", "export", "estimate", "profile", "report", "bench"]
+COMMANDS = ["config", "export", "estimate", "plan", "profile", "report", "bench"]
 
 
 def build_parser() -> OneLineParser:

@@ -1,0 +1,115 @@
+"""`zero-train plan` against measured runs on 2 CPU ranks (tiny GPT-2, fp32, gloo).
+
+1. A real fsdp2 run (stage 3) measures its peak per rank (without "other", the interpreter and data, which
+   no estimate predicts).
+2. The plan for a memory limit 3% above that peak must pick a set-up that fits (on `tiny` DDP does, at
+   micro-batch 1 with 2 accumulation steps: its gradients then live through the second forward, which the
+   plan counts) and write a JSON that `config check` accepts.
+3. The picked set-up, trained for real with that JSON, must stay under the limit.
+Plus the ranking rules and the answer time for llama-3-8b on 1 x 8 and 2 x 8 GPUs of 80 GB when the
+model-shape preset exists (the "estimate" work adds it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from zero_train.testing import run_ranks
+
+TRAIN = ["--model", "tiny", "--block-size", "64", "--max-steps", "3",
+         "--no-progress", "--eval-batches", "1"]  # fmt: skip
+
+
+def _train(rank: int, world_size: int, argv: list[str]) -> None:
+    from zero_train.runtime.dist import init_distributed
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import Trainer
+    from zero_train.train.setup import plan_run
+
+    args = parse_args(argv)
+    Trainer(args, plan_run(args, world_size=world_size), init_distributed()).run()
+
+
+def _peak_without_other(path) -> int:
+    """The highest rank's measured peak minus its level of "other" between steps (report's convention)."""
+    from zero_train.report.compare import baseline_other
+
+    record = json.loads(path.read_text())
+    return max(rank["peak_bytes"] - baseline_other(rank) for rank in record["ranks"])
+
+
+def _request(limit_bytes: float):
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.plan import PlanRequest
+    from zero_train.memory.model.theory import model_shape
+
+    return PlanRequest(shape=model_shape(model_config("tiny")), nodes=1, gpus_per_node=2,
+                       gpu_memory_gb=limit_bytes / 1e9, host_memory_gb=100, global_batch_size=4, block_size=64,
+                       precision="fp32", headroom=0.0, backend="gloo")  # fmt: skip
+
+
+@pytest.mark.multiproc
+def test_the_plan_for_a_limit_above_a_measured_peak_runs_under_it(tmp_path):
+    import argparse
+
+    from zero_train.cli.plan import chosen_config
+    from zero_train.ds_config.check import check_config
+    from zero_train.memory.model.plan import make_plan
+
+    measured = tmp_path / "fsdp2.json"
+    run_ranks(
+        _train,
+        2,
+        args=([*TRAIN, "--engine", "fsdp2", "--micro-batch-size", "2", "--memory-report", str(measured)],),
+        timeout_s=400,
+    )
+    limit = 1.03 * _peak_without_other(measured)
+    plan = make_plan(_request(limit))
+    assert all(c.device_bytes <= limit for c in plan.fitting)
+    assert [c.reason for c in plan.rejected] == [
+        ""
+    ] * 0  # the cheapest set-up (DDP) fits at a smaller micro-batch
+    assert (plan.chosen.setup.engine, plan.chosen.micro_batch_size, plan.chosen.grad_accum) == ("ddp", 1, 2)
+    config = chosen_config(plan, argparse.Namespace())
+    report = check_config(config, world_size=2)
+    assert not report.problems, report.problems
+    (tmp_path / "plan.json").write_text(json.dumps(config))
+    chosen = tmp_path / "chosen.json"
+    argv = [*TRAIN, "--engine", plan.chosen.setup.train_engine, "--deepspeed_config", str(tmp_path / "plan.json"),
+            "--memory-report", str(chosen)]  # fmt: skip
+    run_ranks(_train, 2, args=(argv,), timeout_s=400)
+    assert _peak_without_other(chosen) <= limit, (plan.chosen.setup.name, _peak_without_other(chosen), limit)
+
+
+def test_ranking_prefers_less_traffic_then_no_recompute_then_no_offload():
+    from zero_train.memory.model.plan import setup_order
+
+    order = setup_order()
+    keys = [(s.offload_param, s.offload_optimizer, s.checkpointing) for s in order]
+    assert keys == sorted(keys)  # no offload before offload, no recomputation before recomputation
+    plain = [s.engine for s in order if keys[order.index(s)] == (False, False, False)]
+    assert plain == ["ddp", "ds1", "ds2", "fsdp2-z2", "ds3", "fsdp2-z3"]  # 2 Psi of traffic before 3 Psi
+    assert all(s.engine == "ds3" for s in order if s.offload_param)
+
+
+def test_llama_3_8b_on_one_and_two_nodes_of_8_gpus_in_under_a_minute():
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.plan import PlanRequest, make_plan
+    from zero_train.memory.model.theory import model_shape
+    from zero_train.runtime.errors import UsageError
+
+    try:
+        shape = model_shape(model_config("llama-3-8b"))
+    except UsageError:
+        pytest.skip("the llama-3-8b shape preset is not in this checkout yet")
+    assert shape.num_params == 8_030_261_248
+    for nodes in (1, 2):
+        started = time.perf_counter()
+        plan = make_plan(PlanRequest(shape=shape, nodes=nodes, gpus_per_node=8, gpu_memory_gb=80,
+                                     host_memory_gb=1000, global_batch_size=64 * nodes, block_size=4096))  # fmt: skip
+        assert time.perf_counter() - started < 60
+        assert plan.rejected and plan.rejected[0].setup.engine == "ddp"  # 16 bytes/param: 128 GB > 72 GB
+        assert plan.chosen.device_bytes <= 72e9

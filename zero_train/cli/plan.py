@@ -1,0 +1,156 @@
+"""`zero-train plan`: the cheapest set-up that fits a model, a cluster and a batch, as a DeepSpeed JSON.
+
+    zero-train plan --model llama-3-8b --nodes 2 --gpus-per-node 8 --gpu-memory 80 --host-memory 1000 \\
+        --global-batch-size 512 --block-size 4096 -o ds.json
+    zero-train plan ... --format accelerate -o accel.yaml          # + accel.json beside it
+
+Prints the set-ups that fit, cheapest (expected fastest) first, each with its predicted peak per rank and
+host use, and why every cheaper one does not fit; writes the first one (zero_train.memory.model.plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from zero_train.cli.parser import positive_float, positive_int
+from zero_train.runtime.errors import UsageError
+
+GB = 1e9
+
+
+def plan_command_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `plan` with its flags."""
+    parser = subparsers.add_parser(
+        "plan",
+        help="the cheapest ZeRO / FSDP2 set-up that fits, written as a DeepSpeed JSON (or accelerate YAML)",
+        description="Rank set-ups by expected speed (less traffic, no recomputation, no offload first), "
+        "predict each one's peak per rank with the per-phase memory model, write the cheapest that fits.",
+    )
+    add = parser.add_argument
+    add("--model", required=True, help="a preset, a shape preset (llama-3-8b, ...) or an HF config folder")
+    add("--nodes", type=positive_int, default=1, help="machines (default 1)")
+    add("--gpus-per-node", type=positive_int, required=True, help="ranks per machine")
+    add("--gpu-memory", type=positive_float, required=True, metavar="GB", help="memory of one GPU (1e9 B)")
+    add("--host-memory", type=positive_float, required=True, metavar="GB", help="CPU memory of one machine")
+    add("--global-batch-size", type=positive_int, required=True, help="sequences per optimizer step")
+    add("--block-size", type=positive_int, required=True, help="tokens per sequence")
+    add("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
+    add("--headroom", type=float, default=0.10, help="fraction of GPU memory kept free (default 0.10)")
+    add("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: CPU ranks with gloo (tests here)")
+    add("--format", choices=("deepspeed", "accelerate"), default="deepspeed")
+    add("-o", "--output", help="write the chosen set-up here (JSON; .yaml with --format accelerate)")
+    parser.set_defaults(func=plan_command)
+    return parser
+
+
+def _shape(model: str):
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.theory import model_shape
+
+    return model_shape(model_config(model))
+
+
+def request_from_args(args: argparse.Namespace):
+    """The PlanRequest (UsageError for an inconsistent batch, a bad headroom, an unknown model)."""
+    from zero_train.memory.model.plan import PlanRequest
+
+    if not 0 <= args.headroom < 1:
+        raise UsageError(f"--headroom {args.headroom} must be a fraction in [0, 1), e.g. 0.1")
+    if args.format == "accelerate" and args.output and not args.output.endswith((".yaml", ".yml")):
+        raise UsageError("--format accelerate needs -o FILE.yaml (the DeepSpeed JSON goes beside it)")
+    try:
+        return PlanRequest(
+            shape=_shape(args.model), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+            gpu_memory_gb=args.gpu_memory, host_memory_gb=args.host_memory,
+            global_batch_size=args.global_batch_size, block_size=args.block_size, precision=args.precision,
+            headroom=args.headroom, backend="gloo" if args.device == "cpu" else "nccl",
+        )  # fmt: skip
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def chosen_config(plan, args: argparse.Namespace) -> dict:
+    """The DeepSpeed JSON of the chosen set-up (zero_train.ds_config's generator, buckets from the model)."""
+    from zero_train.ds_config.generate import ConfigRequest, generate_config
+
+    chosen, request = plan.chosen, plan.request
+    return generate_config(ConfigRequest(
+        stage=chosen.setup.stage, precision=request.precision,
+        offload_optimizer="cpu" if chosen.setup.offload_optimizer else "none",
+        offload_param="cpu" if chosen.setup.offload_param else "none",
+        micro_batch_size=chosen.micro_batch_size, grad_accum=chosen.grad_accum, world_size=request.world_size,
+        hidden_size=request.shape.hidden_size or None,
+    ))  # fmt: skip
+
+
+def _count(num_params: int) -> str:
+    return f"{num_params / 1e9:.2f}B" if num_params >= 1e9 else f"{num_params / 1e6:.1f}M"
+
+
+def render(plan, args: argparse.Namespace) -> str:
+    """The table of fitting set-ups and the reasons the cheaper ones do not fit."""
+    request = plan.request
+    lines = [
+        f"{args.model}: {_count(request.shape.num_params)} params | {args.nodes} x {args.gpus_per_node} "
+        f"ranks of {args.gpu_memory:g} GB (usable {args.gpu_memory * (1 - args.headroom):.1f}) | host "
+        f"{args.host_memory:g} GB per machine | {args.global_batch_size} x {args.block_size} tokens | "
+        f"{args.precision}",
+        f"{'':2}{'set-up (cheapest first)':<50} {'micro x accum':>13} {'peak/rank':>10} {'phase':>14} "
+        f"{'host/machine':>12}",
+    ]
+    for index, candidate in enumerate(plan.fitting):
+        mark = "->" if index == 0 else "  "
+        lines.append(
+            f"{mark}{candidate.setup.name:<50} {candidate.micro_batch_size:>5} x {candidate.grad_accum:<5} "
+            f"{candidate.device_bytes / GB:>7.1f} GB {candidate.peak_phase:>14} {candidate.host_bytes / GB:>9.1f} GB"
+        )
+    if plan.rejected:
+        lines.append("cheaper set-ups that do not fit:")
+        lines += [f"  {c.setup.name}: {c.reason}" for c in plan.rejected]
+    return "\n".join(lines) + "\n"
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """Print the plan; write the chosen set-up with -o."""
+    from zero_train.memory.model.plan import make_plan
+    from zero_train.runtime.outputs import check_output_file
+
+    if args.output:
+        check_output_file(args.output, flag="-o")
+    request = request_from_args(args)
+    try:
+        plan = make_plan(request)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    sys.stdout.write(render(plan, args))
+    setup = plan.chosen.setup
+    flags = " --gradient-checkpointing" if setup.checkpointing else ""
+    print(f"run: scripts/train.py --engine {setup.train_engine} --deepspeed_config FILE{flags}")
+    if args.output:
+        write_plan(chosen_config(plan, args), args, engine=setup.train_engine)
+    return 0
+
+
+def write_plan(cfg: dict, args: argparse.Namespace, *, engine: str) -> None:
+    """-o: the JSON, or with --format accelerate the YAML and the JSON beside it."""
+    from zero_train.ds_config import write_config
+    from zero_train.ds_config.accelerate import accelerate_config_text
+
+    if args.format == "deepspeed":
+        write_config(cfg, args.output)
+        print(f"wrote {args.output}")
+        return
+    json_path = str(pathlib.Path(args.output).with_suffix(".json"))
+    write_config(cfg, json_path)
+    pathlib.Path(args.output).expanduser().write_text(
+        accelerate_config_text(
+            cfg,
+            json_path=json_path,
+            engine=engine,
+            num_processes=args.nodes * args.gpus_per_node,
+            num_machines=args.nodes,
+        )  # fmt: skip
+    )
+    print(f"wrote {args.output} and {json_path}")
