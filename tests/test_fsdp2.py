@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import pathlib
 
+import pytest
 import torch
 
 from zero_train.testing import run_ranks
@@ -167,3 +168,32 @@ def test_fsdp2_matches_ddp_and_resumes_at_other_world_sizes(tmp_path):
             saved["counters"],
             0,
         )
+
+
+SUMMARY = pathlib.Path(__file__).resolve().parents[1] / "docs" / "fsdp2" / "report" / "summary.json"
+
+
+def _summary_cells() -> list[dict]:
+    import json
+
+    return json.loads(SUMMARY.read_text())["cells"]
+
+
+@pytest.mark.parametrize("cell", _summary_cells(), ids=lambda cell: cell["cell"])
+def test_peak_model_within_10_percent_of_measured_fsdp2_and_deepspeed_runs(cell):
+    """docs/fsdp2/report: gpt2-25m, 2 ranks, fp32 and bf16, FSDP2 stage 2/3 beside DeepSpeed ZeRO-2/3 (real runs)."""
+    from zero_train.memory.model.peak import backend_for, engine_peak
+    from zero_train.report.compare import baseline_other
+    from zero_train.report.models import model_facts
+
+    facts = model_facts(cell["model"], cell["num_params"]).facts
+    model = engine_peak(cell["engine"], facts.shape, cell["world_size"], precision=cell["precision"],
+                        micro_batch_size=cell["micro_batch_size"], block_size=cell["block_size"],
+                        ds_config=cell["ds_config"], backend=backend_for(cell["device"]))  # fmt: skip
+    measured = max(rank["peak_bytes"] - baseline_other(rank) for rank in cell["ranks"])
+    assert model.peak_bytes == pytest.approx(measured, rel=0.10)
+    if cell["engine"].startswith("fsdp2"):  # 8 bytes/param at rest: fp32 shard, its gradient, two moments
+        states = sum(
+            cell["categories"][name] for name in ("params", "grads", "master_params", "optimizer_states")
+        )
+        assert states / cell["num_params"] == pytest.approx(16 / cell["world_size"], rel=0.001)
