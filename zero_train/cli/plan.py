@@ -14,7 +14,7 @@ import argparse
 import pathlib
 import sys
 
-from zero_train.cli.parser import positive_float, positive_int
+from zero_train.runtime.parser import positive_float, positive_int
 from zero_train.runtime.errors import UsageError
 
 GB = 1e9
