@@ -14,8 +14,8 @@ import argparse
 import pathlib
 import sys
 
-from zero_train.runtime.parser import positive_float, positive_int
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.parser import positive_float, positive_int
 
 GB = 1e9
 
