@@ -154,3 +154,5 @@ def write_plan(cfg: dict, args: argparse.Namespace, *, engine: str) -> None:
         )  # fmt: skip
     )
     print(f"wrote {args.output} and {json_path}")
+    if args.nodes > 1:
+        print(f"set main_process_ip in {args.output} to machine rank 0's address (written: 127.0.0.1)")

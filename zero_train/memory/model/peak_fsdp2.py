@@ -22,10 +22,9 @@ from __future__ import annotations
 from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
     Run,
-    activations,
+    activation_terms,
     adamw_temporaries,
     loss_backward,
-    loss_forward,
     tied_gradient_copies,
 )
 
@@ -83,7 +82,11 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
     rest, grad_shards = fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run))
     during_forward = e * (root + block) if stage == 3 else e * psi
     during_backward = e * (root + 2 * block) if stage == 3 else e * psi  # backward prefetches the next block
-    saved = activations(run)
+    terms = activation_terms(run)
+    saved = terms.saved_bytes
+    # accumulation: the fp32 gradient shards of earlier micro-batches live through the later ones
+    held = dict(accumulated_grads=grad_shards["grads"]) if run.grad_accum > 1 else {}
+    recomputed = dict(recomputed_block=terms.recompute_bytes) if terms.recompute_bytes else {}
     root_reduce = dict(
         gathered_params=e * root,
         fp32_grads=FP32_BYTES * root if run.mixed else 0,  # the reduce dtype's copy of the root's gradients
@@ -91,10 +94,10 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
     )
     largest_shard = -(-run.largest_tensor // run.world_size)
     return dict(
-        forward=_add(rest, dict(gathered_params=during_forward, activations=saved, loss_temporaries=loss_forward(run))),
-        backward_start=_add(
-            rest, dict(gathered_params=during_backward, activations=saved, loss_gradients=loss_backward(run))
-        ),
+        forward=_add(rest, held, dict(gathered_params=during_forward, activations=saved,
+                                      loss_temporaries=terms.loss_bytes)),
+        backward_start=_add(rest, held, recomputed, dict(gathered_params=during_backward, activations=saved,
+                                                         loss_gradients=loss_backward(run))),
         backward_end=_add(rest, grad_shards, root_reduce),
         step=_add(rest, grad_shards, dict(adamw_temporaries=adamw_temporaries(largest_shard))),
     )  # fmt: skip

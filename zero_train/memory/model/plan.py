@@ -16,7 +16,7 @@ stays below the GPU memory minus a headroom, and the host of one machine holds w
 the fp32 model every rank builds on the CPU before moving it (not under ZeRO-3's zero.Init) and offloaded
 states. Activation checkpointing keeps each block's input and recomputes one block at a time;
 optimizer offload moves fp32 masters, Adam's moments and fp32 gradients to the host; parameter offload
-(ZeRO-3) also the 16-bit parameter partition.
+(ZeRO-3) also the 16-bit parameter partition. Accumulation and checkpointing are the peak model's own terms.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zero_train.memory.model.peak import engine_peak
-from zero_train.memory.model.theory import ACTIVATION_VALUES_PER_TOKEN_CHANNEL, ModelShape
+from zero_train.memory.model.theory import ModelShape
 
 GB = 1e9
 FP32_BYTES = 4
@@ -150,27 +150,20 @@ class Candidate:
         return not self.reason
 
 
-def checkpointed_activations(shape: ModelShape, *, tokens: int, element_bytes: int, full: int) -> int:
-    """Activations with every block recomputed: each block's input kept, one block's saved tensors at a time."""
-    if not (shape.num_layers and shape.hidden_size):
-        return full
-    per_block_full = tokens * shape.hidden_size * ACTIVATION_VALUES_PER_TOKEN_CHANNEL * element_bytes
-    kept_inputs = shape.num_layers * tokens * shape.hidden_size * element_bytes
-    return max(0, full - shape.num_layers * per_block_full) + kept_inputs + per_block_full
-
-
 def device_and_host(
     request: PlanRequest, setup: Setup, micro_batch_size: int, grad_accum: int = 1
 ) -> tuple[int, str, int, dict]:
     """(device peak per rank, its phase, host bytes per machine, the peak phase's terms) of a set-up.
 
-    The single place that turns the peak model into device and host bytes (offload and recomputation
-    adjust its terms; with accumulation the gradients the step holds are alive through the later
-    micro-batches' forward and backward too).
+    The single place that turns the peak model into device and host bytes: the peak model counts
+    accumulation and activation checkpointing; optimizer / parameter offload remove the terms DeepSpeed
+    moves to the host (zero_train.memory.model.estimate.estimate_setup models DeepSpeed's offload buffers in
+    full: the next step for the DeepSpeed set-ups here).
     """
     model = engine_peak(setup.engine, request.shape, request.world_size, precision=request.precision,
-                        micro_batch_size=micro_batch_size, block_size=request.block_size,
-                        backend=request.backend, ds_config=_bucket_config(request))  # fmt: skip
+                        micro_batch_size=micro_batch_size, block_size=request.block_size, grad_accum=grad_accum,
+                        gradient_checkpointing=setup.checkpointing, backend=request.backend,
+                        ds_config=_bucket_config(request))  # fmt: skip
     e = FP32_BYTES if request.precision == "fp32" else 2
     psi, ranks = request.shape.num_params, request.gpus_per_node
     shard = -(-psi // request.world_size)
@@ -179,18 +172,9 @@ def device_and_host(
         if setup.offload_optimizer
         else ()
     )
-    held_grads = model.phases["step"].get("grads", 0) if grad_accum > 1 else 0
     best, best_phase, best_terms = -1, "", {}
     for phase, terms in model.phases.items():
         terms = {name: value for name, value in terms.items() if name not in moved}
-        terms["grads"] = max(terms.get("grads", 0), held_grads)
-        if setup.checkpointing and "activations" in terms:
-            terms["activations"] = checkpointed_activations(
-                request.shape,
-                tokens=micro_batch_size * request.block_size,
-                element_bytes=e,
-                full=terms["activations"],
-            )
         if setup.offload_param:
             terms["params"] = max(0, terms.get("params", 0) - e * shard)
         if sum(terms.values()) > best:
