@@ -147,7 +147,42 @@ def _add_group_and_fp16(rank: int, world_size: int) -> dict:
     results["pieces_diff"] = _small_receive_buffer_diff(rank)
     results["zero2"] = _zero2_bytes(rank)
     results["zero2_fp16"] = _fp16_skips(rank, world_size, partial(Zero2Optimizer, bucket_elements=100))
+    results["torch_collectives_diff"] = _torch_collectives_diff(rank)
     return results
+
+
+def _torch_collectives_diff(rank: int) -> dict[str, float]:
+    """The NCCL code path (torch's reduce-scatter / reduce / all-gather instead of our rings), run on gloo:
+    the same training up to the summation order."""
+    from zero_train.sharding import collectives
+
+    finals = {}
+    for rings in (True, False):
+        collectives.uses_p2p_rings, default = (
+            (lambda process_group=None, rings=rings: rings),
+            collectives.uses_p2p_rings,
+        )
+        try:
+            for name, sharder in (
+                ("zero1", Zero1Optimizer),
+                ("zero2", partial(Zero2Optimizer, bucket_elements=100)),
+            ):
+                model = TiedNet()
+                optimizer = sharder(model.parameters(), torch.optim.AdamW, lr=1e-2, foreach=False)
+                for step in range(3):
+                    model(batch(rank, step, 0)).backward()
+                    optimizer.clip_grad_norm_(1.0)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                finals[name, rings] = [p.detach().clone() for p in model.parameters()]
+        finally:
+            collectives.uses_p2p_rings = default
+    return {
+        name: max(
+            float((a - b).abs().max()) for a, b in zip(finals[name, True], finals[name, False], strict=True)
+        )
+        for name in ("zero1", "zero2")
+    }
 
 
 def _zero2_bytes(rank: int) -> dict:
@@ -260,6 +295,13 @@ def test_comm_bytes_per_step_match_what_the_ledger_counts(two_ranks):
         assert results["ledger_wire"]["send_recv"] == reported["reduce_scatter"] + reported["all_gather"]
         assert results["balance"]["padding_bytes"] > 0  # an unbalanced layout: the padding stayed home
         assert ledger["reduce_scatter"] == ledger["all_gather"] == 0
+
+
+@pytest.mark.multiproc
+def test_torch_collectives_path_trains_like_our_rings(two_ranks):
+    for results in two_ranks:
+        for diff in results["torch_collectives_diff"].values():
+            assert diff < 1e-5  # only the order of the sums differs (3 AdamW steps at lr 1e-2)
 
 
 @pytest.mark.multiproc
