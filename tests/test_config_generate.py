@@ -68,7 +68,8 @@ def test_model_sizes_buckets_like_the_hf_integration(capsys):
 
 
 def test_hf_auto_matches_what_the_trainer_fills(capsys):
-    from zero_train.ds_config.auto import AUTO_KEYS, auto_keys
+    from zero_train.ds_config.auto import auto_keys
+    from zero_train.ds_config.keys import AUTO_KEYS
 
     cfg = generate(capsys, "--stage", "3", "--hf-auto")
     autos = set(auto_keys(cfg))

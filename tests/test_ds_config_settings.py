@@ -260,3 +260,46 @@ def test_warmup_without_scheduler_warns():
     with pytest.warns(UserWarning, match="warmup_steps=5 is not used"):
         settings = train_settings({"train_micro_batch_size_per_gpu": 1}, world_size=1, warmup_steps=5)
     assert settings.scheduler == "constant"
+
+
+def test_the_key_table_holds_deepspeeds_own_defaults():
+    """Every plain `deepspeed` default in zero_train.ds_config.keys is DeepSpeed's own (its constants, its ZeRO
+    pydantic model, its scheduler signatures), and every "auto" key is one the HF Trainer fills."""
+    import inspect
+
+    import deepspeed.runtime.constants as ds
+    from deepspeed.runtime import lr_schedules
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from zero_train.ds_config.keys import AUTO_KEYS, KEYS, deepspeed_default
+
+    zero = DeepSpeedZeroConfig()
+    cosine = inspect.signature(lr_schedules.WarmupCosineLR).parameters
+    warmup = inspect.signature(lr_schedules.WarmupLR).parameters
+    theirs = {
+        "gradient_clipping": ds.GRADIENT_CLIPPING_DEFAULT,
+        "fp16.enabled": ds.FP16_ENABLED_DEFAULT,
+        "fp16.loss_scale": ds.FP16_LOSS_SCALE_DEFAULT,
+        "fp16.initial_scale_power": ds.FP16_INITIAL_SCALE_POWER_DEFAULT,
+        "fp16.loss_scale_window": ds.FP16_LOSS_SCALE_WINDOW_DEFAULT,
+        "fp16.hysteresis": ds.FP16_HYSTERESIS_DEFAULT,
+        "fp16.min_loss_scale": ds.FP16_MIN_LOSS_SCALE_DEFAULT,
+        "bf16.enabled": ds.BFLOAT16_ENABLED_DEFAULT,
+        "zero_optimization.stage": int(zero.stage),
+        "zero_optimization.reduce_bucket_size": zero.reduce_bucket_size,
+        "zero_optimization.allgather_bucket_size": zero.allgather_bucket_size,
+        "zero_optimization.stage3_prefetch_bucket_size": zero.prefetch_bucket_size,
+        "zero_optimization.stage3_param_persistence_threshold": zero.param_persistence_threshold,
+        "zero_optimization.stage3_max_live_parameters": zero.max_live_parameters,
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save": zero.gather_16bit_weights_on_model_save,
+        "scheduler.params.warmup_min_lr": warmup["warmup_min_lr"].default,
+        "scheduler.params.warmup_num_steps": warmup["warmup_num_steps"].default,
+        "scheduler.params.warmup_type": warmup["warmup_type"].default,
+        "scheduler.params.warmup_min_ratio": cosine["warmup_min_ratio"].default,
+        "scheduler.params.cos_min_ratio": cosine["cos_min_ratio"].default,
+    }
+    for path, value in theirs.items():
+        assert deepspeed_default(path) == value, path
+    assert inspect.signature(lr_schedules.WarmupDecayLR).parameters["warmup_max_lr"].default == 0.001
+    # the HF integration's "auto" keys (transformers/integrations/deepspeed.py trainer_config_process/finalize)
+    assert set(AUTO_KEYS) == {key.path for key in KEYS if key.fills} and len(AUTO_KEYS) == 17

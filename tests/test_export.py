@@ -30,7 +30,7 @@ def trained_model(preset: str, seed: int = 0):
 
 
 def write_checkpoint(save_dir, model, step=40):
-    """A ddp/zero1-style checkpoint, laid out as in notes/CONTRACTS.md (tied tensors stored once)."""
+    """A ddp/zero1-style checkpoint, laid out as zero_train.checkpoint.files writes it (tied tensors stored once)."""
     ckpt = save_dir / f"step-{step:08d}"
     (ckpt / "model").mkdir(parents=True)
     model.config.save_pretrained(ckpt / "model")

@@ -1,4 +1,4 @@
-"""Issue 5's accuracy targets, measured through MemoryProbe on real engines (DDP, our ZeRO-1).
+"""The memory accuracy targets, measured through MemoryProbe on real engines (DDP, our ZeRO-1).
 
 - model-state bytes (params + grads + fp32 masters + Adam moments) per rank within 2% of the ZeRO
   paper's formula, fp32 (4 + 4 + 8/N... for ZeRO-1) and bf16 (K = 12), at world sizes 1 and 3;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import warnings
 
 import pytest
 
@@ -136,3 +137,20 @@ def test_our_peak_within_10_percent_of_the_measured_peak_on_real_runs(cell):
     ours = activation_bytes(facts.shape, micro_batch_size=cell["micro_batch_size"], block_size=cell["block_size"],
                             precision=cell["precision"])  # fmt: skip
     assert ours == pytest.approx(measured, rel=0.005)
+
+
+def test_a_different_torch_or_deepspeed_is_warned_about_once(monkeypatch):
+    from zero_train.memory.model import versions
+
+    installed = {"torch": "2.14.1", "deepspeed": versions.DERIVED_WITH["deepspeed"]}
+    monkeypatch.setattr(versions, "installed_version", installed.get)
+    monkeypatch.setattr(versions, "_warned", False)
+    assert versions.version_mismatches() == ["torch 2.14.1 (derived with 2.13.0)"]
+    with pytest.warns(UserWarning, match=r"installed: torch 2\.14\.1 \(derived with 2\.13\.0\)"):
+        versions.warn_if_versions_differ()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        versions.warn_if_versions_differ()  # once per process: no second warning
+    installed.update(torch="2.13.0", deepspeed="0.20.0")
+    assert versions.version_mismatches() == ["deepspeed 0.20.0 (derived with 0.19.8)"]
+    assert versions.DERIVED_WITH == {"torch": "2.13.0", "deepspeed": "0.19.8"}

@@ -1,15 +1,22 @@
 """zero_train: train Hugging Face causal LMs with ZeRO-sharded optimizers.
 
-Modules:
-    dist          DistInfo / init_distributed(): the distributed environment, read once.
-    errors        UsageError: the one exception type a user can cause (one line, exit code 2).
-    ds_config     the one place that knows DeepSpeed's JSON keys: builds and validates configs.
-    sharding      pure partition arithmetic + the hand-written ZeRO-1 optimizer (Zero1Optimizer).
-    engines       deepspeed / zero1 / ddp behind one small protocol.
-    hf, data      Hugging Face models, tokenizers and datasets (offline defaults included).
-    train_loop    the engine-agnostic training loop.
-    memory        measurement (CPU allocator / CUDA stats), theory (paper, DeepSpeed, ours), comm ledger.
-    report        run records -> Markdown, PNG plots, JSON.
+Packages, in the order data flows through them (imports go down this list only; pyproject.toml's import
+contracts hold it):
+    cli           `zero-train` subcommands, one module each.
+    bench         `zero-train bench`: every engine on the same run, interleaved.
+    report        run records -> report.md, PNG plots, summary.json, measured next to theory.
+    train         one training run behind scripts/train.py: args, setup, loop, eval, metrics, numerics, log.
+    launch        starting scripts/train.py under a launcher (profile and bench cells).
+    engines       one protocol over ddp, zero1, torch-zero, fsdp2 and deepspeed.
+    memory        measuring memory, probing runs, run records; memory/model: predicting it (paper, DeepSpeed, ours).
+    comm          the communication ledger (bytes per collective per step).
+    checkpoint    atomic checkpoints with a manifest, resume state, elastic / universal resume, HF export.
+    sharding      our hand-written ZeRO-1 (partition arithmetic, the optimizer, its collectives).
+    ds_config     the one place that knows DeepSpeed's JSON keys: one table of keys and defaults, generate, check.
+    hf            Hugging Face models, tokenizers and data (offline defaults included).
+    runtime       the process: DistInfo, UsageError and faults, output checks, flag parsing, free ports.
+Module:
+    testing       run_ranks: spawn a few gloo ranks for tests and benchmarks.
 """
 
 __version__ = "0.1.0"

@@ -20,6 +20,7 @@ import pathlib
 import random
 from dataclasses import dataclass
 
+from zero_train.ds_config.keys import PRECISIONS
 from zero_train.launch.cells import CELL_ENGINES, TRAIN_SCRIPT, cell_config, launch_command
 
 PEER_PREFIX = "hf-"
@@ -27,7 +28,8 @@ PEER_SCRIPT = TRAIN_SCRIPT.parent / "hf_trainer.py"
 PEER_ENGINES = tuple(PEER_PREFIX + name for name in ("ddp", "ds1", "ds2", "ds3"))
 BENCH_ENGINES = (*CELL_ENGINES, *PEER_ENGINES)
 DEFAULT_ENGINES = ("ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "ds3", "hf-ds1")
-PRECISIONS = ("fp32", "bf16")
+# of ds_config.keys.PRECISIONS: DeepSpeed runs fp16 on a CPU only where oneDNN has fp16 kernels (AVX512-FP16)
+BENCH_PRECISIONS = tuple(p for p in PRECISIONS if p != "fp16")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,10 +26,17 @@ import tempfile
 import time
 
 import torch
-from transformers import TrainerCallback
+import torch.distributed as dist
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from zero_train.comm.ledger import CommLedger
+from zero_train.hf.data import prepare_datasets
+from zero_train.memory import measure
 from zero_train.runtime.device import synchronize
+from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.errors import UsageError
+from zero_train.train.setup import model_builder, plan_run
+from zero_train.train.setup import num_params as count
 
 PEER_SCHEMA = "zero_train.bench_peer/1"
 PEER_ENGINES = ("deepspeed", "ddp")
@@ -50,7 +57,6 @@ def check_peer_args(args: argparse.Namespace) -> None:
 
 def training_arguments(args: argparse.Namespace, plan, output_dir: str):
     """TrainingArguments that match the resolved settings (the Trainer checks them against the config)."""
-    from transformers import TrainingArguments
 
     settings = plan.settings
     return TrainingArguments(
@@ -128,13 +134,6 @@ class StepRecorder(TrainerCallback):
 
 def run_peer(args: argparse.Namespace) -> None:
     """Train with transformers.Trainer as the flags say and write the metrics and memory/comm record."""
-    from transformers import Trainer
-
-    from zero_train.comm.ledger import CommLedger
-    from zero_train.hf.data import prepare_datasets
-    from zero_train.memory import measure
-    from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
-    from zero_train.train.setup import model_builder, plan_run
 
     check_peer_args(args)
     plan = plan_run(args, world_size=read_env()[1])  # every UsageError before any collective
@@ -168,14 +167,12 @@ def run_peer(args: argparse.Namespace) -> None:
 
 def num_params(model) -> int:
     """Parameters of the full model (the Trainer may hand back a DeepSpeed/DDP wrapper)."""
-    from zero_train.train.setup import num_params as count
 
     return count(getattr(model, "module", model))
 
 
 def _write_outputs(args, plan, dist_info, recorder: StepRecorder, rank_summary: dict, params: int) -> None:
     """Rank 0: the metrics JSONL and the record with every rank's summary (gathered: collective)."""
-    import torch.distributed as dist
 
     ranks = [rank_summary]
     if dist_info.world_size > 1:

@@ -6,6 +6,9 @@ import os
 import pathlib
 import platform
 import sys
+from importlib import metadata
+
+import torch
 
 
 def cpu_model() -> str:
@@ -36,7 +39,6 @@ def cpu_flags() -> list[str]:
 
 
 def _version(module_name: str) -> str | None:
-    from importlib import metadata
 
     try:
         return metadata.version(module_name)
@@ -54,7 +56,6 @@ def load_average() -> list[float] | None:
 
 def machine_info() -> dict:
     """CPU model, logical cores, GPUs, OS, Python and library versions."""
-    import torch
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return dict(

@@ -142,6 +142,7 @@ def _convert_or_verify(ds_root: pathlib.Path, source_tag: str) -> None:
 
 def _run_ds_to_universal(source: pathlib.Path, output: pathlib.Path) -> None:
     """deepspeed.checkpoint.ds_to_universal in this process (one worker: no process pool), quietly."""
+    # here, not at the top: only a resume at another world size converts; the converter pulls in DeepSpeed checkpoint tooling
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
     options = argparse.Namespace(

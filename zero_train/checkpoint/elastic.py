@@ -11,6 +11,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from zero_train.checkpoint.files import load_rank_file
+from zero_train.sharding import consolidate_shards
+
 
 def load_sharded_optimizer(path, *, rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """This rank's checkpoint payload and the optimizer state it should load, at any world size.
@@ -25,9 +28,6 @@ def load_sharded_optimizer(path, *, rank: int, world_size: int) -> tuple[dict[st
         continues from (its own at the same world size, else rank `rank % saved_world_size`'s);
         optimizer_state is its own shard, or the consolidated state of all saved shards.
     """
-    from zero_train.checkpoint.files import load_rank_file  # lazily: engines import this module
-    from zero_train.sharding import consolidate_shards
-
     first = load_rank_file(path, 0)
     saved_world_size = int(first.get("world_size", world_size))
     if saved_world_size == world_size:

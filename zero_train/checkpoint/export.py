@@ -28,6 +28,7 @@ from zero_train.checkpoint import atomic as checkpoint
 from zero_train.checkpoint.files import DEEPSPEED_DIR, MODEL_DIR, WEIGHTS_FILE
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.outputs import check_output_dir
 
 
 def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
@@ -36,7 +37,6 @@ def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
     Returns:
         out_dir as a Path.
     """
-    from zero_train.runtime.outputs import check_output_dir
 
     out = pathlib.Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
@@ -78,6 +78,7 @@ def export_model(
     """
     out = check_export_dir(out_dir, force=force)
     if isinstance(tokenizer, (str, type(None))):
+        # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
         from zero_train.hf.models import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
@@ -100,6 +101,7 @@ def export_model(
 
 def _verify_folder(folder: pathlib.Path, weights: dict[str, torch.Tensor]) -> None:
     """UsageError unless from_pretrained(folder) loads every weight, unchanged, with nothing left over."""
+    # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -170,6 +172,7 @@ def _floating_dtype(weights: dict[str, torch.Tensor]) -> torch.dtype:
 
 
 def _write_weights(weights: dict[str, torch.Tensor], folder: pathlib.Path) -> None:
+    # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
     from safetensors.torch import save_file
 
     save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -177,6 +180,7 @@ def _write_weights(weights: dict[str, torch.Tensor], folder: pathlib.Path) -> No
 
 def _write_config(config, dtype: torch.dtype, folder: pathlib.Path) -> None:
     """config.json with `architectures` (read by pipelines and serving tools) and the weights' dtype."""
+    # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = config.__class__.from_dict(config.to_dict())  # a copy: the caller's config stays untouched
@@ -234,6 +238,7 @@ def export_checkpoint(
 
 def _read_config(ckpt: pathlib.Path, run: dict):
     """model/config.json (written by every engine), else the config dict recorded in run.json."""
+    # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
     from transformers import CONFIG_MAPPING, AutoConfig
 
     if (ckpt / MODEL_DIR / "config.json").is_file():
@@ -250,6 +255,7 @@ def _read_config(ckpt: pathlib.Path, run: dict):
 def _read_weights(ckpt: pathlib.Path) -> dict[str, torch.Tensor]:
     weights_file = ckpt / MODEL_DIR / WEIGHTS_FILE
     if weights_file.is_file():
+        # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
         from safetensors.torch import load_file
 
         return load_file(str(weights_file))

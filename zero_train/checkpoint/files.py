@@ -17,6 +17,7 @@ import pathlib
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from zero_train.checkpoint.atomic import safe_torch_load
 from zero_train.runtime.errors import UsageError
@@ -110,7 +111,6 @@ def unique_state_dict(model: torch.nn.Module, replace: dict[int, torch.Tensor] |
 
 def write_model(path, model: torch.nn.Module, state_dict: dict[str, torch.Tensor] | None) -> None:
     """Rank 0: model/config.json and, if given, model/model.safetensors."""
-    from safetensors.torch import save_file
 
     model_dir = pathlib.Path(path) / MODEL_DIR
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,6 @@ def write_model(path, model: torch.nn.Module, state_dict: dict[str, torch.Tensor
 
 def read_weights(path) -> dict[str, torch.Tensor]:
     """model/model.safetensors of a checkpoint (UsageError if missing or unreadable)."""
-    from safetensors.torch import load_file
 
     target = pathlib.Path(path) / MODEL_DIR / WEIGHTS_FILE
     if not target.is_file():

@@ -20,7 +20,7 @@ import pathlib
 import sys
 import time
 
-from zero_train.bench.cells import BENCH_ENGINES, DEFAULT_ENGINES, PRECISIONS, Cell, interleaved
+from zero_train.bench.cells import BENCH_ENGINES, BENCH_PRECISIONS, DEFAULT_ENGINES, Cell, interleaved
 from zero_train.launch.cells import TRAIN_SCRIPT
 from zero_train.launch.launcher import check_launcher, model_meta
 from zero_train.runtime.errors import UsageError
@@ -46,7 +46,7 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--model", default="gpt2-25m", help="a preset or a local HF folder (default gpt2-25m)")
     add("--engines", type=name_list, default=list(DEFAULT_ENGINES), help=f"of {','.join(BENCH_ENGINES)}")
-    add("--precisions", type=name_list, default=list(PRECISIONS), help="comma-separated of fp32,bf16")
+    add("--precisions", type=name_list, default=list(BENCH_PRECISIONS), help="comma-separated of fp32,bf16")
     add("--repeats", type=positive_int, default=3, help="runs per cell of the engines the targets compare")
     add("--other-repeats", type=positive_int, default=1, help="runs per cell of the others (default 1)")
     add("--steps", type=positive_int, default=6, help="optimizer steps per run (default 6)")
@@ -70,9 +70,9 @@ def _check_args(args: argparse.Namespace) -> None:
     unknown = [name for name in args.engines if name not in BENCH_ENGINES]
     if unknown:
         raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(BENCH_ENGINES)}")
-    bad = [p for p in args.precisions if p not in PRECISIONS]
+    bad = [p for p in args.precisions if p not in BENCH_PRECISIONS]
     if bad:
-        raise UsageError(f"unknown precision(s) {', '.join(bad)}; choose from {', '.join(PRECISIONS)}")
+        raise UsageError(f"unknown precision(s) {', '.join(bad)}; choose from {', '.join(BENCH_PRECISIONS)}")
     if not 0 <= args.warmup < args.steps:
         raise UsageError(f"--warmup {args.warmup} must be at least 0 and below --steps {args.steps}")
     check_launcher(args.launcher)
@@ -81,6 +81,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def bench_meta(args: argparse.Namespace) -> dict:
     """What every run shares: model shape, batch, world size, backend, steps."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     import torch
 
     return dict(
@@ -102,6 +103,7 @@ def bench_meta(args: argparse.Namespace) -> dict:
 
 def summarize(samples: list[dict], meta: dict) -> tuple[list[dict], list[dict]]:
     """(per-cell summaries in table order, target ratios)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.bench.summary import cell_summary, target_ratios
 
     cells = []
@@ -117,6 +119,7 @@ def summarize(samples: list[dict], meta: dict) -> tuple[list[dict], list[dict]]:
 
 def bench_command(args: argparse.Namespace) -> int:
     """Run every (repeat, cell) in interleaved order; write bench.json + bench.md; exit 1 if all runs failed."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from tqdm import tqdm
 
     from zero_train.bench.machine import load_average, machine_info

@@ -16,7 +16,10 @@ import argparse
 import pathlib
 import sys
 
+from zero_train.ds_config.keys import PRECISIONS
+from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import (
+    OneLineParser,
     betas_pair,
     non_negative_float,
     non_negative_int,
@@ -24,6 +27,8 @@ from zero_train.runtime.parser import (
     positive_int,
     size_int,
 )
+
+NOT_FOR_CHECK = "does not apply to `config check` (only --world-size and --accelerate do)"
 
 
 def config_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -35,21 +40,46 @@ def config_command_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
     )
-    parser.add_argument(
-        "words",
-        nargs="*",
-        metavar="check FILE",
-        help="validate FILE instead of generating (uses --world-size too)",
-    )
     _add_generate_flags(parser)
-    parser.set_defaults(func=config_command, config_parser=parser)
+    parser.set_defaults(func=config_command)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=CheckParser)
+    check = actions.add_parser(
+        "check",
+        help="validate a DeepSpeed JSON (every problem listed, exit 2; else a summary)",
+        description="Validate FILE with DeepSpeed's own config classes plus the rules DeepSpeed does not enforce.",
+    )
+    check.add_argument("file", nargs="?", metavar="FILE", help="the DeepSpeed JSON")
+    # SUPPRESS: a value given before `check` (`config --world-size 8 check f.json`) is not overwritten
+    check.add_argument(
+        "--world-size", type=positive_int, default=argparse.SUPPRESS, help="ranks to check for"
+    )
+    check.add_argument(
+        "--accelerate", metavar="YAML", default=argparse.SUPPRESS, help="compare with this accelerate YAML"
+    )
+    check.set_defaults(func=config_check_command, generator_defaults=vars(parser.parse_args([])))
     return parser
+
+
+class CheckParser(OneLineParser):
+    """The parser of `config check`: exactly one FILE, and no generator flag (it would be silently ignored)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, then the two `config check` rules (UsageError: one line, exit 2)."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        flags = [word.split("=")[0] for word in extras if word.startswith("-")]
+        if flags:
+            raise UsageError(f"{flags[0]} {NOT_FOR_CHECK}")
+        if extras or getattr(namespace, "file", None) is None:
+            raise UsageError(
+                "`zero-train config check` takes exactly one FILE, e.g. zero-train config check ds.json"
+            )
+        return namespace, extras
 
 
 def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
     zero = parser.add_argument_group("ZeRO")
     zero.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=2, help="ZeRO stage (default 2)")
-    zero.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="default fp32 (--hf-auto: auto)")
+    zero.add_argument("--precision", choices=PRECISIONS, help="default fp32 (--hf-auto: auto)")
     zero.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"), default="none")
     zero.add_argument("--offload-param", choices=("none", "cpu", "nvme"), default="none", help="stage 3 only")
     zero.add_argument("--nvme-path", help="directory for nvme offload")
@@ -123,6 +153,7 @@ def _add_comm_and_fp16_flags(parser: argparse.ArgumentParser) -> None:
 
 def request_from_args(args: argparse.Namespace):
     """The ConfigRequest the flags describe (the model's hidden size looked up for --model)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.ds_config.generate import ConfigRequest
 
     return ConfigRequest(
@@ -168,8 +199,8 @@ def request_from_args(args: argparse.Namespace):
 
 def model_hidden_size(name_or_path: str) -> int:
     """The hidden size of a preset or HF config folder, found the way the HF DeepSpeed integration does."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import model_config
-    from zero_train.runtime.errors import UsageError
 
     config = model_config(name_or_path)
     for holder in (config, getattr(config, "text_config", None)):
@@ -184,14 +215,11 @@ def model_hidden_size(name_or_path: str) -> int:
 
 def config_command(args: argparse.Namespace) -> int:
     """Generate the config and print it (or write it to -o)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.ds_config import config_text, write_config
     from zero_train.ds_config.generate import generate_config
 
-    if args.words:
-        return config_check_command(args)
     if args.accelerate:
-        from zero_train.runtime.errors import UsageError
-
         raise UsageError("--accelerate YAML belongs to `zero-train config check FILE --accelerate YAML`")
     cfg = generate_config(request_from_args(args))
     if args.format == "accelerate":
@@ -205,9 +233,9 @@ def config_command(args: argparse.Namespace) -> int:
 
 def write_accelerate(cfg: dict, args: argparse.Namespace) -> int:
     """-o accel.yaml: the accelerate YAML there and the DeepSpeed JSON beside it (accel.json)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.ds_config import write_config
     from zero_train.ds_config.accelerate import accelerate_config_text
-    from zero_train.runtime.errors import UsageError
     from zero_train.runtime.outputs import check_output_file
 
     if not args.output or not args.output.endswith((".yaml", ".yml")):
@@ -233,6 +261,7 @@ def write_accelerate(cfg: dict, args: argparse.Namespace) -> int:
 
 def block_class(model: str) -> str | None:
     """The transformer block class FSDP wraps (the first of HF's _no_split_modules), None if it names none."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from transformers import AutoModelForCausalLM
 
     from zero_train.hf.models import model_config
@@ -242,39 +271,21 @@ def block_class(model: str) -> str | None:
     return names[0] if names else None
 
 
-def check_file_from_args(args: argparse.Namespace) -> str:
-    """The FILE of `config check FILE`; any generator flag next to it is an error (it would be ignored)."""
-    from zero_train.runtime.errors import UsageError
-
-    if args.words[0] != "check":
-        raise UsageError(
-            f"unknown config action {args.words[0]!r}; use `zero-train config check FILE` or only flags"
-        )
-    if len(args.words) != 2:
-        raise UsageError(
-            "`zero-train config check` takes exactly one FILE, e.g. zero-train config check ds.json"
-        )
-    parser = args.config_parser
-    for action in parser._actions:
-        if (
-            action.dest in ("help", "words", "world_size", "accelerate", "func", "config_parser")
-            or not action.option_strings
-        ):
-            continue
-        if getattr(args, action.dest) != parser.get_default(action.dest):
-            raise UsageError(
-                f"{action.option_strings[-1]} does not apply to `config check` (only --world-size and "
-                "--accelerate do)"
-            )
-    return args.words[1]
+def _refuse_generator_flags(args: argparse.Namespace) -> None:
+    """A generator flag given before `check` (e.g. `config --stage 3 check f.json`) would be ignored: refuse it."""
+    for name, default in args.generator_defaults.items():
+        if name not in ("world_size", "accelerate", "func", "action") and getattr(args, name) != default:
+            raise UsageError(f"--{name.replace('_', '-')} {NOT_FOR_CHECK}")
 
 
 def config_check_command(args: argparse.Namespace) -> int:
     """Validate a config: a summary and exit 0, or every problem and exit 2."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.ds_config import load_config
     from zero_train.ds_config.check import check_config
 
-    path = check_file_from_args(args)
+    _refuse_generator_flags(args)
+    path = args.file
     cfg = load_config(path)
     report = check_config(cfg, world_size=args.world_size)
     if args.accelerate:

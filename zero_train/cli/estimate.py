@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 
+from zero_train.ds_config.keys import PRECISIONS
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import positive_float, positive_int
 
@@ -46,7 +47,7 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=positive_int, required=True, help="data-parallel ranks")
     parser.add_argument("--config", help="a DeepSpeed config (bucket sizes, precision, offload)")
     parser.add_argument(
-        "--precision", choices=("fp32", "bf16", "fp16"), default=None, help="default: the config's, else bf16"
+        "--precision", choices=PRECISIONS, default=None, help="default: the config's, else bf16"
     )
     parser.add_argument(
         "--gpu-memory", type=positive_float, help="device memory per rank in GB: say which fit"
@@ -85,6 +86,7 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
 def _precision(args: argparse.Namespace, ds_config: dict | None) -> str:
     if ds_config is None:
         return args.precision or "bf16"
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.ds_config.parse import precision_of
 
     config_precision = precision_of(ds_config)
@@ -103,6 +105,7 @@ def _model(args: argparse.Namespace):
                 "--block-size and --gradient-checkpointing need --model (activations need its shape)"
             )
         return int(args.params), 0
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import max_context, model_config
 
     config = model_config(args.model)
@@ -116,6 +119,7 @@ def build_estimate(args: argparse.Namespace) -> dict:
     """All numbers of the estimate, as the --json output (memory.model.estimate.SetupEstimate.as_dict, with
     each stage also under its earlier names: ours_bytes = device_peak_bytes, ours_peak_phase, ours_phases =
     device_phases, ours_categories = boundary)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.estimate import estimate_setup
     from zero_train.memory.model.offload import OffloadSettings
 
@@ -162,6 +166,7 @@ def _phase_line(row: dict, unit: float) -> str:
 
 
 def _words() -> dict[str, str]:
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.offload import OFFLOAD_WORDS
     from zero_train.memory.model.peak import TERM_WORDS
 
@@ -213,6 +218,7 @@ def _fits_word(row: dict) -> str:
 
 
 def _print_headroom_and_host(result: dict, unit: float) -> None:
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.gpu_terms import HEADROOM_WORDS
 
     headroom = result["stages"][-1]["headroom"]

@@ -26,6 +26,9 @@ from __future__ import annotations
 import threading
 
 import torch
+from torch._C._distributed_c10d import ProcessGroup
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "send_recv")
 
@@ -96,8 +99,6 @@ def _wrap(method_name: str, original):
 
 
 def _install() -> None:
-    from torch._C._distributed_c10d import ProcessGroup
-    from torch.nn.parallel import DistributedDataParallel
 
     for name in _METHODS:
         if name not in ProcessGroup.__dict__:
@@ -109,7 +110,6 @@ def _install() -> None:
 
     def ddp_init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         self.register_comm_hook(None, allreduce_hook)
 
@@ -117,8 +117,6 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
-    from torch._C._distributed_c10d import ProcessGroup
-    from torch.nn.parallel import DistributedDataParallel
 
     DistributedDataParallel.__init__ = _ORIGINALS.pop("ddp_init")
     for name, original in _ORIGINALS.items():
@@ -199,7 +197,7 @@ class CommLedger:
             self.calls[key] = 0
 
     def totals(self) -> dict[str, int]:
-        """Payload bytes per collective plus "total" (keys of CONTRACTS.md, plus reduce/send_recv)."""
+        """Payload bytes per collective (the keys of COLLECTIVES) plus "total"."""
         result = {key: int(value) for key, value in self._payload.items()}
         result["total"] = sum(result.values())
         return result

@@ -4,90 +4,17 @@ The HF integration (transformers/integrations/deepspeed.py) replaces "auto" with
 and records a mismatch when a concrete value differs from the argument; we do the same with
 `train_settings`' keyword arguments. One deliberate difference: a given argument also fills a key the config
 leaves out (HF leaves it to DeepSpeed's default, so DeepSpeed would silently train with another value).
+Which key takes which value, and every default, is one row of zero_train.ds_config.keys.KEYS.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from zero_train.ds_config.keys import AUTO, AUTO_KEYS, KEYS, UNSET, ConfigKey, flag_for
+from zero_train.ds_config.parse import precision_of
 from zero_train.runtime.errors import UsageError
-
-if TYPE_CHECKING:
-    from zero_train.ds_config.settings import TrainSettings
-
-AUTO = "auto"
-
-# dotted key -> the value name that fills it (a train_settings argument or a value derived from them)
-AUTO_KEYS = {
-    "train_micro_batch_size_per_gpu": "micro_batch_size",
-    "gradient_accumulation_steps": "grad_accum",
-    "train_batch_size": "train_batch_size",
-    "gradient_clipping": "grad_clip",
-    "optimizer.params.lr": "lr",
-    "optimizer.params.weight_decay": "weight_decay",
-    "optimizer.params.betas": "betas",
-    "optimizer.params.eps": "eps",
-    "scheduler.params.warmup_min_lr": "warmup_min_lr",
-    "scheduler.params.warmup_max_lr": "lr",
-    "scheduler.params.warmup_num_steps": "warmup_steps",
-    "scheduler.params.total_num_steps": "total_steps",
-    "fp16.enabled": "fp16",
-    "bf16.enabled": "bf16",
-    "zero_optimization.reduce_bucket_size": "reduce_bucket_size",
-    "zero_optimization.stage3_prefetch_bucket_size": "stage3_prefetch_bucket_size",
-    "zero_optimization.stage3_param_persistence_threshold": "stage3_param_persistence_threshold",
-}
-
-# The HF Trainer's defaults for values no argument gave (TrainingArguments defaults).
-HF_DEFAULTS = {
-    "grad_accum": 1,
-    "grad_clip": 1.0,
-    "weight_decay": 0.0,
-    "betas": [0.9, 0.999],
-    "eps": 1e-8,
-    "warmup_min_lr": 0,
-    "fp16": False,
-    "bf16": False,
-}
-
-# Where a missing key is filled too (it is left out of the config, but a value was given).
-ABSENT_FILLED = {
-    "train_micro_batch_size_per_gpu": None,
-    "gradient_accumulation_steps": None,
-    "gradient_clipping": None,
-    "optimizer.params.lr": ("AdamW", "Adam", "SGD", "adamw", "adam", "sgd"),
-    "optimizer.params.weight_decay": ("AdamW", "Adam", "SGD", "adamw", "adam", "sgd"),
-    "scheduler.params.warmup_max_lr": ("WarmupLR", "WarmupDecayLR"),
-    "scheduler.params.warmup_num_steps": ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR"),
-    "scheduler.params.total_num_steps": ("WarmupDecayLR", "WarmupCosineLR"),
-}
-
-# Filled when "auto" but never compared (HF's fill_only; precision is compared as a whole).
-FILL_ONLY = {
-    "fp16",
-    "bf16",
-    "reduce_bucket_size",
-    "stage3_prefetch_bucket_size",
-    "stage3_param_persistence_threshold",
-}
-
-# How to tell the user which flag fills a value.
-FLAGS = {
-    "micro_batch_size": "--micro-batch-size",
-    "grad_accum": "--grad-accum",
-    "train_batch_size": "--micro-batch-size and --grad-accum",
-    "grad_clip": "--grad-clip",
-    "lr": "--lr",
-    "weight_decay": "--weight-decay",
-    "warmup_steps": "--warmup-steps",
-    "total_steps": "--max-steps",
-    "fp16": "--precision",
-    "bf16": "--precision",
-    "reduce_bucket_size": "--model (its hidden size)",
-    "stage3_prefetch_bucket_size": "--model (its hidden size)",
-    "stage3_param_persistence_threshold": "--model (its hidden size)",
-}
 
 
 def get_key(cfg: dict, dotted: str) -> Any:
@@ -108,15 +35,14 @@ def _set_key(cfg: dict, dotted: str, value: Any) -> None:
     node[last] = value
 
 
-def _absent_fillable(cfg: dict, dotted: str) -> bool:
-    if dotted not in ABSENT_FILLED or get_key(cfg, dotted) is not None:
+def _absent_fillable(cfg: dict, key: ConfigKey) -> bool:
+    if key.fill_absent is False or get_key(cfg, key.path) is not None:
         return False
-    types = ABSENT_FILLED[dotted]
-    return types is None or get_key(cfg, dotted.split(".")[0] + ".type") in types
+    return key.fill_absent is True or get_key(cfg, key.path.split(".")[0] + ".type") in key.fill_absent
 
 
-def derived_values(given: dict, *, world_size: int) -> dict:
-    """Values for every AUTO_KEYS name that `given` (train_settings' arguments) determines."""
+def _derived_values(given: dict) -> dict:
+    """Values for every "auto"-filling name (ConfigKey.fills) that `given` determines."""
     values = {k: v for k, v in given.items() if k not in ("precision", "hidden_size")}
     if "warmup_steps" in values:
         values["warmup_steps"] = max(1, values["warmup_steps"])  # DeepSpeed rejects 0 warmup steps (as HF)
@@ -131,32 +57,40 @@ def derived_values(given: dict, *, world_size: int) -> dict:
     return values
 
 
-def fill_auto(cfg: dict, given: dict, *, world_size: int) -> dict:
+def fill_config(cfg: dict, given: dict, *, world_size: int, compare: bool = True) -> dict:
     """A copy of `cfg` with "auto" (and keys left out, where a value was given) filled from `given`.
 
+    The one pass over zero_train.ds_config.keys.KEYS: an "auto" gets the given value, else the HF Trainer's
+    default; a key the config leaves out gets a given value where the table says so (ConfigKey.fill_absent);
+    a missing precision section is added; train_batch_size is derived from the other two batch keys.
+
     Args:
-        cfg: the user's config.
-        given: train_settings' keyword arguments that were given (not None).
+        cfg: the user's config (not modified).
+        given: values by ConfigKey.fills name that were given (no None): train_settings' arguments, or
+            every value of a TrainSettings (resolve_auto).
         world_size: number of ranks (for train_batch_size).
+        compare: refuse a concrete value that disagrees with a given one (False when `given` was read
+            from this very config, as in resolve_auto).
 
     Returns:
-        The filled copy.
+        The filled copy (no "auto" left).
 
     Raises:
         UsageError: a concrete value disagrees with a given argument, or an "auto" nothing fills.
     """
-    values = derived_values(given, world_size=world_size)
-    _check_conflicts(cfg, values, given)
+    values = _derived_values(given)
+    if compare:
+        _check_conflicts(cfg, values, given)
     filled = copy.deepcopy(cfg)
-    for dotted, name in AUTO_KEYS.items():
-        if name == "train_batch_size":
+    for key in KEYS:
+        if key.fills is None or key.fills == "train_batch_size":
             continue
-        current = get_key(filled, dotted)
-        if current == AUTO or (name in values and _absent_fillable(filled, dotted)):
-            if name in values:
-                _set_key(filled, dotted, values[name])
-            elif current == AUTO and name in HF_DEFAULTS:
-                _set_key(filled, dotted, copy.copy(HF_DEFAULTS[name]))
+        current = get_key(filled, key.path)
+        if current == AUTO or (key.fills in values and _absent_fillable(filled, key)):
+            if key.fills in values:
+                _set_key(filled, key.path, values[key.fills])
+            elif current == AUTO and key.hf is not UNSET:
+                _set_key(filled, key.path, copy.copy(key.hf))
     _fill_precision_sections(filled, given.get("precision"))
     _fill_train_batch_size(filled, world_size)
     _require_no_auto(filled)
@@ -164,21 +98,18 @@ def fill_auto(cfg: dict, given: dict, *, world_size: int) -> dict:
 
 
 def _check_conflicts(cfg: dict, values: dict, given: dict) -> None:
-    for dotted, name in AUTO_KEYS.items():
-        current = get_key(cfg, dotted)
-        if name not in values or current is None or current == AUTO or name in FILL_ONLY:
+    for key in KEYS:
+        current = get_key(cfg, key.path)
+        if key.fills not in values or current is None or current == AUTO or not key.compared:
             continue
-        expected = values[name]
+        expected = values[key.fills]
         if current != expected and not (isinstance(current, list) and list(expected) == current):
-            flag = FLAGS.get(name, name)
             raise UsageError(
-                f"config {dotted}={current!r} disagrees with {name}={expected!r} ({flag}); "
-                f'set {dotted} to "auto" or make them equal'
+                f"config {key.path}={current!r} disagrees with {key.fills}={expected!r} "
+                f'({flag_for(key.fills) or key.fills}); set {key.path} to "auto" or make them equal'
             )
     precision = given.get("precision")
     if precision is not None:
-        from zero_train.ds_config.parse import precision_of
-
         concrete = {k: v for k, v in cfg.items() if k not in ("fp16", "bf16", "bfloat16")}
         for key in ("fp16", "bf16", "bfloat16"):
             block = cfg.get(key)
@@ -201,13 +132,15 @@ def _fill_precision_sections(filled: dict, precision: str | None) -> None:
 
 
 def _fill_train_batch_size(filled: dict, world_size: int) -> None:
+    """An "auto" or missing train_batch_size becomes micro * accumulation * world size when both are known."""
+    if filled.get("train_batch_size", AUTO) != AUTO:
+        return
     micro = filled.get("train_micro_batch_size_per_gpu")
     accum = filled.get("gradient_accumulation_steps", 1)
-    if filled.get("train_batch_size") == AUTO:
-        if isinstance(micro, int) and isinstance(accum, int):
-            filled["train_batch_size"] = micro * accum * world_size
-        else:
-            del filled["train_batch_size"]  # DeepSpeed derives it from the other two
+    if isinstance(micro, int) and isinstance(accum, int):
+        filled["train_batch_size"] = micro * accum * world_size
+    else:
+        filled.pop("train_batch_size", None)  # DeepSpeed derives it from the other two
 
 
 def auto_keys(cfg: Any, prefix: str = "") -> list[str]:
@@ -226,46 +159,7 @@ def auto_keys(cfg: Any, prefix: str = "") -> list[str]:
 def _require_no_auto(filled: dict) -> None:
     left = auto_keys(filled)
     if left:
-        hints = [f"{key} (pass {FLAGS.get(AUTO_KEYS.get(key, ''), 'a concrete value')})" for key in left]
+        hints = [f"{key} (pass {flag_for(AUTO_KEYS.get(key, '')) or 'a concrete value'})" for key in left]
         raise UsageError(
             f'"auto" values nothing fills: {", ".join(hints)}; give those flags or write numbers'
         )
-
-
-def resolve_auto(cfg: dict, settings: TrainSettings) -> dict:
-    """A copy of `cfg` with every "auto" replaced by the value `settings` uses, ready for deepspeed.initialize.
-
-    Keys the settings were given for but the config left out are filled too, so DeepSpeed trains with
-    exactly `settings`.
-
-    Args:
-        cfg: the config `settings` came from.
-        settings: from `train_settings(cfg, ...)`.
-
-    Returns:
-        The resolved config (no "auto" left).
-    """
-    given = dict(
-        micro_batch_size=settings.micro_batch_size,
-        grad_accum=settings.grad_accum,
-        grad_clip=settings.grad_clip,
-        lr=settings.lr,
-        weight_decay=settings.weight_decay,
-        betas=list(settings.betas),
-        eps=settings.eps,
-        warmup_min_lr=settings.warmup_min_lr,
-        warmup_steps=settings.warmup_steps,
-        total_steps=settings.total_steps,
-        precision=settings.precision,
-        hidden_size=settings.hidden_size,
-    )
-    values = derived_values({k: v for k, v in given.items() if v is not None}, world_size=settings.world_size)
-    resolved = copy.deepcopy(cfg)
-    for dotted, name in AUTO_KEYS.items():
-        if name in values and (get_key(resolved, dotted) == AUTO or _absent_fillable(resolved, dotted)):
-            _set_key(resolved, dotted, values[name])
-    _fill_precision_sections(resolved, settings.precision)
-    if resolved.get("train_batch_size", AUTO) == AUTO:
-        resolved["train_batch_size"] = settings.train_batch_size
-    _require_no_auto(resolved)
-    return resolved

@@ -16,7 +16,8 @@ import functools
 import pathlib
 import re
 
-from zero_train.ds_config.auto import AUTO, AUTO_KEYS, auto_keys, get_key
+from zero_train.ds_config.auto import auto_keys, get_key
+from zero_train.ds_config.keys import AUTO, AUTO_KEYS
 from zero_train.ds_config.parse import batch_triple
 from zero_train.runtime.errors import UsageError
 
@@ -59,6 +60,7 @@ class CheckReport:
 @functools.cache
 def deepspeed_known_keys() -> frozenset[str]:
     """Every key name DeepSpeed's config code mentions (string literals in its config/constants modules)."""
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
     import deepspeed
 
     root = pathlib.Path(deepspeed.__file__).parent
@@ -72,6 +74,7 @@ def deepspeed_known_keys() -> frozenset[str]:
 @functools.cache
 def zero_field_names() -> frozenset[str]:
     """Field names and aliases of DeepSpeed's DeepSpeedZeroConfig (keys that belong in zero_optimization)."""
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     fields = DeepSpeedZeroConfig.model_fields
@@ -126,6 +129,7 @@ def _check_zero_section(cfg: dict, report: CheckReport) -> None:
     if not isinstance(zero, dict):
         report.problems.append(f"zero_optimization must be a JSON object, got {zero!r}")
         return
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     from pydantic import ValidationError
 
@@ -190,6 +194,7 @@ def _check_cross_fields(cfg: dict, report: CheckReport) -> None:
 def _check_scheduler(cfg: dict, report: CheckReport) -> None:
     if not isinstance(cfg.get("scheduler"), dict):
         return
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
     from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
 
     kind = get_key(cfg, "scheduler.type")
@@ -269,6 +274,7 @@ def _ds_ready_copy(cfg: dict) -> dict:
 
 
 def _check_with_deepspeed(cfg: dict, report: CheckReport) -> None:
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
     import logging
 
     from deepspeed.runtime.config import DeepSpeedConfig

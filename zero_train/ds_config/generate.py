@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from zero_train.ds_config.keys import AUTO, deepspeed_default, generated_default
 from zero_train.runtime.errors import UsageError
 
-AUTO = "auto"
 SCHEDULER_TYPES = {
     "warmup_constant": "WarmupLR",
     "warmup_linear": "WarmupDecayLR",
@@ -29,6 +29,7 @@ STAGE3_KNOBS = (
     "max_live_parameters",
     "gather_16bit_weights",
 )
+ZERO = "zero_optimization"
 FP16_KNOBS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
 
 
@@ -36,7 +37,7 @@ FP16_KNOBS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hystere
 class ConfigRequest:
     """What the user asked for; None means "not given" (a default, or "auto" with hf_auto)."""
 
-    stage: int = 2
+    stage: int = generated_default("zero_optimization.stage")
     """ZeRO stage 0..3."""
     precision: str | None = None
     """fp32, bf16 or fp16 (fp16 gets dynamic loss scaling); None: fp32, or both "auto" with hf_auto."""
@@ -208,8 +209,8 @@ def batch_section(req: ConfigRequest) -> dict:
     if req.hf_auto:
         micro = AUTO if micro is None else micro
         accum = AUTO if accum is None else accum
-    micro = 1 if micro is None else micro
-    accum = 1 if accum is None else accum
+    micro = generated_default("train_micro_batch_size_per_gpu") if micro is None else micro
+    accum = generated_default("gradient_accumulation_steps") if accum is None else accum
     out: dict = {}
     if isinstance(micro, int) and isinstance(accum, int):
         per_rank = micro * accum
@@ -251,15 +252,22 @@ def _value(req: ConfigRequest, name: str, default, *, hf_filled: bool = True):
 
 def optimizer_section(req: ConfigRequest) -> dict:
     """DeepSpeed's optimizer block; Adam means AdamW to DeepSpeed unless adam_w_mode is false."""
-    params: dict = {"lr": _value(req, "lr", 3e-4)}
+    params: dict = {"lr": _value(req, "lr", generated_default("optimizer.params.lr"))}
+    weight_decay = 0.01 if req.optimizer == "adamw" else 0.0  # keys.WEIGHT_DECAY_GENERATED
     if req.optimizer == "sgd":
-        params["momentum"] = _value(req, "momentum", 0.0, hf_filled=False)
-        params["weight_decay"] = _value(req, "weight_decay", 0.0)
+        params["momentum"] = _value(
+            req, "momentum", generated_default("optimizer.params.momentum"), hf_filled=False
+        )
+        params["weight_decay"] = _value(req, "weight_decay", weight_decay)
         return {"type": "SGD", "params": params}
-    betas = req.betas if req.betas is not None else (AUTO if req.hf_auto else (0.9, 0.999))
+    betas = (
+        req.betas
+        if req.betas is not None
+        else (AUTO if req.hf_auto else generated_default("optimizer.params.betas"))
+    )
     params["betas"] = betas if betas == AUTO else list(betas)
-    params["eps"] = _value(req, "eps", 1e-8)
-    params["weight_decay"] = _value(req, "weight_decay", 0.01 if req.optimizer == "adamw" else 0.0)
+    params["eps"] = _value(req, "eps", generated_default("optimizer.params.eps"))
+    params["weight_decay"] = _value(req, "weight_decay", weight_decay)
     if req.optimizer == "adam":
         params["adam_w_mode"] = False
     if req.torch_adam and req.offload_optimizer == "none":
@@ -274,12 +282,15 @@ def scheduler_section(req: ConfigRequest) -> dict | None:
         return None
     params: dict = {}
     if kind != "warmup_cosine":
-        params["warmup_min_lr"] = AUTO if req.hf_auto else 0.0
-        params["warmup_max_lr"] = _value(req, "lr", 3e-4)
+        params["warmup_min_lr"] = AUTO if req.hf_auto else generated_default("scheduler.params.warmup_min_lr")
+        params["warmup_max_lr"] = _value(req, "lr", generated_default("scheduler.params.warmup_max_lr"))
     else:
-        params["warmup_min_ratio"] = 0.0
-        params["cos_min_ratio"] = req.min_lr_ratio if req.min_lr_ratio is not None else 0.0001
-    params["warmup_num_steps"] = _value(req, "warmup_steps", 1)  # DeepSpeed needs >= 1 (it clamps to 2)
+        params["warmup_min_ratio"] = generated_default("scheduler.params.warmup_min_ratio")
+        params["cos_min_ratio"] = _or(req.min_lr_ratio, generated_default("scheduler.params.cos_min_ratio"))
+    # DeepSpeed needs >= 1 warmup step (it clamps to 2)
+    params["warmup_num_steps"] = _value(
+        req, "warmup_steps", generated_default("scheduler.params.warmup_num_steps")
+    )
     if kind != "warmup_constant":
         params["total_num_steps"] = _value(req, "total_steps", None)
     params["warmup_type"] = req.warmup_type
@@ -303,11 +314,9 @@ def precision_section(req: ConfigRequest) -> dict:
 def _fp16_block(req: ConfigRequest, enabled) -> dict:
     return {
         "enabled": enabled,
-        "loss_scale": _value(req, "loss_scale", 0, hf_filled=False),
-        "initial_scale_power": _value(req, "initial_scale_power", 16, hf_filled=False),
-        "loss_scale_window": _value(req, "loss_scale_window", 1000, hf_filled=False),
-        "hysteresis": _value(req, "hysteresis", 2, hf_filled=False),
-        "min_loss_scale": _value(req, "min_loss_scale", 1, hf_filled=False),
+        **{
+            name: _value(req, name, generated_default(f"fp16.{name}"), hf_filled=False) for name in FP16_KNOBS
+        },
     }
 
 
@@ -323,23 +332,37 @@ def zero_section(req: ConfigRequest) -> dict:
     h = req.hidden_size
     model_default = (lambda value: AUTO) if req.hf_auto and h is None else (lambda value: value)
     zero["overlap_comm"] = req.overlap_comm if req.overlap_comm is not None else req.stage == 3
-    zero["contiguous_gradients"] = req.contiguous_gradients if req.contiguous_gradients is not None else True
-    zero["reduce_bucket_size"] = req.reduce_bucket_size or model_default(h * h if h else 500_000_000)
+    zero["contiguous_gradients"] = _or(
+        req.contiguous_gradients, generated_default(f"{ZERO}.contiguous_gradients")
+    )
+    zero["reduce_bucket_size"] = req.reduce_bucket_size or model_default(
+        h * h if h else deepspeed_default(f"{ZERO}.reduce_bucket_size")
+    )
     if req.stage in (1, 2):
-        zero["allgather_bucket_size"] = req.allgather_bucket_size or 500_000_000
+        zero["allgather_bucket_size"] = req.allgather_bucket_size or generated_default(
+            f"{ZERO}.allgather_bucket_size"
+        )
     if req.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload(req.offload_optimizer, req.nvme_path)
     if req.stage == 3:
         if req.offload_param != "none":
             zero["offload_param"] = _offload(req.offload_param, req.nvme_path)
         zero["stage3_prefetch_bucket_size"] = _or(
-            req.prefetch_bucket_size, model_default(int(0.9 * h * h) if h else 50_000_000)
+            req.prefetch_bucket_size,
+            model_default(
+                int(0.9 * h * h) if h else deepspeed_default(f"{ZERO}.stage3_prefetch_bucket_size")
+            ),
         )
         zero["stage3_param_persistence_threshold"] = _or(
-            req.param_persistence_threshold, model_default(10 * h if h else 100_000)
+            req.param_persistence_threshold,
+            model_default(10 * h if h else deepspeed_default(f"{ZERO}.stage3_param_persistence_threshold")),
         )
-        zero["stage3_max_live_parameters"] = _or(req.max_live_parameters, 1_000_000_000)
-        zero["stage3_gather_16bit_weights_on_model_save"] = _or(req.gather_16bit_weights, False)
+        zero["stage3_max_live_parameters"] = _or(
+            req.max_live_parameters, generated_default(f"{ZERO}.stage3_max_live_parameters")
+        )
+        zero["stage3_gather_16bit_weights_on_model_save"] = _or(
+            req.gather_16bit_weights, generated_default(f"{ZERO}.stage3_gather_16bit_weights_on_model_save")
+        )
     return zero
 
 
@@ -358,7 +381,7 @@ def generate_config(req: ConfigRequest) -> dict:
         zero_optimization, in that order.
     """
     cfg = batch_section(req)
-    cfg["gradient_clipping"] = _value(req, "grad_clip", 1.0)
+    cfg["gradient_clipping"] = _value(req, "grad_clip", generated_default("gradient_clipping"))
     cfg["optimizer"] = optimizer_section(req)
     scheduler = scheduler_section(req)
     if scheduler is not None:

@@ -1,11 +1,14 @@
 """Reading single fields of a DeepSpeed config (no "auto" left) with DeepSpeed's defaults and rules.
 
-Defaults are DeepSpeed 0.19.8's: deepspeed/runtime/constants.py, config.py, lr_schedules.py, and the torch /
-FusedAdam constructors the engine calls with `optimizer.params` (engine.py `_configure_basic_optimizer`).
+Defaults are DeepSpeed 0.19.8's (the `deepspeed` column of zero_train.ds_config.keys.KEYS): deepspeed/runtime/
+constants.py, config.py, lr_schedules.py, and the torch / FusedAdam constructors the engine calls with
+`optimizer.params` (engine.py `_configure_basic_optimizer`). The ones that depend on other keys are the table's
+rules, applied here.
 """
 
 from __future__ import annotations
 
+from zero_train.ds_config.keys import deepspeed_default as default
 from zero_train.runtime.errors import UsageError
 
 SCHEDULER_NAMES = {
@@ -93,18 +96,23 @@ def optimizer_fields(cfg: dict) -> dict:
         raise UsageError(
             f"optimizer type {block.get('type')!r} is not supported by zero_train's engines; use AdamW, Adam or SGD"
         )
-    # torch_adam passes params to torch.optim.AdamW (default weight_decay 0.01); FusedAdam/CPUAdam default to 0
+    # keys.WEIGHT_DECAY_DS: torch_adam passes params to torch.optim.AdamW (default weight_decay 0.01);
+    # FusedAdam/CPUAdam default to 0
     default_decay = 0.01 if kind == "adamw" and params.get("torch_adam", False) else 0.0
-    betas = params.get("betas", (0.9, 0.999))
+    betas = params.get("betas", default("optimizer.params.betas"))
     if not (isinstance(betas, list | tuple) and len(betas) == 2):
         raise UsageError(f"optimizer.params.betas must be a list of two numbers, got {betas!r}")
     return dict(
         optimizer=kind,
-        lr=_number("optimizer.params.lr", params.get("lr", 1e-3)),
+        lr=_number("optimizer.params.lr", params.get("lr", default("optimizer.params.lr"))),
         weight_decay=_number("optimizer.params.weight_decay", params.get("weight_decay", default_decay)),
         betas=(_number("betas[0]", betas[0]), _number("betas[1]", betas[1])),
-        eps=_number("optimizer.params.eps", params.get("eps", 1e-8)),
-        momentum=_number("optimizer.params.momentum", params.get("momentum", 0.0)) if kind == "sgd" else 0.0,
+        eps=_number("optimizer.params.eps", params.get("eps", default("optimizer.params.eps"))),
+        momentum=(
+            _number("optimizer.params.momentum", params.get("momentum", default("optimizer.params.momentum")))
+            if kind == "sgd"
+            else 0.0
+        ),
     )
 
 
@@ -120,12 +128,12 @@ def scheduler_fields(cfg: dict, *, optimizer_lr: float) -> dict:
             f"use one of {', '.join(SCHEDULER_NAMES)} or drop the scheduler section"
         )
     params = block.get("params", {}) or {}
-    warmup_steps = params.get("warmup_num_steps", 1000)
+    warmup_steps = params.get("warmup_num_steps", default("scheduler.params.warmup_num_steps"))
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps <= 0:
         raise UsageError(
             f"scheduler.params.warmup_num_steps must be a whole number >= 1, got {warmup_steps!r}"
         )
-    warmup_type = params.get("warmup_type", "log")
+    warmup_type = params.get("warmup_type", default("scheduler.params.warmup_type"))
     if warmup_type not in ("log", "linear"):
         raise UsageError(f'scheduler.params.warmup_type must be "log" or "linear", got {warmup_type!r}')
     total_steps = None
@@ -133,8 +141,14 @@ def scheduler_fields(cfg: dict, *, optimizer_lr: float) -> dict:
         total_steps = _whole("scheduler.params.total_num_steps", params.get("total_num_steps"))
     fields = dict(scheduler=SCHEDULER_NAMES[kind], warmup_steps=warmup_steps, warmup_type=warmup_type)
     if kind == "WarmupCosineLR":
-        ratio = _number("scheduler.params.warmup_min_ratio", params.get("warmup_min_ratio", 0.0))
-        floor = _number("scheduler.params.cos_min_ratio", params.get("cos_min_ratio", 0.0001))
+        ratio = _number(
+            "scheduler.params.warmup_min_ratio",
+            params.get("warmup_min_ratio", default("scheduler.params.warmup_min_ratio")),
+        )
+        floor = _number(
+            "scheduler.params.cos_min_ratio",
+            params.get("cos_min_ratio", default("scheduler.params.cos_min_ratio")),
+        )
         return fields | dict(
             lr=optimizer_lr,
             warmup_min_ratio=ratio,
@@ -143,9 +157,12 @@ def scheduler_fields(cfg: dict, *, optimizer_lr: float) -> dict:
             min_lr_ratio=floor,
             overrides_optimizer_lr=False,
         )
-    default_max = optimizer_lr if kind == "WarmupLR" else 0.001  # WarmupDecayLR's default is 0.001
+    default_max = optimizer_lr if kind == "WarmupLR" else 0.001  # keys.WARMUP_MAX_LR_DS
     peak = _number("scheduler.params.warmup_max_lr", params.get("warmup_max_lr", default_max))
-    start = _number("scheduler.params.warmup_min_lr", params.get("warmup_min_lr", 0.0))
+    start = _number(
+        "scheduler.params.warmup_min_lr",
+        params.get("warmup_min_lr", default("scheduler.params.warmup_min_lr")),
+    )
     ratio = start / peak if peak else 0.0
     return fields | dict(
         lr=peak,

@@ -4,7 +4,8 @@
 Face Trainer does (transformers/integrations/deepspeed.py, `fill_match`), refuses a concrete value that
 disagrees with an explicitly given argument, checks the batch algebra for the world size, and applies
 DeepSpeed's defaults for everything the config leaves out (e.g. gradient_clipping defaults to 1.0).
-`resolve_auto(cfg, settings)` then gives the config DeepSpeed itself should see.
+`resolve_auto(cfg, settings)` then gives the config DeepSpeed itself should see. Both go through the one fill
+pass (zero_train.ds_config.auto.fill_config) over the one table of keys and defaults (zero_train.ds_config.keys).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-from zero_train.ds_config.auto import fill_auto
+from zero_train.ds_config.auto import fill_config
+from zero_train.ds_config.keys import PRECISIONS, deepspeed_default
 from zero_train.ds_config.parse import batch_triple, optimizer_fields, precision_of, scheduler_fields, section
 from zero_train.runtime.errors import UsageError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULERS = ("constant", "warmup_constant", "warmup_linear", "warmup_cosine")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -173,7 +174,7 @@ def train_settings(
             "generate one with `zero-train config --warmup-steps N --max-steps M`",
             stacklevel=2,
         )
-    filled = fill_auto(cfg, {k: v for k, v in given.items() if v is not None}, world_size=world_size)
+    filled = fill_config(cfg, {k: v for k, v in given.items() if v is not None}, world_size=world_size)
     return settings_from_config(filled, world_size=world_size, hidden_size=hidden_size)
 
 
@@ -192,7 +193,7 @@ def settings_from_config(cfg: dict, *, world_size: int, hidden_size: int | None 
         )
     optimizer.pop("lr")
     return TrainSettings(
-        zero_stage=zero.get("stage", 0),
+        zero_stage=zero.get("stage", deepspeed_default("zero_optimization.stage")),
         precision=precision_of(cfg),
         micro_batch_size=micro,
         grad_accum=accum,
@@ -200,12 +201,14 @@ def settings_from_config(cfg: dict, *, world_size: int, hidden_size: int | None 
         train_batch_size=total,
         **optimizer,
         **schedule,
-        grad_clip=float(cfg.get("gradient_clipping", 1.0)),
-        fp16_loss_scale=float(fp16.get("loss_scale", 0.0)),
-        fp16_initial_scale_power=fp16.get("initial_scale_power", 16),
-        fp16_loss_scale_window=fp16.get("loss_scale_window", 1000),
-        fp16_hysteresis=fp16.get("hysteresis", 2),
-        fp16_min_loss_scale=float(fp16.get("min_loss_scale", 1.0)),
+        grad_clip=float(cfg.get("gradient_clipping", deepspeed_default("gradient_clipping"))),
+        fp16_loss_scale=float(fp16.get("loss_scale", deepspeed_default("fp16.loss_scale"))),
+        fp16_initial_scale_power=fp16.get(
+            "initial_scale_power", deepspeed_default("fp16.initial_scale_power")
+        ),
+        fp16_loss_scale_window=fp16.get("loss_scale_window", deepspeed_default("fp16.loss_scale_window")),
+        fp16_hysteresis=fp16.get("hysteresis", deepspeed_default("fp16.hysteresis")),
+        fp16_min_loss_scale=float(fp16.get("min_loss_scale", deepspeed_default("fp16.min_loss_scale"))),
         offload_optimizer=_offload_device(zero, "offload_optimizer"),
         offload_param=_offload_device(zero, "offload_param"),
         hidden_size=hidden_size,
@@ -219,3 +222,34 @@ def _offload_device(zero: dict, key: str) -> str:
     if not isinstance(block, dict):
         raise UsageError(f'zero_optimization.{key} must be an object like {{"device": "cpu"}}, got {block!r}')
     return str(block.get("device", "none"))
+
+
+def resolve_auto(cfg: dict, settings: TrainSettings) -> dict:
+    """A copy of `cfg` with every "auto" replaced by the value `settings` uses, ready for deepspeed.initialize.
+
+    Keys the settings were given for but the config left out are filled too, so DeepSpeed trains with
+    exactly `settings`.
+
+    Args:
+        cfg: the config `settings` came from.
+        settings: from `train_settings(cfg, ...)`.
+
+    Returns:
+        The resolved config (no "auto" left).
+    """
+    values = dict(
+        micro_batch_size=settings.micro_batch_size,
+        grad_accum=settings.grad_accum,
+        grad_clip=settings.grad_clip,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        betas=list(settings.betas),
+        eps=settings.eps,
+        warmup_min_lr=settings.warmup_min_lr,
+        warmup_steps=settings.warmup_steps,
+        total_steps=settings.total_steps,
+        precision=settings.precision,
+        hidden_size=settings.hidden_size,
+    )
+    given = {name: value for name, value in values.items() if value is not None}
+    return fill_config(cfg, given, world_size=settings.world_size, compare=False)

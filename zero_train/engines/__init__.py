@@ -1,4 +1,16 @@
-"""Engines: one protocol (base.Engine) over DDP, our ZeRO-1, torch's ZeroRedundancyOptimizer and DeepSpeed."""
+"""Engines: one protocol (base.Engine) over DDP, our ZeRO-1, torch's ZeroRedundancyOptimizer, FSDP2 and DeepSpeed.
+
+- ``base``: the Engine protocol, StepResult, ``build_engine``.
+- ``local``: what the engines that drive a torch optimizer themselves share (ddp, zero1, torch-zero).
+- ``ddp``: torch DistributedDataParallel + an unsharded optimizer.
+- ``zero1``: our ZeRO-1 (zero_train.sharding.Zero1Optimizer) behind the protocol.
+- ``torch_zero``: torch's ZeroRedundancyOptimizer under DDP.
+- ``fsdp2``: torch's ``fully_shard`` (FSDP2).
+- ``deepspeed_engine``: DeepSpeed ZeRO 0-3 (with ``deepspeed_memory``: where its bytes are); the only engine
+  modules that import DeepSpeed.
+- ``optim``: the torch optimizer and lr schedule the DeepSpeed config describes.
+- ``precision``: fp32 master weights for a bf16/fp16 model and fp16 dynamic loss scaling, as DeepSpeed keeps them.
+"""
 
 from zero_train.engines.base import ENGINES, MEMORY_CATEGORIES, Engine, StepResult, build_engine
 

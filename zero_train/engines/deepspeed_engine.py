@@ -28,6 +28,7 @@ from zero_train.checkpoint.files import (
 from zero_train.engines.base import StepResult
 from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
 from zero_train.engines.optim import build_optimizer
+from zero_train.runtime.errors import UsageError
 
 CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
 
@@ -45,6 +46,7 @@ class DeepSpeedEngine:
         # deepspeed.comm must wrap our process group before zero.Init reads the world size
         deepspeed.init_distributed(dist_backend=dist_info.backend)
         if settings.zero_stage == 3:
+            # here, not at the top: transformers' ZeRO-3 integration is needed only at stage 3
             from transformers.integrations import HfDeepSpeedConfig
 
             # must stay referenced while the model is built (transformers keeps only a weak reference)
@@ -122,8 +124,6 @@ class DeepSpeedEngine:
         path = pathlib.Path(path)
         ds_dir = path / DEEPSPEED_DIR / CHECKPOINT_TAG
         if not ds_dir.is_dir():
-            from zero_train.runtime.errors import UsageError
-
             raise UsageError(
                 f"checkpoint {path} has no {DEEPSPEED_DIR}/{CHECKPOINT_TAG}; "
                 "it was not saved by the deepspeed engine"

@@ -39,6 +39,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from zero_train.checkpoint.files import load_rank_file, rank_file, save_rank_file, write_model
+from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine, warn_unsupported
 from zero_train.engines.optim import build_optimizer, set_lr
 from zero_train.engines.precision import PRECISION_DTYPES, make_loss_scaler
@@ -204,7 +205,6 @@ class FSDP2Engine(LocalEngine):
         16-bit parameters still alive, gradient shards, Adam moments; FSDP2's reduce-scatter and
         all-gather buffers live only inside a collective (comm_buffers 0 between steps). device: count
         only tensors on it (None: all)."""
-        from zero_train.engines.base import tensor_bytes
 
         seen: set = set()
         shards = tensor_bytes((_local(p) for p in self.model.parameters()), seen, device=device)

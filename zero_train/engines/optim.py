@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zero_train.ds_config.schedule import lr_at
 from zero_train.runtime.errors import UsageError
 
 if TYPE_CHECKING:
@@ -74,8 +75,6 @@ def scheduled_lr(settings: TrainSettings, applied_steps: int) -> float:
     Returns:
         The learning rate, exactly as DeepSpeed's scheduler would set it.
     """
-    from zero_train.ds_config import lr_at
-
     return float(lr_at(settings, applied_steps))
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import datasets
 import torch
+import torch.distributed as dist
 
 from zero_train.hf.offline import DEFAULT_CORPUS_BYTES, DEFAULT_DATASET_NAME, stdlib_files
 from zero_train.runtime.errors import UsageError
@@ -262,7 +263,6 @@ def prepare_datasets(
     Returns:
         The packed DatasetDict ("train", "validation").
     """
-    import torch.distributed as dist
 
     is_first = not dist.is_initialized() or dist.get_rank(process_group) == 0
 

@@ -108,6 +108,7 @@ def train_stdlib_tokenizer(out_dir: pathlib.Path, *, vocab_size: int = OFFLINE_V
     Returns:
         What was trained on (also written to out_dir/build_info.json).
     """
+    # here, not at the top: training the tokenizer is a one-off (scripts/build_tokenizer.py); loading it needs neither
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.launch.launcher import launcher_path
 
 # profile engine name -> (scripts/train.py --engine, ZeRO stage of its generated config)
@@ -47,6 +46,8 @@ def args_cell_name(engine: str, world_size: int, args: argparse.Namespace) -> st
 
 def cell_config(engine: str, world_size: int, args: argparse.Namespace, hidden_size: int | None) -> dict:
     """The DeepSpeed config of one cell, from zero_train.ds_config's generator."""
+    from zero_train.ds_config.generate import ConfigRequest, generate_config  # here: keeps `--help` light
+
     request = ConfigRequest(
         stage=CELL_ENGINES[engine][1],
         precision=args.precision,

@@ -34,6 +34,7 @@ def model_meta(model: str, block_size: int) -> dict:
     Raises:
         UsageError: an unknown model, or a block size above its context (before any cell runs).
     """
+    # here, not at the top: cli/profile and cli/bench import this module while building the CLI parser (--help stays light)
     from zero_train.hf.models import check_block_size, model_config
     from zero_train.memory.model.theory import model_shape
 

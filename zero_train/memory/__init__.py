@@ -1,8 +1,7 @@
-"""Memory: measuring (CPU/CUDA allocator), probing training runs, run records, theory (paper, DeepSpeed) and ours.
+"""Memory, measured: the allocator, each rank's categories during a real run, and the run record.
 
-from zero_train.memory.measure import allocated_bytes, peak_bytes, reset_peak
-from zero_train.memory.probe import MemoryProbe
-from zero_train.memory.model.theory import paper_bytes
-from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
-from zero_train.memory.model.peak import engine_peak      # our per-phase peak model
+- ``measure``: bytes allocated now and the peak since a reset (glibc mallinfo2 on CPU, CUDA stats on GPU).
+- ``probe``: ``MemoryProbe``: where each rank's bytes go, phase by phase, gathered into one run record.
+- ``record``: the run record's schema, validation, reading and writing.
+- ``model/``: memory predicted before a run (the paper, DeepSpeed's estimators, our per-phase peak model).
 """

@@ -42,7 +42,10 @@ import contextlib
 import statistics
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
+from zero_train.comm.ledger import CommLedger
 from zero_train.memory import measure
 from zero_train.memory.record import CATEGORIES, MODEL_STATE_CATEGORIES, SCHEMA, empty_record
 
@@ -97,7 +100,6 @@ class MemoryProbe:
 
     @staticmethod
     def _open_ledger():
-        from zero_train.comm.ledger import CommLedger
 
         ledger = CommLedger()
         ledger.__enter__()
@@ -131,7 +133,6 @@ class MemoryProbe:
     def _param_storages(self) -> set[int]:
         if self.engine is None:
             return set()
-        from torch.distributed.tensor import DTensor
 
         params = self.engine.model.parameters()  # FSDP2: DTensors, whose own storage is not accessible
         return {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr() for p in params}
@@ -213,7 +214,6 @@ class MemoryProbe:
 
 def _gather_to_rank0(summary: dict, dist_info) -> list[dict] | None:
     """Every rank's summary on rank 0 (a list by rank), None on the others."""
-    import torch.distributed as dist
 
     if dist_info.world_size == 1 or not dist.is_initialized():
         return [summary]

@@ -1,7 +1,7 @@
 """Run records: the JSON one instrumented training run writes (`scripts/train.py --memory-report FILE`).
 
 One record per (engine, world size, ...) cell; `zero-train profile` collects them, `zero-train report`
-reads them. The schema is in notes/CONTRACTS.md; in short:
+reads them. The schema (SCHEMA below; validate_record checks every record read):
 
     {"schema": "zero_train.run_record/1", "engine": "ds2", "zero_stage": 2, "model": "tiny",
      "num_params": 640768, "precision": "fp32", "world_size": 2, "micro_batch_size": 2, "grad_accum": 1,

@@ -8,8 +8,12 @@ Modules, in the order data flows through them:
     compare.py   pure: one run record -> one comparison row (measured vs paper vs DeepSpeed vs ours)
     traffic.py   pure: communication per step vs the paper's volume
     explain.py   pure: the sentences that explain every large gap, from the categories
+    explain_peak.py     pure: the peak in words: where it happened, what our phase model holds then
+    explain_runtime.py  pure: what no model-state formula covers: "other" and communication per step
+    buffers.py   pure: the communication buffers each engine keeps, in words
+    units.py     how numbers read (MB, bytes/param, ratios)
     summary.py   the machine-readable summary.json
-    markdown.py  report.md
+    markdown.py  report.md (markdown_text.py: its fixed prose)
     plots.py     PNG plots (matplotlib, Agg backend)
     build.py     loads the records, writes everything into OUT (nothing left behind on failure)
 """

@@ -15,7 +15,14 @@ import shutil
 import tempfile
 
 from zero_train.memory.record import load_records
+from zero_train.report.compare import cell_sort_key, compare_cell
+from zero_train.report.explain import explain_cell
+from zero_train.report.markdown import render_report
+from zero_train.report.models import model_facts
+from zero_train.report.plots import write_plots
+from zero_train.report.summary import build_summary, write_summary
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.outputs import check_output_dir
 
 REPORT_NAME = "report.md"
 SUMMARY_NAME = "summary.json"
@@ -30,9 +37,6 @@ def analyze(records: list[dict]) -> list[dict]:
     Returns:
         One row per record; successful rows carry "explanations" (a list of sentences).
     """
-    from zero_train.report.compare import cell_sort_key, compare_cell
-    from zero_train.report.explain import explain_cell
-    from zero_train.report.models import model_facts
 
     rows, facts_of = [], {}
     for record in sorted(records, key=cell_sort_key):
@@ -63,9 +67,6 @@ def _load(directory: pathlib.Path) -> list[dict]:
 
 def _generate(rows: list[dict], directory: pathlib.Path, staging: pathlib.Path) -> list[str]:
     """Write plots, summary.json and report.md into `staging`; return the file names."""
-    from zero_train.report.markdown import render_report
-    from zero_train.report.plots import write_plots
-    from zero_train.report.summary import build_summary, write_summary
 
     plots = write_plots(rows, staging)
     files = [REPORT_NAME, SUMMARY_NAME, *plots["bytes_per_param"], *plots["categories"]]
@@ -110,7 +111,6 @@ def write_report(directory, out) -> dict[str, pathlib.Path]:
     Raises:
         UsageError: no or invalid records, or OUT cannot be written; nothing is left in OUT then.
     """
-    from zero_train.runtime.outputs import check_output_dir
 
     directory = pathlib.Path(directory)
     records = _load(directory)

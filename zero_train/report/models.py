@@ -12,7 +12,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from zero_train.memory.model.theory import ModelShape
+from zero_train.memory.model.theory import ModelShape, model_shape
+from zero_train.runtime.errors import UsageError
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -39,12 +40,11 @@ class FactsLookup:
 
 @functools.lru_cache(maxsize=16)
 def _facts_of(name: str) -> FactsLookup:
+    # here, not at the top: a model is rebuilt (meta device) only for a record whose facts are not cached
     import torch
     from transformers import AutoModelForCausalLM
 
     from zero_train.hf.models import model_config
-    from zero_train.memory.model.theory import model_shape
-    from zero_train.runtime.errors import UsageError
 
     try:
         config = model_config(name)

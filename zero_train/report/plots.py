@@ -42,6 +42,7 @@ DPI = 110
 
 
 def _pyplot():
+    # here, not at the top: matplotlib takes a second and must get the Agg backend first
     import matplotlib
 
     matplotlib.use("Agg")

@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 
 from zero_train.runtime.device import choose_device, requested_device
+from zero_train.runtime.errors import UsageError
 from zero_train.runtime.faults import record_peers
 
 TIMEOUT_ENV = "ZT_COLLECTIVE_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 60.0  # not torch's 30 minutes: a dead rank must be noticed quickly (issue 7)
+DEFAULT_TIMEOUT_S = 60.0  # not torch's 30 minutes: a dead rank must be noticed quickly
 
 
 def collective_timeout_s() -> float:
@@ -29,8 +30,6 @@ def collective_timeout_s() -> float:
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        from zero_train.runtime.errors import UsageError
-
         raise UsageError(
             f"{TIMEOUT_ENV}={value!r} is not a positive number of seconds; unset it or use e.g. 60"
         )

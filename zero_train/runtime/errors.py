@@ -1,4 +1,4 @@
-"""The one exception type a user can cause.
+"""The one exception type a user can cause, and the runtime fault a run can end with.
 
 A `UsageError` carries a single line that names the problem and the fix. Every entry point (the
 `zero-train` CLI and `scripts/*.py`) turns it into that line on stderr and exit code 2, with no
@@ -13,6 +13,14 @@ from typing import NoReturn
 
 EXIT_USAGE = 2
 EXIT_FAULT = 1
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or the gradient norm became NaN/inf; the run cannot usefully continue (exit code 1).
+
+    Raised by zero_train.train.numerics.NonFiniteGuard; defined here so that run_cli tells it from a bug by its
+    class, not its name.
+    """
 
 
 class UsageError(ValueError):
@@ -37,11 +45,9 @@ def fail(message: str) -> NoReturn:
 def run_cli(entry: Callable[[], int | None]) -> NoReturn:
     """Run `entry`: UsageError -> one line + exit 2; a runtime fault -> one line + exit 1.
 
-    Runtime faults are zero_train.train.numerics.NonFiniteError and distributed failures (a dead or hung peer
+    Runtime faults are NonFiniteError and distributed failures (a dead or hung peer
     rank, see zero_train.runtime.faults); anything else is a bug and keeps its traceback.
     """
-    from zero_train.runtime.faults import describe_fault, is_distributed_fault
-
     try:
         code = entry()
     except UsageError as err:
@@ -49,7 +55,10 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
             print(f"error: {problem}", file=sys.stderr)
         fail(str(err))
     except RuntimeError as err:
-        if type(err).__name__ == "NonFiniteError":
+        # here: only a failing run needs it; it loads socket/signal, which `zero-train --help` should not
+        from zero_train.runtime.faults import describe_fault, is_distributed_fault
+
+        if isinstance(err, NonFiniteError):
             _fault(str(err))
         if not is_distributed_fault(err):
             raise

@@ -43,7 +43,7 @@ def record_peers(world_size: int) -> None:
     """
     if world_size <= 1:
         return
-    import torch.distributed as dist
+    import torch.distributed as dist  # here: the CLI imports this module (via errors) and must not load torch
 
     peers: list = [None] * world_size
     dist.all_gather_object(peers, [socket.gethostname(), os.getpid()])

@@ -7,12 +7,54 @@ Shared by every entry point: the `zero-train` subcommands (zero_train.cli) and t
 from __future__ import annotations
 
 import argparse
+import sys
 
 from zero_train.runtime.errors import UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag raises UsageError, which entry points print as one line, exit 2."""
+    """argparse, but a bad flag raises UsageError, which entry points print as one line, exit 2.
+
+    A subcommand word argparse does not know (`zero-train config chek x.json`) is named as an unknown action; a
+    stray word after an unknown flag (`config --stagee 3`) reports the flag, as argparse does without
+    subcommands, not the word.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("exit_on_error", False)  # ArgumentErrors reach parse_known_args with their argument
+        super().__init__(*args, **kwargs)
+        self.subcommands: argparse.Action | None = None
+
+    def add_subparsers(self, **kwargs):
+        """argparse's, remembering the action (to word an unknown optional subcommand)."""
+        self.subcommands = super().add_subparsers(**kwargs)
+        return self.subcommands
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's; every error becomes one UsageError line."""
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as err:
+            optional = self.subcommands is not None and not self.subcommands.required
+            if optional and err.argument_name == self.subcommands.metavar and "invalid choice" in err.message:
+                self._unknown_subcommand(err, args, namespace)
+            self.error(str(err))
+
+    def _unknown_subcommand(self, err: argparse.ArgumentError, args, namespace) -> None:
+        """An unknown word where an optional subcommand may stand: an unknown flag before it, else the word."""
+        word = err.message.removeprefix("invalid choice: ").split(" (choose from")[0].strip("'\"")
+        rest = list(sys.argv[1:] if args is None else args)
+        if word in rest:
+            rest.remove(word)
+            try:
+                _, extras = super().parse_known_args(rest, namespace)
+            except (argparse.ArgumentError, UsageError):
+                extras = []
+            if any(extra.startswith("-") for extra in extras):
+                self.error(f"unrecognized arguments: {' '.join(extras)}")
+        choices = " | ".join(self.subcommands.choices)
+        action = self.prog.split()[-1]
+        self.error(f"unknown {action} action {word!r}; use `{self.prog} {choices} ...` or only flags")
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
         raise UsageError(f"{message} (see `{self.prog} --help`)")

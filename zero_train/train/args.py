@@ -2,13 +2,16 @@
 
 Batch sizes, lr, warmup, clipping and precision flags default to None: with a `--deepspeed_config` they
 only fill its "auto" values (a concrete config value that disagrees with a given flag is an error, as
-in the Hugging Face Trainer); without a config, a default config is generated and `TRAIN_DEFAULTS` fill it.
+in the Hugging Face Trainer); without a config, a default config is generated with every value "auto", and
+what no flag fills takes scripts/train.py's default, else the HF Trainer's (zero_train.ds_config.keys: the
+`run` and `hf` columns).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from zero_train.ds_config.keys import PRECISIONS
 from zero_train.runtime.parser import (
     OneLineParser,
     non_negative_float,
@@ -16,13 +19,9 @@ from zero_train.runtime.parser import (
     positive_float,
     positive_int,
 )
+from zero_train.train.numerics import NONFINITE_POLICIES
 
 ENGINE_CHOICES = ("deepspeed", "zero1", "zero2", "ddp", "torch-zero", "fsdp2")
-PRECISIONS = ("fp32", "bf16", "fp16")
-NONFINITE_POLICIES = ("stop", "skip")
-
-# what a run without --deepspeed_config trains with (flags given on the command line win)
-TRAIN_DEFAULTS = dict(micro_batch_size=2, grad_accum=1, lr=1e-3, weight_decay=0.01, grad_clip=1.0)
 
 
 def build_parser(prog: str = "train.py") -> OneLineParser:

@@ -19,10 +19,13 @@ import sys
 import time
 
 from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng, save_checkpoint
+from zero_train.memory.probe import MemoryProbe
+from zero_train.memory.record import write_record
 from zero_train.runtime.device import synchronize
-from zero_train.runtime.dist import rank0_work_group
+from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.ports import free_port
+from zero_train.train.eval import evaluate
 from zero_train.train.log import get_logger
 from zero_train.train.metrics import (
     MetricsWriter,
@@ -45,8 +48,6 @@ def run_training(args: argparse.Namespace) -> dict:
     Returns:
         dict with final_loss, eval_loss, perplexity, steps, start_step, tokens_per_s, checkpoint, export.
     """
-    from zero_train.runtime.dist import init_distributed, read_env
-
     _, world_size, _ = read_env()
     plan = plan_run(args, world_size=world_size)  # every UsageError so far: before any collective
     if world_size == 1 and "MASTER_PORT" not in os.environ:
@@ -67,6 +68,7 @@ class Trainer:
     """One run: data, engine, loop, evaluation, checkpoints, export and memory report."""
 
     def __init__(self, args: argparse.Namespace, plan: RunPlan, dist_info) -> None:
+        # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.hf.data import prepare_datasets, steps_per_epoch
 
         self.args, self.plan, self.dist_info, self.settings = args, plan, dist_info, plan.settings
@@ -106,14 +108,13 @@ class Trainer:
     def _make_probe(self):
         if not self.args.memory_report:
             return None
-        from zero_train.memory.probe import MemoryProbe
-
         return MemoryProbe(self.dist_info)
 
     def _phase(self, name: str):
         return self.probe.phase(name) if self.probe is not None else contextlib.nullcontext()
 
     def _build_engine(self):
+        # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.engines import build_engine
 
         with self._phase("engine_initialized"):
@@ -152,6 +153,7 @@ class Trainer:
         return self._finish(start_step)
 
     def _batches(self, micro_steps: int):
+        # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.hf.data import rank_batches
 
         return rank_batches(
@@ -213,8 +215,6 @@ class Trainer:
             self._save(step)
 
     def _evaluate(self, step: int, writer: MetricsWriter | None = None) -> None:
-        from zero_train.train.eval import evaluate
-
         eval_loss = evaluate(
             self.engine,
             self.data["validation"],
@@ -316,6 +316,7 @@ class Trainer:
     def _export(self) -> str | None:
         if not self.args.export_hf:
             return None
+        # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.checkpoint.atomic import on_rank0
         from zero_train.checkpoint.export import export_model
 
@@ -336,8 +337,6 @@ class Trainer:
     def _write_memory_report(self) -> None:
         if self.probe is None:
             return
-        from zero_train.memory.record import write_record
-
         meta = dict(
             engine=_profile_engine_name(self.args.engine, self.settings.zero_stage),
             zero_stage=self.settings.zero_stage,

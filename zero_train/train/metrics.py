@@ -14,6 +14,10 @@ import pathlib
 import sys
 
 import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from zero_train.memory import measure
 
 MIB = 2**20
 
@@ -29,15 +33,12 @@ def memory_per_rank(device: torch.device, world_size: int, *, extra: tuple | lis
         extra: more numbers to gather in the same collective (e.g. the loss); each rank's come back
             under "extra".
     """
-    from zero_train.memory import measure
 
     local = [measure.allocated_bytes(device), measure.peak_bytes(device)]
     mine = torch.tensor(
         local + [float(x) for x in extra], dtype=torch.float64, device=device
     )  # exact < 2**53
     if world_size > 1:
-        import torch.distributed as dist
-
         gathered = [torch.zeros_like(mine) for _ in range(world_size)]
         dist.all_gather(gathered, mine)
     else:
@@ -111,6 +112,5 @@ def progress_bar(*, total: int, initial: int, enabled: bool):
     """A tqdm bar over optimizer steps on rank 0 when stderr is a terminal (not in logs), or None."""
     if not enabled or not sys.stderr.isatty():
         return None
-    from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=False)

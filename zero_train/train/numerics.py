@@ -17,11 +17,14 @@ from __future__ import annotations
 import math
 import warnings
 
+from zero_train.runtime.errors import NonFiniteError
+
 NONFINITE_POLICIES = ("stop", "skip")
-
-
-class NonFiniteError(RuntimeError):
-    """The loss or the gradient norm became NaN/inf; the run cannot usefully continue (exit code 1)."""
+__all__ = [
+    "NONFINITE_POLICIES",
+    "NonFiniteError",
+    "NonFiniteGuard",
+]  # NonFiniteError: zero_train.runtime.errors
 
 
 class NonFiniteGuard:

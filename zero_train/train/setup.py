@@ -10,22 +10,21 @@ zero_train.hf.data.prepare_datasets).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 from dataclasses import dataclass
 from typing import Any
 
+from zero_train.ds_config import load_config, resolve_auto, train_settings
+from zero_train.ds_config.accelerate import agreement_problems, launch_fields
+from zero_train.ds_config.auto import get_key
+from zero_train.ds_config.generate import ConfigRequest, generate_config
+from zero_train.ds_config.keys import AUTO, KEYS, RUN_TOTAL, RUN_WARMUP, UNSET, ConfigKey
 from zero_train.runtime.errors import UsageError
-from zero_train.train.args import TRAIN_DEFAULTS
+from zero_train.runtime.outputs import check_output_dir, check_output_file
 
 DEFAULT_CONFIG_STAGE = {"deepspeed": 2, "zero1": 1, "zero2": 2, "torch-zero": 1, "ddp": 0, "fsdp2": 3}
-# train_settings argument -> the config keys it fills (only the "auto" ones need a value from us)
-AUTO_FILLED_BY = {
-    "micro_batch_size": ("train_micro_batch_size_per_gpu",),
-    "lr": ("optimizer.params.lr", "scheduler.params.warmup_max_lr"),
-    "warmup_steps": ("scheduler.params.warmup_num_steps",),
-    "total_steps": ("scheduler.params.total_num_steps",),
-}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,8 +51,6 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
     Every output path is checked now (writable, or creatable), not when the run first writes to it: a bad
     --memory-report must not cost the whole training run.
     """
-    from zero_train.runtime.outputs import check_output_dir, check_output_file
-
     if args.save_every and not args.save_dir:
         raise UsageError("--save-every needs --save-dir (where to write checkpoints)")
     if args.resume == "auto" and not args.save_dir:
@@ -64,6 +61,7 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
         if path:
             check_output_file(path, flag=flag)
     if args.export_hf:
+        # here, not at the top: plan_run's one-line errors (exit 2) come before transformers loads
         from zero_train.checkpoint.export import check_export_dir
 
         check_export_dir(args.export_hf)
@@ -81,9 +79,8 @@ def plan_run(args: argparse.Namespace, *, world_size: int) -> RunPlan:
     Returns:
         The RunPlan; UsageError on anything the user can fix.
     """
+    # here, not at the top: plan_run's one-line errors (exit 2) come before transformers and torch load
     from zero_train.checkpoint.resume import resume_path
-    from zero_train.ds_config import load_config, resolve_auto, train_settings
-    from zero_train.ds_config.accelerate import agreement_problems, launch_fields
     from zero_train.hf.models import check_block_size, load_tokenizer, model_config
 
     check_flag_combinations(args)
@@ -122,14 +119,13 @@ def plan_run(args: argparse.Namespace, *, world_size: int) -> RunPlan:
 
 def default_config(engine: str) -> dict:
     """The config of a run without --deepspeed_config: AdamW, warmup + cosine, every value "auto"."""
-    from zero_train.ds_config.generate import ConfigRequest, generate_config
-
     request = ConfigRequest(stage=DEFAULT_CONFIG_STAGE[engine], hf_auto=True, scheduler="warmup_cosine")
     return generate_config(request)
 
 
 def given_values(args: argparse.Namespace, cfg: dict) -> dict:
-    """train_settings keyword arguments: the flags given, plus defaults for "auto" values no flag fills."""
+    """train_settings keyword arguments: the flags given, plus scripts/train.py's defaults (the `run` column of
+    zero_train.ds_config.keys.KEYS) for "auto" values no flag fills; the rest fall to the HF Trainer's."""
     given = dict(
         micro_batch_size=args.micro_batch_size,
         grad_accum=args.grad_accum,
@@ -140,27 +136,23 @@ def given_values(args: argparse.Namespace, cfg: dict) -> dict:
         precision=args.precision,
         total_steps=None,
     )
-    fallbacks = dict(TRAIN_DEFAULTS, warmup_steps=max(1, args.max_steps // 10), total_steps=args.max_steps)
-    for name, keys in AUTO_FILLED_BY.items():
-        if given[name] is None and any(_get(cfg, key) == "auto" for key in keys):
-            given[name] = fallbacks[name]
+    for key in KEYS:
+        if key.run is not UNSET and given.get(key.fills) is None and get_key(cfg, key.path) == AUTO:
+            given[key.fills] = _run_default(key, args)
     return {name: value for name, value in given.items() if value is not None}
 
 
-def _get(cfg: dict, dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+def _run_default(key: ConfigKey, args: argparse.Namespace) -> Any:
+    if key.run == RUN_WARMUP:
+        return max(1, args.max_steps // 10)
+    if key.run == RUN_TOTAL:
+        return args.max_steps
+    return key.run
 
 
 def model_builder(args: argparse.Namespace, plan: RunPlan, probe=None):
     """The model_fn engines call: seeded, so every rank (and every engine) starts from the same weights."""
-    import contextlib
-
-    import torch
+    import torch  # here: planning a run (and its errors) must not wait for torch
 
     from zero_train.hf.models import PRESETS, build_model, enable_gradient_checkpointing, load_model
 

@@ -6,4 +6,5 @@
 - ``activations``: what one micro-batch's forward and backward hold, counted on the real architecture built on
   fake tensors (no memory), with or without activation checkpointing.
 - ``peak_terms`` / ``peak_engines``: its terms, and which engine holds which term in which phase.
+- ``versions``: the torch and DeepSpeed versions the peak model was derived with; a warning when they differ.
 """

@@ -105,6 +105,7 @@ def count_activations(
 
 def _count_fake(config, *, dtype: torch.dtype, **settings) -> ActivationCount:
     """The count of the whole model on fake tensors."""
+    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -124,6 +125,7 @@ def _by_layers(config, **settings) -> ActivationCount | None:
     None for shallow models and for configs whose layers differ (per-layer `layer_types`, sliding windows on
     some layers only).
     """
+    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     import copy
 
     layers = getattr(config, "num_hidden_layers", 0) or 0
@@ -151,6 +153,7 @@ _CACHE: dict[tuple, ActivationCount] = {}
 
 def build_for_counting(config, *, dtype: torch.dtype):
     """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode."""
+    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from transformers import AutoModelForCausalLM
 
     with _quiet():
@@ -210,6 +213,7 @@ def _block_saved_bytes(model, blocks: list, ids: torch.Tensor) -> tuple[int, int
 def _blocks(model) -> list[torch.nn.Module]:
     """The transformer blocks: the modules HF checkpoints (GradientCheckpointingLayer), else the longest
     ModuleList."""
+    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -246,6 +250,7 @@ def _unpacked_positions():
     b x 1 x T x T float attention mask that the real run never builds. The engines pass no position ids, so
     the real answer is "not packed" (None): the fake run is told so.
     """
+    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from transformers import masking_utils
 
     original = getattr(masking_utils, "find_packed_sequence_indices", None)
@@ -262,6 +267,7 @@ def _unpacked_positions():
 @contextlib.contextmanager
 def _quiet():
     """transformers' deprecation and "use_cache is incompatible" notices are not for the estimate's user."""
+    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()

@@ -53,6 +53,9 @@ from zero_train.memory.model.peak_terms import (
     whole_tensor_shares,
 )
 from zero_train.memory.model.theory import ENGINE_STAGES, ModelShape
+from zero_train.memory.model.versions import warn_if_versions_differ
+
+warn_if_versions_differ()  # the terms below were measured with one torch and one DeepSpeed (README.md here)
 
 PHASES = ("forward", "backward_start", "backward_end", "step")
 MEASURED_PHASE = {

@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 STAGES = (0, 1, 2, 3)
-PRECISIONS = ("fp32", "bf16", "fp16")
 GB = 1e9  # the paper's GB
 ADAM_K = 12  # fp32 master params + momentum + variance, bytes per parameter (paper section 3.1)
 DEFAULT_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default, in elements
@@ -127,6 +126,7 @@ def model_shape(config) -> ModelShape:
     Args:
         config: a transformers.PretrainedConfig (e.g. zero_train.hf.models.model_config("tiny")).
     """
+    # here, not at the top: theory is pure arithmetic; only a shape read from a real model needs torch/transformers
     import torch
     from transformers import AutoModelForCausalLM
 
