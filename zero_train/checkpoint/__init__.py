@@ -6,5 +6,6 @@
 - ``resume``: RNG and data position saved beside the engine state; ``--resume auto``.
 - ``elastic``: our ZeRO-1's shards re-sharded to another world size.
 - ``deepspeed_universal``: DeepSpeed checkpoints at another world size through its universal format.
+- ``deepspeed_weights``: a DeepSpeed checkpoint's full weights, reassembled by DeepSpeed's zero_to_fp32.
 - ``export``: any engine's checkpoint -> a Hugging Face model folder.
 """

@@ -16,4 +16,6 @@ Modules, in the order data flows through them:
     markdown.py  report.md (markdown_text.py: its fixed prose)
     plots.py     PNG plots (matplotlib, Agg backend)
     build.py     loads the records, writes everything into OUT (nothing left behind on failure)
+    matrix.py    the out-of-sample memory matrix (scripts/memory_matrix.py): its cells and what they say together
+    matrix_markdown.py  its matrix.md
 """

@@ -18,7 +18,7 @@ The headline accuracy is the prediction alone: ours vs the measured peak minus t
 interpreter, libraries, data: what no estimator predicts), `peak["ratio_without_other"]`, and
 `peak["within_goal"]` says whether it is within PEAK_GOAL. "other" is reported beside it, with the part a
 user can predict: the process's level before the model is built (`baseline`; ours + baseline vs the whole
-peak). The figure reported before issue 15, ours + the measured other vs the peak, stays as
+peak). The figure the report used to headline, ours + the measured other vs the peak, stays as
 `peak["ours_ratio"]` / `within_goal_with_other`: it borrows a third of these small runs from the
 measurement itself.
 """
@@ -161,6 +161,7 @@ def activation_count(record: dict, lookup: FactsLookup):
     when the model's config is unknown (our model then uses GPT-2's formula)."""
     if lookup.facts is None or lookup.facts.config is None:
         return None
+    # here, not at the top: torch and the fake-tensor count load only for records whose model config is known
     import torch
 
     from zero_train.memory.model.activations import count_activations

@@ -6,5 +6,9 @@
 - ``activations``: what one micro-batch's forward and backward hold, counted on the real architecture built on
   fake tensors (no memory), with or without activation checkpointing.
 - ``peak_terms`` / ``peak_engines``: its terms, and which engine holds which term in which phase.
+- ``estimate``: one training set-up, every ZeRO stage: device bytes per rank by phase, host bytes per rank and node.
+- ``offload``: DeepSpeed offload (optimizer / parameters, cpu and nvme): what moves off the device and where.
+- ``gpu_terms``: GPU headroom beyond the tensors the peak model counts (CUDA context, allocator reserve, NCCL;
+  assumed, not measured here).
 - ``versions``: the torch and DeepSpeed versions the peak model was derived with; a warning when they differ.
 """

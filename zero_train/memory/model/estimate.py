@@ -168,6 +168,7 @@ def _model_inputs(model, precision: str, micro_batch_size: int, block_size: int,
     """(ModelShape, ActivationCount or None, block size) of a config or a parameter count."""
     if isinstance(model, (int, float)):
         return theory.ModelShape(num_params=int(model)), None, 0
+    # here, not at the top: a raw parameter count needs no torch; counting activations on a real config does
     import torch
 
     from zero_train.hf.models import max_context
@@ -182,6 +183,7 @@ def _model_inputs(model, precision: str, micro_batch_size: int, block_size: int,
 
 def _stage(stage, shape, count, world_size, per_node, result, *, settings, device, **run) -> StageEstimate:
     """One stage: our peak model, offload moved to the host, GPU headroom, host bytes, fits."""
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; `zero-train --help` and flag errors come before it
     from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
     from zero_train.memory.model.peak import backend_for, engine_peak
 
@@ -217,6 +219,7 @@ def _stage(stage, shape, count, world_size, per_node, result, *, settings, devic
 
 def _offload_inputs(stage, shape, world_size, rank, run) -> offload.OffloadInputs:
     """The partition of the modelled rank (DeepSpeed's flat slices; ZeRO-3 splits every tensor)."""
+    # here, not at the top: only an offloading stage needs the partition arithmetic
     from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run, flat_partitions
 
     deepspeed = DeepSpeedSettings.from_config(run["ds_config"], stage)
