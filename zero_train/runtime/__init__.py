@@ -1,6 +1,7 @@
 """What every part of zero_train stands on: the process and its failures.
 
 - ``dist``: ``init_distributed()`` -> a frozen ``DistInfo`` (rank, world size, device, backend), read once.
+- ``device``: which device this rank computes on (``ZT_DEVICE``), chosen once; the synchronisation a timing needs.
 - ``errors``: ``UsageError`` and ``run_cli`` (one ``error:`` line, exit 2 for usage errors, 1 for faults).
 - ``faults``: telling a dead or hung peer from a bug, and saying so in one line.
 - ``outputs``: output paths checked before any work starts.

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from zero_train.runtime.errors import UsageError
+
 if TYPE_CHECKING:  # torch is imported where it is used: the CLI's --help imports this module
     import torch
 
@@ -32,8 +34,6 @@ def requested_device(force_cpu: bool = False) -> str | None:
     if value in ("", "auto"):
         return None
     if value not in DEVICE_CHOICES:
-        from zero_train.runtime.errors import UsageError
-
         raise UsageError(f"{DEVICE_ENV}={value!r} is not a device; use cpu, cuda, or leave it unset (auto)")
     return value
 
@@ -61,9 +61,8 @@ def choose_device(
     Raises:
         UsageError: the request, the group and the machine disagree (one line naming the fix).
     """
+    # here, not at the top: the CLI imports this module (via profile) while building its parser and must not load torch
     import torch
-
-    from zero_train.runtime.errors import UsageError
 
     cpu_group = existing_backend is not None and "nccl" not in existing_backend  # gloo, mpi, ...
     nccl_group = existing_backend == "nccl"  # "cpu:gloo,cuda:nccl" serves both devices
@@ -104,6 +103,7 @@ def launched_device_type() -> str:
     For records written by a parent process (a profile cell that failed before its ranks did): the same
     choice init_distributed makes, without a process group.
     """
+    # here, not at the top: the CLI imports this module (via profile) while building its parser and must not load torch
     import torch
 
     requested = requested_device()
@@ -117,6 +117,7 @@ def synchronize(device: torch.device | str) -> None:
 
     CUDA kernels run asynchronously: a wall-clock timing is only right if the queue is empty at both ends.
     """
+    # here, not at the top: the CLI imports this module (via profile) while building its parser and must not load torch
     import torch
 
     device = torch.device(device)

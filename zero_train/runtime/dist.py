@@ -153,8 +153,6 @@ def rank0_work_timeout_s() -> float:
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        from zero_train.runtime.errors import UsageError
-
         raise UsageError(
             f"{RANK0_WORK_TIMEOUT_ENV}={value!r} is not a positive number of seconds; unset it or use e.g. 3600"
         )
