@@ -4,6 +4,7 @@
 - ``local``: what the engines that drive a torch optimizer themselves share (ddp, zero1, torch-zero).
 - ``ddp``: torch DistributedDataParallel + an unsharded optimizer.
 - ``zero1``: our ZeRO-1 (zero_train.sharding.Zero1Optimizer) behind the protocol.
+- ``zero2``: our ZeRO-2 (gradients sharded too) behind the protocol.
 - ``torch_zero``: torch's ZeroRedundancyOptimizer under DDP.
 - ``fsdp2``: torch's ``fully_shard`` (FSDP2).
 - ``deepspeed_engine``: DeepSpeed ZeRO 0-3 (with ``deepspeed_memory``: where its bytes are); the only engine
