@@ -2,6 +2,7 @@
 
 - ``main``: the entry point; builds the parser from every ``<name>_command_parser``.
 - ``config``: generate a DeepSpeed config from flags; ``config check FILE`` validates one.
+- ``plan``: the cheapest set-up that fits a model, a cluster and a batch, as a DeepSpeed JSON.
 - ``estimate``: per-rank memory for ZeRO stages 0-3 before launching, and which stages fit.
 - ``profile``: the memory comparison matrix, one real training run per (engine, world size).
 - ``report``: a profile directory -> report.md, PNG plots, summary.json.

@@ -46,6 +46,7 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _shape(model: str):
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import model_config
     from zero_train.memory.model.theory import model_shape
 
@@ -54,6 +55,7 @@ def _shape(model: str):
 
 def request_from_args(args: argparse.Namespace):
     """The PlanRequest (UsageError for an inconsistent batch, a bad headroom, an unknown model)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.plan import PlanRequest
 
     if not 0 <= args.headroom < 1:
@@ -73,6 +75,7 @@ def request_from_args(args: argparse.Namespace):
 
 def chosen_config(plan, args: argparse.Namespace) -> dict:
     """The DeepSpeed JSON of the chosen set-up (zero_train.ds_config's generator, buckets from the model)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.ds_config.generate import ConfigRequest, generate_config
 
     chosen, request = plan.chosen, plan.request
@@ -114,6 +117,7 @@ def render(plan, args: argparse.Namespace) -> str:
 
 def plan_command(args: argparse.Namespace) -> int:
     """Print the plan; write the chosen set-up with -o."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.plan import make_plan
     from zero_train.runtime.outputs import check_output_file
 
@@ -135,6 +139,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def write_plan(cfg: dict, args: argparse.Namespace, *, engine: str) -> None:
     """-o: the JSON, or with --format accelerate the YAML and the JSON beside it."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.ds_config import write_config
     from zero_train.ds_config.accelerate import accelerate_config_text
 

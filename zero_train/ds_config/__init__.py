@@ -15,6 +15,7 @@ engine-neutral TrainSettings every engine trains with.
 - ``generate``: flags -> the minimal honest config (`zero-train config`).
 - ``check``: `zero-train config check`, with DeepSpeed's own pydantic classes (the one module here that imports
   DeepSpeed).
+- ``accelerate``: Hugging Face accelerate configs beside the DeepSpeed JSON, and the flags both must agree on.
 - ``io``: reading and writing config files, one-line errors for every bad file.
 """
 

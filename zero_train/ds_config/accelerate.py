@@ -106,6 +106,7 @@ def accelerate_config(
 
 def accelerate_config_text(cfg: dict, **kwargs) -> str:
     """`accelerate_config` as YAML text (same arguments)."""
+    # here, not at the top: PyYAML loads only when an accelerate YAML is read or written
     import yaml
 
     return yaml.safe_dump(accelerate_config(cfg, **kwargs), sort_keys=False)
@@ -113,6 +114,7 @@ def accelerate_config_text(cfg: dict, **kwargs) -> str:
 
 def load_accelerate_config(path: str | os.PathLike) -> dict:
     """Read an accelerate YAML (UsageError: missing, unreadable, or not a mapping)."""
+    # here, not at the top: PyYAML loads only when an accelerate YAML is read or written
     import yaml
 
     try:

@@ -10,5 +10,7 @@
 - ``offload``: DeepSpeed offload (optimizer / parameters, cpu and nvme): what moves off the device and where.
 - ``gpu_terms``: GPU headroom beyond the tensors the peak model counts (CUDA context, allocator reserve, NCCL;
   assumed, not measured here).
+- ``peak_fsdp2``: FSDP2 (torch fully_shard per block + root) in the per-phase peak model.
+- ``plan``: the cheapest training set-up that fits (`zero-train plan`), on top of the peak model.
 - ``versions``: the torch and DeepSpeed versions the peak model was derived with; a warning when they differ.
 """
