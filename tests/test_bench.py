@@ -1,7 +1,8 @@
 """`zero-train bench` plumbing: real runs of a tiny model through the launcher, numbers read back, no timing.
 
-One bench of 4 runs (ddp, zero1, zero2 and the HF Trainer peer with DeepSpeed ZeRO-1; fp32; 2 steps, 1 repeat)
-checks the JSON cells, that every number that must be positive is, and that the bytes per step are what
+One bench of 8 runs in ONE launch (ddp, zero1, zero2 and the HF Trainer peer with DeepSpeed ZeRO-1; fp32; 2
+steps, 2 repeats) checks that every engine is torn down (the second repeat leaves no more memory behind than the
+first did, well under one fp32 copy of the model), the JSON cells, that every number that must be positive is, and that the bytes per step are what
 the model's size says: the ZeRO paper's 2 Psi (as a 2-rank ring sends it: Psi elements per rank) within
 WIRE_TOLERANCE for DDP and our ZeRO-1 and ZeRO-2, and DeepSpeed's all-reduce + all-gather of Psi each. Timings are
 never compared here (noisy); only the benchmark compares them.
@@ -29,10 +30,10 @@ BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench.
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    argv = ["--model", "tiny", "--engines", "ddp,zero1,zero2,hf-ds1", "--precisions", "fp32", "--repeats", "1",
+    argv = ["--model", "tiny", "--engines", "ddp,zero1,zero2,hf-ds1", "--precisions", "fp32", "--repeats", "2",
             "--steps", "2", "--warmup", "1", "--block-size", "32", "--out", str(out)]  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, str(BENCH_SCRIPT), *argv], capture_output=True, text=True, timeout=240
+        [sys.executable, str(BENCH_SCRIPT), *argv], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text()
@@ -43,12 +44,28 @@ def test_every_cell_ran_and_reports_positive_numbers(tiny_bench):
     result, _ = tiny_bench
     assert [c["cell"] for c in result["cells"]] == ["ddp-fp32", "zero1-fp32", "zero2-fp32", "hf-ds1-fp32"]
     for cell in result["cells"]:
-        assert cell["runs"] == 1 and cell["errors"] == [], cell["errors"]
+        assert cell["runs"] == 2 and cell["errors"] == [], cell["errors"]
         assert cell["step_time_s"]["median"] > 0 and cell["tokens_per_s"]["median"] > 0
         assert len(cell["peak_bytes"]) == 2 and min(cell["peak_bytes"]) > 0
-    assert all(len(s["step_times_s"]) == 2 for s in result["samples"])
+    assert len(result["samples"]) == 8 and all(len(s["step_times_s"]) == 2 for s in result["samples"])
     assert result["machine"]["logical_cpus"] >= 1 and result["machine"]["torch"]
     assert set(result["machine"]["cpu_flags"]) <= set(CPU_FLAGS)
+
+
+@pytest.mark.multiproc
+def test_one_launch_tears_every_engine_down(tiny_bench):
+    result, _ = tiny_bench
+    samples = result["samples"]
+    assert result["meta"]["launch"] == "once" and all("teardown" in s for s in samples)
+    baseline = samples[0]["teardown"]["baseline_bytes"]
+    assert all(s["teardown"]["baseline_bytes"] == baseline for s in samples)  # one launch, one baseline
+    residue = [[a - b for a, b in zip(s["teardown"]["after_bytes"], baseline, strict=True)] for s in samples]
+    first_repeat_end, second_repeat_end = residue[3], residue[7]  # 4 engines per repeat
+    one_model_copy = 4 * result["meta"]["num_params"]  # a leaked engine holds at least 16 B/param
+    for rank in range(2):
+        assert second_repeat_end[rank] - first_repeat_end[rank] < one_model_copy, residue
+        # a run's peak is reported without what earlier runs left behind
+        assert samples[4]["residue_before_bytes"][rank] == residue[3][rank]
 
 
 @pytest.mark.multiproc

@@ -162,7 +162,27 @@ def run_peer(args: argparse.Namespace) -> None:
             peak_bytes=measure.peak_bytes(dist_info.device),
             comm_bytes_per_step=recorder.comm_bytes_per_step,
         )
-    _write_outputs(args, plan, dist_info, recorder, rank_summary, num_params(trainer.model))
+        params = num_params(trainer.model)
+        release_trainer(trainer)
+    _write_outputs(args, plan, dist_info, recorder, rank_summary, params)
+
+
+def release_trainer(trainer) -> None:
+    """Free the Trainer's DeepSpeed engine (its `destroy()`), models, optimizers and accelerate's singletons.
+
+    accelerate keeps its state in process-wide singletons and DeepSpeed's hooks keep the engine alive; a
+    process that trains again (zero-train bench in one launch) must start from neither. The process group
+    (accelerate's PartialState) stays: the next run reuses it.
+    """
+    from accelerate.state import AcceleratorState, GradientState
+
+    engine = getattr(trainer, "model_wrapped", None)
+    if hasattr(engine, "destroy"):
+        engine.destroy()
+    trainer.accelerator.free_memory()
+    trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
 
 
 def num_params(model) -> int:

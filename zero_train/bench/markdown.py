@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
+from zero_train.bench.cells import ENGINE_REGISTRY
 from zero_train.bench.machine import CPU_FLAGS
 
-LABELS = {
-    "ddp": "ddp (torch DDP)",
-    "zero1": "**zero1 (ours)**",
-    "zero2": "**zero2 (ours)**",
-    "torch-zero": "torch-zero (ZeroRedundancyOptimizer)",
-    "ds1": "ds1 (DeepSpeed ZeRO-1)",
-    "ds2": "ds2 (DeepSpeed ZeRO-2)",
-    "ds3": "ds3 (DeepSpeed ZeRO-3)",
-    "fsdp2-z2": "fsdp2-z2 (torch FSDP2, kept gathered)",
-    "fsdp2-z3": "fsdp2-z3 (torch FSDP2, resharded)",
-    "hf-ddp": "hf-ddp (HF Trainer, its DDP)",
-    "hf-ds1": "hf-ds1 (HF Trainer + DeepSpeed ZeRO-1)",
-    "hf-ds2": "hf-ds2 (HF Trainer + DeepSpeed ZeRO-2)",
-    "hf-ds3": "hf-ds3 (HF Trainer + DeepSpeed ZeRO-3)",
-}
 SHORT = {
     "all_reduce": "AR",
     "reduce_scatter": "RS",
@@ -43,7 +29,8 @@ def _payload(payload: dict) -> str:
 
 
 def _cell_row(cell: dict) -> str:
-    label = LABELS.get(cell["engine"], cell["engine"])
+    spec = ENGINE_REGISTRY.get(cell["engine"])
+    label = spec.label if spec else cell["engine"]
     if "comm" not in cell:
         return f"| {label} | failed: {cell['errors'][0] if cell['errors'] else '?'} | | | | | | |"
     comm = cell["comm"]
@@ -68,7 +55,7 @@ def cells_table(cells: list[dict]) -> list[str]:
 def _ratio_text(values: dict | None) -> str:
     if values is None:
         return "n/a"
-    mark = {True: "met", False: "**missed**", None: "measured"}[values["met"]]
+    mark = "met" if values["met"] else "**missed**"
     if values["n"] == 1 or values["min"] == values["max"]:
         return f"{values['median']:.6g} ({mark})"
     return f"{values['min']:.3f} / **{values['median']:.3f}** / {values['max']:.3f} ({mark})"

@@ -20,8 +20,14 @@ import pathlib
 import sys
 import time
 
-from zero_train.bench.cells import BENCH_ENGINES, BENCH_PRECISIONS, DEFAULT_ENGINES, Cell, interleaved
-from zero_train.launch.cells import TRAIN_SCRIPT
+from zero_train.bench.cells import (
+    BENCH_ENGINES,
+    BENCH_PRECISIONS,
+    DEFAULT_ENGINES,
+    TRAIN_SCRIPT,
+    Cell,
+    interleaved,
+)
 from zero_train.launch.launcher import check_launcher, model_meta
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
@@ -44,15 +50,15 @@ def bench_command_parser(subparsers) -> argparse.ArgumentParser:
 def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of `zero-train bench` (also scripts/bench.py's)."""
     add = parser.add_argument
-    add("--model", default="gpt2-25m", help="a preset or a local HF folder (default gpt2-25m)")
-    add("--engines", type=name_list, default=list(DEFAULT_ENGINES), help=f"of {','.join(BENCH_ENGINES)}")
+    add("--model", default=None, help="a preset or a local HF folder (default gpt2-25m)")
+    add("--engines", type=name_list, default=None, help=f"of {','.join(BENCH_ENGINES)}")
     add("--precisions", type=name_list, default=list(BENCH_PRECISIONS), help="comma-separated of fp32,bf16")
     add("--repeats", type=positive_int, default=3, help="runs per cell of the engines the targets compare")
     add("--other-repeats", type=positive_int, default=1, help="runs per cell of the others (default 1)")
-    add("--steps", type=positive_int, default=6, help="optimizer steps per run (default 6)")
-    add("--warmup", type=int, default=2, help="first steps of a run left out of its median (default 2)")
-    add("--micro-batch-size", type=positive_int, default=2)
-    add("--block-size", type=positive_int, default=64)
+    add("--steps", type=positive_int, default=None, help="optimizer steps per run (default 6)")
+    add("--warmup", type=int, default=None, help="first steps of a run left out of its median (default 2)")
+    add("--micro-batch-size", type=positive_int, default=None)
+    add("--block-size", type=positive_int, default=None)
     add("--world-size", type=positive_int, default=2)
     add("--dataset", default=None, help="passed to the training scripts (default: theirs)")
     add(
@@ -61,9 +67,50 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         default="torchrun",
         help="torchrun (default: starts ~4 s faster per run than deepspeed's launcher, same training)",
     )
+    add(
+        "--launch",
+        choices=("once", "per-run"),
+        default="once",
+        help="once (default): one launch runs every engine in turn, each torn down before the next; "
+        "per-run: a launch per run (~15 s of start-up each)",
+    )
+    add(
+        "--scenario",
+        choices=tuple(SCENARIOS),
+        default=None,
+        help="optimizer (default): gpt2-25m, 2 x 64 tokens per rank, every engine, 6 steps; compute: gpt2-small's "
+        "shape, 8 x 256 tokens per rank, ddp/zero1/ds1, 4 steps (explicit flags win)",
+    )
     add("--train-script", default=str(TRAIN_SCRIPT), help=argparse.SUPPRESS)
     add("--timeout", type=positive_float, default=300, help="seconds per run (default 300)")
     add("--out", default="runs/bench", help="output directory (default runs/bench)")
+
+
+SCENARIO_DEFAULTS = dict(
+    model="gpt2-25m", engines=list(DEFAULT_ENGINES), steps=6, warmup=2, micro_batch_size=2, block_size=64
+)
+SCENARIOS = {
+    "optimizer": {},
+    "compute": dict(
+        model="gpt2-small",
+        engines=["ddp", "zero1", "ds1"],
+        steps=4,
+        warmup=1,
+        micro_batch_size=8,
+        block_size=256,
+    ),
+}
+"""Named flag sets over SCENARIO_DEFAULTS. optimizer (the default): a small model on few tokens, so that
+the optimizer step and the gradient exchange are most of a step; compute: gpt2-small's shape on 8 x 256
+tokens per rank, where forward and backward are most of it."""
+
+
+def resolve_scenario(args: argparse.Namespace) -> None:
+    """Fill the flags the user did not give from the scenario (explicit flags win)."""
+    values = {**SCENARIO_DEFAULTS, **SCENARIOS[getattr(args, "scenario", None) or "optimizer"]}
+    for name, value in values.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -97,6 +144,8 @@ def bench_meta(args: argparse.Namespace) -> dict:
         engines=list(args.engines),
         precisions=list(args.precisions),
         launcher=args.launcher,
+        launch=getattr(args, "launch", "once"),
+        scenario=getattr(args, "scenario", None) or "optimizer",
         backend="nccl" if torch.cuda.is_available() else "gloo",
     )
 
@@ -127,6 +176,7 @@ def bench_command(args: argparse.Namespace) -> int:
     from zero_train.bench.run import run_one
     from zero_train.bench.summary import TARGET_ENGINES
 
+    resolve_scenario(args)
     _check_args(args)
     meta = bench_meta(args)
     out = pathlib.Path(args.out)
@@ -136,11 +186,18 @@ def bench_command(args: argparse.Namespace) -> int:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cells = [Cell(engine, precision) for precision in args.precisions for engine in args.engines]
     repeats = [args.repeats if cell.engine in TARGET_ENGINES else args.other_repeats for cell in cells]
-    samples = []
-    progress = tqdm(interleaved(cells, repeats), desc="bench", unit="run", file=sys.stderr)
-    for repeat, cell in progress:
-        progress.set_postfix_str(f"{cell.name} r{repeat}")
-        samples.append(run_one(cell, repeat, args, out, meta["hidden_size"]))
+    order = interleaved(cells, repeats)
+    if getattr(args, "launch", "once") == "once":
+        from zero_train.bench.one_launch import run_all
+
+        print(f"bench: {len(order)} runs in one launch (logs: {out / 'logs'})", file=sys.stderr)
+        samples = run_all(order, args, out, meta["hidden_size"])
+    else:
+        samples = []
+        progress = tqdm(order, desc="bench", unit="run", file=sys.stderr)
+        for repeat, cell in progress:
+            progress.set_postfix_str(f"{cell.name} r{repeat}")
+            samples.append(run_one(cell, repeat, args, out, meta["hidden_size"]))
     cell_summaries, targets = summarize(samples, meta)
     result = dict(
         schema="zero_train.bench/1",

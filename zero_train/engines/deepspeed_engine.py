@@ -180,6 +180,21 @@ class DeepSpeedEngine:
         """Bytes per category read from DeepSpeed's optimizer partitions and buffers (on `device` only if given)."""
         return deepspeed_memory_categories(self.ds_engine, device)
 
+    def close(self) -> None:
+        """Release DeepSpeed's engine: its optimizer's buffers and hooks (`destroy()`), the ZeRO-3 config.
+
+        DeepSpeed's hooks keep the engine alive in reference cycles; without this a process that builds
+        engine after engine (zero-train bench in one launch) keeps every one of them.
+        """
+        if self.ds_engine is None:
+            return
+        self.ds_engine.destroy()
+        if self.hf_ds_config is not None:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+        self.ds_engine = self.optimizer = self.lr_scheduler = self.model = self.hf_ds_config = None
+
 
 def _in_state_dict_order(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`tensors` reordered like model.state_dict(); persistent buffers only; a tied duplicate dropped."""

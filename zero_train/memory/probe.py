@@ -159,6 +159,13 @@ class MemoryProbe:
             self.comm_bytes_per_step = {key: int(value) for key, value in self.ledger.totals().items()}
             self.ledger.reset()
 
+    def close(self) -> None:
+        """Stop counting communication (the ledger's hooks) and forget the engine."""
+        if self.ledger is not None:
+            self.ledger.__exit__(None, None, None)
+            self.ledger = None
+        self.engine = None
+
     def rank_summary(self, engine) -> dict:
         """This rank's part of the run record (attributes now if no "step" phase was seen)."""
         if self.attribution is None:

@@ -61,7 +61,11 @@ def run_training(args: argparse.Namespace) -> dict:
         f"{dist_info.world_size} = {plan.settings.train_batch_size} sequences of {args.block_size}"
         + (" | gradient checkpointing" if args.gradient_checkpointing else "")
     )
-    return Trainer(args, plan, dist_info).run()
+    trainer = Trainer(args, plan, dist_info)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
 
 
 class Trainer:
@@ -104,6 +108,19 @@ class Trainer:
         self.last_loss = math.nan
         self.last_eval: dict | None = None
         self.checkpoint = None
+
+    def close(self) -> None:
+        """Release the engine (its `close()`, if it has one: DeepSpeed's engine and buffers), data and probe.
+
+        After it the process holds what it held before the Trainer was built (zero-train bench runs many
+        engines one after another in one launch and checks that, tests/test_bench.py).
+        """
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+        if self.probe is not None:
+            self.probe.close()
+        self.engine = self.probe = self.data = None
 
     def _make_probe(self):
         if not self.args.memory_report:

@@ -1,0 +1,108 @@
+"""Many benchmark runs in ONE launch: every rank trains each run's engine in turn, then tears it down.
+
+    torchrun --nproc_per_node 2 -m zero_train.bench.worker --plan runs/bench/plan.json
+
+`zero-train bench` writes the plan (the runs in their interleaved order, each with the flags its own
+launch would give scripts/train.py or scripts/hf_trainer.py) and starts this once, instead of paying a
+launch (~15 s: two ranks importing torch, transformers and DeepSpeed on two cores) for every run. Each run
+is the same code path as its own launch: `zero_train.train.loop.run_training` (or the Trainer peer's
+`run_peer`) on the parsed flags, from a fresh model built from the same seed, on the same data; it
+writes the same metrics JSONL and run record. After it the engine, its optimizer and DeepSpeed's
+state are released (Trainer.close(), DeepSpeed's destroy(), accelerate's singletons) and every rank
+measures what the allocator still holds against the level before the first run:
+
+    runs/C-rK.done.json     rank 0, per finished run: wall_s, every rank's bytes before the first run
+                            (baseline) and after this run's teardown
+
+A run that raises stops the launch (the other ranks may be inside a collective): the bench records
+it as failed and relaunches the rest of the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import pathlib
+import sys
+import time
+
+
+def settled_bytes(device) -> int:
+    """Allocator bytes in use once Python's cycles are collected (DeepSpeed's hooks form cycles)."""
+    from zero_train.memory import measure
+
+    gc.collect()
+    gc.collect()
+    return measure.allocated_bytes(device)
+
+
+def preload() -> None:
+    """Import what any run imports, so that the baseline already holds every module (not the first run)."""
+    import deepspeed  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import Trainer  # noqa: F401
+
+    import zero_train.bench.hf_peer  # noqa: F401
+    import zero_train.engines.deepspeed_engine  # noqa: F401
+    import zero_train.train.loop  # noqa: F401
+
+
+def train_one(run: dict) -> None:
+    """One run, exactly as its own launch would do it (scripts/train.py or scripts/hf_trainer.py)."""
+    from zero_train.train.args import parse_args
+
+    args = parse_args(run["argv"])
+    if run["peer"]:
+        from zero_train.bench.hf_peer import run_peer
+
+        run_peer(args)
+    else:
+        from zero_train.train.loop import run_training
+
+        run_training(args)
+
+
+def gather_bytes(value: int, dist_info) -> list[int]:
+    """Every rank's value, by rank (on every rank)."""
+    import torch.distributed as dist
+
+    values: list = [None] * dist_info.world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def run_plan(plan_path: pathlib.Path) -> int:
+    """Every run of the plan in order; rank 0 writes each one's done file. Returns 0."""
+    from zero_train.runtime.dist import init_distributed
+
+    plan = json.loads(plan_path.read_text())
+    dist_info = init_distributed()
+    preload()
+    baseline = gather_bytes(settled_bytes(dist_info.device), dist_info)
+    for run in plan["runs"]:
+        started = time.perf_counter()
+        train_one(run)
+        wall_s = time.perf_counter() - started
+        after = gather_bytes(settled_bytes(dist_info.device), dist_info)
+        if dist_info.is_main:
+            done = dict(name=run["name"], wall_s=wall_s, baseline_bytes=baseline, after_teardown_bytes=after)
+            pathlib.Path(run["done"]).write_text(json.dumps(done) + "\n")
+        print(f"bench worker: {run['name']} done in {wall_s:.1f} s", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse --plan and run it; a user error prints one line and exits 2."""
+    from zero_train.runtime.errors import run_cli
+
+    parser = argparse.ArgumentParser(
+        prog="python -m zero_train.bench.worker", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--plan", required=True, type=pathlib.Path, help="the plan zero-train bench wrote")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    run_cli(lambda: run_plan(args.plan))
+
+
+if __name__ == "__main__":
+    main()
