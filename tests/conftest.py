@@ -1,4 +1,19 @@
-"""Shared pytest setup: offline, CPU only, one torch thread, a repo-root fixture.
+"""Shared pytest setup: offline, CPU only, one torch thread, a repo-root fixture, a pool of gloo ranks, tiers.
+
+Rank pool: `rank_pool(world_size)` is a zero_train.testing.RankPool of spawned gloo ranks that lives for
+the whole session, so a test that only needs a world pays no spawn, no imports, no group set-up:
+
+    @pytest.fixture(scope="module")
+    def runs(rank_pool):
+        return rank_pool(2).run(_my_module_level_fn, (arg,))   # fn(rank, world_size, arg) on each rank
+
+Use it for torch.distributed work in the default group (our sharders, DDP, collectives, data). Keep
+zero_train.testing.run_ranks (fresh processes) for what leaves process-wide state behind: DeepSpeed
+(deepspeed.comm, ZeRO-3's hooks), environment changes, a test that kills or times out a rank. A failed
+call closes that pool; the next rank_pool(n) starts a fresh one.
+
+Tiers: `-m quick` (bash scripts/test.sh -m quick, the inner loop, < 2 min) is every test not marked
+`multiproc` (spawns ranks) or `slow` (launches training processes); mark a new test accordingly.
 
 ZT_DEVICE=cpu (and DeepSpeed's DS_ACCELERATOR=cpu) hold on a GPU machine too: the tests compare against
 bit-exact CPU references and run gloo rings; the CUDA branches are exercised by tests that force them
@@ -24,3 +39,27 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.fixture
 def repo_root() -> pathlib.Path:
     return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    """rank_pool(world_size) -> the session's RankPool of that many gloo ranks (see the module docstring)."""
+    from zero_train.testing import RankPool
+
+    pools: dict[int, RankPool] = {}
+
+    def get(world_size: int) -> RankPool:
+        if world_size not in pools or pools[world_size].broken is not None:
+            pools[world_size] = RankPool(world_size)
+        return pools[world_size]
+
+    yield get
+    for pool in pools.values():
+        pool.close()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Every test that is neither `multiproc` nor `slow` is `quick`."""
+    for item in items:
+        if item.get_closest_marker("multiproc") is None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.quick)

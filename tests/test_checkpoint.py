@@ -206,10 +206,8 @@ def _two_rank_save(rank, world_size, save_dir):
 
 
 @pytest.mark.multiproc
-def test_two_ranks_agree_on_staging_and_see_rank0_errors(tmp_path):
-    from zero_train.testing import run_ranks
-
-    results = run_ranks(_two_rank_save, 2, (str(tmp_path),))
+def test_two_ranks_agree_on_staging_and_see_rank0_errors(tmp_path, rank_pool):
+    results = rank_pool(2).run(_two_rank_save, (str(tmp_path),))
     assert results[0] == results[1]  # same staging names, same error on both ranks
     assert results[0][2].startswith("UsageError: cannot write checkpoints to --save-dir")
     ckpt = checkpoint.resolve(tmp_path)

@@ -1,10 +1,10 @@
 """CommLedger counts exactly the payload of known collectives; DDP per-step bytes match 2 Psi arithmetic."""
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from zero_train.comm.ledger import CommLedger, paper_volume_bytes, wire_factor, wire_from_payload
-from zero_train.testing import run_ranks
 
 
 def _collectives(rank, world_size):
@@ -30,8 +30,9 @@ def _ddp_step(rank, world_size):
     return ledger.totals(), num_params
 
 
-def test_ledger_counts_payload_of_known_collectives():
-    for totals, wire in run_ranks(_collectives, 2):
+@pytest.mark.multiproc
+def test_ledger_counts_payload_of_known_collectives(rank_pool):
+    for totals, wire in rank_pool(2).run(_collectives):
         assert totals["all_reduce"] == 40
         assert totals["all_gather"] == 48
         assert totals["reduce_scatter"] == 24
@@ -41,8 +42,9 @@ def test_ledger_counts_payload_of_known_collectives():
         assert wire["all_gather"] == 24
 
 
-def test_ddp_step_moves_psi_payload_and_2psi_paper_volume():
-    for totals, num_params in run_ranks(_ddp_step, 2):
+@pytest.mark.multiproc
+def test_ddp_step_moves_psi_payload_and_2psi_paper_volume(rank_pool):
+    for totals, num_params in rank_pool(2).run(_ddp_step):
         assert totals["all_reduce"] == num_params * 4
         # an all-reduce is a reduce-scatter plus an all-gather: 2 Psi in the paper's accounting
         assert 2 * totals["all_reduce"] == paper_volume_bytes(0, num_params, 4)
@@ -63,8 +65,9 @@ def _ring_exchange(rank, world_size):
     return ledger.totals(), ledger.wire_bytes()
 
 
-def test_point_to_point_payload_counts_both_ends_wire_only_the_send():
-    for totals, wire in run_ranks(_ring_exchange, 2):
+@pytest.mark.multiproc
+def test_point_to_point_payload_counts_both_ends_wire_only_the_send(rank_pool):
+    for totals, wire in rank_pool(2).run(_ring_exchange):
         assert totals["send_recv"] == 64
         assert wire["send_recv"] == 32
         assert wire_from_payload(totals, 2)["send_recv"] == 32

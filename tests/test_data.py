@@ -164,13 +164,11 @@ def _prepare_on_rank(rank, world_size, good, bad):
 
 
 @pytest.mark.multiproc
-def test_prepare_datasets_rank0_first_and_errors_reach_every_rank(tmp_path):
-    from zero_train.testing import run_ranks
-
+def test_prepare_datasets_rank0_first_and_errors_reach_every_rank(tmp_path, rank_pool):
     write_docs(tmp_path / "ok", [f"paragraph {i} " * 5 for i in range(10)])
     (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
-    (blocks, error), (blocks_other, error_other) = run_ranks(
-        _prepare_on_rank, 2, (str(tmp_path / "ok"), str(tmp_path / "bad.jsonl"))
+    (blocks, error), (blocks_other, error_other) = rank_pool(2).run(
+        _prepare_on_rank, (str(tmp_path / "ok"), str(tmp_path / "bad.jsonl"))
     )
     assert blocks == blocks_other and len(blocks) > 0
     assert error == error_other and "no 'text' column" in error

@@ -99,6 +99,7 @@ def _initialize_every_config(rank: int, world_size: int, configs: dict[str, dict
     return results
 
 
+@pytest.mark.multiproc
 def test_deepspeed_initializes_every_shipped_config():
     configs = {p.name: json.loads(p.read_text()) for p in sorted(CONFIG_DIR.glob("*.json"))}
     results = run_ranks(_initialize_every_config, 1, (configs,), timeout_s=600)[0]

@@ -269,9 +269,9 @@ def _broadcast_state(state: dict | None) -> dict:
 
 
 @pytest.fixture(scope="module")
-def local_runs(tmp_path_factory):
+def local_runs(tmp_path_factory, rank_pool):
     names = ("ddp", "torch-zero", "zero1", "zero2")
-    return run_ranks(_local_engines_ranks, 2, (str(tmp_path_factory.mktemp("local")), names))
+    return rank_pool(2).run(_local_engines_ranks, (str(tmp_path_factory.mktemp("local")), names))
 
 
 @pytest.fixture(scope="module")

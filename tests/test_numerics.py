@@ -116,6 +116,7 @@ END_TO_END = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(END_TO_END))
 def test_a_diverging_run_stops_with_one_line_naming_the_step(tmp_path, case):
     """Through scripts/train.py: exit 1, one `error:` line naming the step and the likely cause."""

@@ -386,6 +386,7 @@ def test_unwritable_out(tmp_path):
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["cells"]
 
 
+@pytest.mark.slow
 def test_only_failed_cells_still_make_a_report(tmp_path):
     failed_profile(tmp_path)
     proc = run_cli("report", str(tmp_path), "--out", str(tmp_path / "out"), timeout=60)

@@ -1,10 +1,11 @@
-"""The spawn helper itself: ranks really communicate, failures surface with the child's traceback."""
+"""The spawn helpers themselves: ranks really communicate, failures surface with the child's traceback, a pool
+keeps its ranks across calls and closes after a failure."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from zero_train.testing import run_ranks
+from zero_train.testing import RankPool, run_ranks
 
 
 def _sum_of_ranks(rank, world_size):
@@ -19,10 +20,31 @@ def _raise_on_rank_one(rank, world_size):
     return rank
 
 
+@pytest.mark.multiproc
 def test_all_reduce_across_spawned_ranks():
     assert run_ranks(_sum_of_ranks, world_size=3) == [6.0, 6.0, 6.0]
 
 
+@pytest.mark.multiproc
 def test_child_error_is_reported():
     with pytest.raises(RuntimeError, match="boom on rank 1"):
         run_ranks(_raise_on_rank_one, world_size=2, timeout_s=60)
+
+
+def _pid_and_sum(rank, world_size):
+    import os
+
+    return os.getpid(), _sum_of_ranks(rank, world_size)
+
+
+@pytest.mark.multiproc
+def test_rank_pool_reuses_its_ranks_and_closes_after_a_failure():
+    with RankPool(2) as pool:
+        first, second = pool.run(_pid_and_sum), pool.run(_pid_and_sum)
+        assert first == second and [s for _, s in first] == [3.0, 3.0]  # same processes, same group
+        assert len({pid for pid, _ in first}) == 2
+        with pytest.raises(RuntimeError, match="boom on rank 1"):
+            pool.run(_raise_on_rank_one, timeout_s=60)
+        assert pool.broken is not None
+        with pytest.raises(RuntimeError, match="closed after an earlier failure"):
+            pool.run(_pid_and_sum)

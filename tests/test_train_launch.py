@@ -101,6 +101,7 @@ def _assert_learns(losses: list[float]) -> None:
     assert last < first - 0.5, f"loss did not go down: first 5 {first:.3f}, last 5 {last:.3f}"
 
 
+@pytest.mark.slow
 def test_deepspeed_launcher_zero2_learns_and_writes_metrics(workdir):
     out = workdir / "ds2"
     cmd = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), "scripts/train.py",
@@ -141,6 +142,7 @@ def _train_runs(rank: int, world_size: int, runs: list[list[str]], probe_batch: 
             model.eval()
             with torch.no_grad():  # a collective under ZeRO-3: every rank runs it
                 summary["logits"] = model(input_ids=probe_batch).logits.float().tolist()  # no shared memory
+        trainer.close()  # as run_training does: the next run starts without this engine
         results.append(summary)
     return results
 
@@ -159,8 +161,11 @@ def _assert_export_matches(folder: str, logits: list) -> None:
     assert len(AutoTokenizer.from_pretrained(folder)) == 8192
 
 
-def test_ddp_zero1_parity_resume_export_memory_report(workdir):
-    out = workdir / "local"
+@pytest.fixture(scope="module")
+def loop_runs(workdir) -> tuple[pathlib.Path, list[dict]]:
+    """Every in-process run of this module in ONE spawn of 2 ranks (one start-up): ddp, zero1, zero1 stopped
+    at step 15 and resumed, DeepSpeed ZeRO-1, then ZeRO-3 (last: its HfDeepSpeedConfig stays alive)."""
+    out = workdir / "loop"
     runs = [
         _flags(workdir, 0, "ddp", "--max-steps", str(STEPS), "--metrics-file", str(out / "ddp.jsonl"),
                "--export-hf", str(out / "ddp-hf"), "--memory-report", str(out / "ddp-memory.json")),
@@ -169,8 +174,16 @@ def test_ddp_zero1_parity_resume_export_memory_report(workdir):
                "--metrics-file", str(out / "part.jsonl"), "--save-dir", str(out / "ckpt")),
         _flags(workdir, "1-fixed", "zero1", "--max-steps", str(STEPS), "--metrics-file", str(out / "part.jsonl"),
                "--save-dir", str(out / "ckpt"), "--resume", "auto"),
+        _flags(workdir, 1, "deepspeed", "--max-steps", str(STEPS), "--metrics-file", str(out / "ds1.jsonl")),
+        _flags(workdir, 3, "deepspeed", "--max-steps", str(STEPS), "--metrics-file", str(out / "ds3.jsonl"),
+               "--export-hf", str(out / "ds3-hf")),
     ]  # fmt: skip
-    results = run_ranks(_train_runs, 2, args=(runs, _probe_batch()), timeout_s=400)
+    return out, run_ranks(_train_runs, 2, args=(runs, _probe_batch()), timeout_s=600)
+
+
+@pytest.mark.slow
+def test_ddp_zero1_parity_resume_export_memory_report(loop_runs):
+    out, results = loop_runs
     ddp, full = _losses(out / "ddp.jsonl"), _losses(out / "full.jsonl")
     _assert_learns(ddp)
     assert full == ddp  # our ZeRO-1 is DDP's arithmetic, sharded: identical fp32 loss curves
@@ -188,17 +201,12 @@ def test_ddp_zero1_parity_resume_export_memory_report(workdir):
     assert {p["name"] for p in record["ranks"][0]["phases"]} >= {"model_built", "engine_initialized", "step"}
 
 
-def test_deepspeed_zero1_and_zero3_learn_and_zero3_exports(workdir):
-    out = workdir / "ds"
-    runs = [
-        _flags(workdir, 1, "deepspeed", "--max-steps", str(STEPS), "--metrics-file", str(out / "ds1.jsonl")),
-        _flags(workdir, 3, "deepspeed", "--max-steps", str(STEPS), "--metrics-file", str(out / "ds3.jsonl"),
-               "--export-hf", str(out / "ds3-hf")),  # ZeRO-3 last: its HfDeepSpeedConfig stays alive
-    ]  # fmt: skip
-    results = run_ranks(_train_runs, 2, args=(runs, _probe_batch()), timeout_s=400)
+@pytest.mark.slow
+def test_deepspeed_zero1_and_zero3_learn_and_zero3_exports(loop_runs):
+    out, results = loop_runs
     for name in ("ds1", "ds3"):
         _assert_learns(_losses(out / f"{name}.jsonl"))
-    _assert_export_matches(str(out / "ds3-hf"), results[0][1]["logits"])
+    _assert_export_matches(str(out / "ds3-hf"), results[0][5]["logits"])
 
 
 def _run_script(argv: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -260,6 +268,7 @@ def test_bad_input_before_training(workdir, capsys, monkeypatch, case, needle):
     assert err.count("\n") == 1 and err.startswith("error:") and needle in err, err
 
 
+@pytest.mark.slow
 def test_empty_dataset_plain_python(workdir):
     empty = workdir / "empty.txt"
     empty.write_text("\n\n   \n")
@@ -267,6 +276,7 @@ def test_empty_dataset_plain_python(workdir):
     _assert_one_line_exit_2(proc, lines=1, needle="empty")
 
 
+@pytest.mark.slow
 def test_missing_dataset_deepspeed_launcher_every_rank(workdir):
     cmd = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), "scripts/train.py",
            "--engine", "ddp", "--dataset", str(workdir / "no-such-dir/"), "--max-steps", "2"]  # fmt: skip

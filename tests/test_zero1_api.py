@@ -16,7 +16,6 @@ from zero1_helpers import TiedNet, batch, ring_average, two_groups
 from zero_train.comm.ledger import CommLedger
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import DynamicLossScaler, Zero1Optimizer, Zero2Optimizer
-from zero_train.testing import run_ranks
 
 
 def test_constructor_errors_like_torch():
@@ -267,8 +266,8 @@ def _fp16_skips(rank: int, world_size: int, sharder) -> dict:
 
 
 @pytest.fixture(scope="module")
-def two_ranks():
-    return run_ranks(_add_group_and_fp16, 2)
+def two_ranks(rank_pool):
+    return rank_pool(2).run(_add_group_and_fp16)
 
 
 @pytest.mark.multiproc

@@ -15,7 +15,6 @@ import torch
 from zero1_helpers import TiedNet, batch, two_groups
 
 from zero_train.sharding import Zero1Optimizer
-from zero_train.testing import run_ranks
 
 STEPS = 3
 
@@ -67,8 +66,8 @@ def _compare(rank: int, world_size: int) -> dict:
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
-def fused_runs(request):
-    return run_ranks(_compare, request.param)
+def fused_runs(request, rank_pool):
+    return rank_pool(request.param).run(_compare)
 
 
 @pytest.mark.multiproc

@@ -19,7 +19,6 @@ from zero1_helpers import TiedNet, batch, stage_average, two_groups
 
 from zero_train.comm.ledger import CommLedger
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer
-from zero_train.testing import run_ranks
 
 STEPS, ACCUM = 10, 2
 CASES = {
@@ -116,8 +115,8 @@ def _all_cases(rank: int, world_size: int) -> dict:
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
-def parity_runs(request):
-    return run_ranks(_all_cases, request.param)
+def parity_runs(request, rank_pool):
+    return rank_pool(request.param).run(_all_cases)
 
 
 @pytest.mark.multiproc

@@ -19,7 +19,6 @@ from zero1_helpers import TiedNet, batch, ring_average, two_groups
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer, consolidate_shards
-from zero_train.testing import run_ranks
 
 LR = 3e-2
 SAVED_AT, CONTINUE = 3, range(3, 6)
@@ -134,11 +133,11 @@ def _reshard_stage(rank: int, world_size: int, tmp: str, stage: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved(tmp_path_factory, rank_pool):
     tmp = str(tmp_path_factory.mktemp("zero1_state"))
     for stage in STAGES:
         os.makedirs(f"{tmp}/z{stage}")
-    return tmp, run_ranks(_save_and_round_trip, 2, (tmp,))
+    return tmp, rank_pool(2).run(_save_and_round_trip, (tmp,))
 
 
 @pytest.mark.multiproc
@@ -182,9 +181,9 @@ def test_optimizer_state_is_split_across_ranks(saved, stage):
 
 
 @pytest.mark.multiproc
-def test_reshard_to_three_ranks_continues_identically(saved):
+def test_reshard_to_three_ranks_continues_identically(saved, rank_pool):
     tmp = saved[0]
-    runs = run_ranks(_reshard, 3, (tmp,))
+    runs = rank_pool(3).run(_reshard, (tmp,))
     for stage in STAGES:
         assert runs[0][stage]["diff"] == 0.0
         assert all("rank 0 of 2" in run[stage]["shard_error"] for run in runs[1:])

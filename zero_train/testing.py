@@ -1,6 +1,8 @@
 """Spawn a few gloo ranks on 127.0.0.1 and collect what each returns (used by tests and benchmarks).
 
     results = run_ranks(fn, world_size=2, args=(...,))   # results[rank] == fn(rank, world_size, *args)
+    with RankPool(2) as pool:                             # the same ranks for many calls (tests/conftest.py)
+        results = pool.run(fn, args=(...,))
 
 `fn` must be a module-level function (it is pickled into the children). Each child gets RANK /
 WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, ZT_DEVICE=cpu (the group is gloo: CPU tensors, also on a
@@ -23,7 +25,11 @@ import torch.multiprocessing as mp
 
 from zero_train.runtime.ports import free_port
 
-__all__ = ["free_port", "run_ranks"]  # free_port re-exported: tests launching ranks themselves use it
+__all__ = [
+    "RankPool",
+    "free_port",
+    "run_ranks",
+]  # free_port re-exported: tests launching ranks themselves use it
 
 
 def _child(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
@@ -64,6 +70,18 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout
     ]
     for proc in procs:
         proc.start()
+    results, errors = _collect(queue, procs, world_size, timeout_s)
+    for proc in procs:
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [results[r] for r in range(world_size)]
+
+
+def _collect(queue, procs: list, world_size: int, timeout_s: float) -> tuple[dict[int, Any], list[str]]:
+    """Every rank's (rank, status, payload) from `queue`: (results by rank, error texts)."""
     results: dict[int, Any] = {}
     errors: list[str] = []
     deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout_s)
@@ -82,10 +100,92 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout
             results[rank] = payload
         else:
             errors.append(f"rank {rank}:\n{payload}")
-    for proc in procs:
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-    if errors:
-        raise RuntimeError("\n".join(errors))
-    return [results[r] for r in range(world_size)]
+    return results, errors
+
+
+def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
+    """A pool rank: one gloo group for its whole life, then fn(rank, world_size, *args) per task."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        ZT_DEVICE="cpu",
+    )
+    torch.set_num_threads(1)
+    from zero_train.runtime.dist import collective_timeout_s
+
+    timeout = datetime.timedelta(seconds=collective_timeout_s())
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    try:
+        while (task := tasks.get()) is not None:
+            fn, args = task
+            try:
+                results.put((rank, "ok", fn(rank, world_size, *args)))
+            except BaseException:  # report it; the pool is closed by the parent (peers may be mid-collective)
+                results.put((rank, "error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+class RankPool:
+    """`world_size` spawned gloo ranks kept alive across calls: the start-up (spawn, imports, group) once.
+
+    `pool.run(fn, args)` is `run_ranks(fn, world_size, args)` on the same processes. Each call runs in the
+    ranks' one process group (the default group, WORLD): a function may create sub-groups but must not
+    destroy WORLD, and should not leave global state behind (what it imports stays imported). After a
+    failed call the pool is closed (a peer may be stuck in a collective) and the next call raises.
+
+    Args:
+        world_size: ranks of the pool.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.world_size = world_size
+        self.tasks = [ctx.SimpleQueue() for _ in range(world_size)]
+        self.results = ctx.SimpleQueue()
+        port = free_port()
+        self.procs = [
+            ctx.Process(target=_serve, args=(r, world_size, port, self.tasks[r], self.results), daemon=True)
+            for r in range(world_size)
+        ]
+        for proc in self.procs:
+            proc.start()
+        self.broken: str | None = None
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), timeout_s: float = 300) -> list[Any]:
+        """`fn(rank, world_size, *args)` on every rank of the pool; the results by rank.
+
+        Raises:
+            RuntimeError: a rank failed or timed out (with its traceback), or an earlier call did.
+        """
+        if self.broken is not None:
+            raise RuntimeError(
+                f"the {self.world_size}-rank pool is closed after an earlier failure: {self.broken}"
+            )
+        for queue in self.tasks:
+            queue.put((fn, args))
+        results, errors = _collect(self.results, self.procs, self.world_size, timeout_s)
+        if errors:
+            self.broken = errors[0].splitlines()[-1]
+            self.close()
+            raise RuntimeError("\n".join(errors))
+        return [results[r] for r in range(self.world_size)]
+
+    def close(self) -> None:
+        """Stop the ranks (a rank that does not stop within 5 s is killed)."""
+        for proc, queue in zip(self.procs, self.tasks, strict=True):
+            if proc.is_alive():
+                queue.put(None)
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
