@@ -14,7 +14,9 @@ rest of the plan is launched again. A launch that makes no progress for --timeou
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import time
 
@@ -37,13 +39,14 @@ def worker_command(args, plan_path: pathlib.Path, port: int) -> list[str]:
 
 def _launch(command: list[str], log_path: pathlib.Path, done_files: list[pathlib.Path], timeout: float):
     """Run the launch; kill it when no run finished for `timeout` s. Returns the exit code (None: killed)."""
-    import os
-
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
         log.write(" ".join(command) + "\n")
         log.flush()
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # its own session: on a stall the launcher AND its ranks (and their compilers) are killed together
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         finished, last_progress = 0, time.monotonic()
         while proc.poll() is None:
             time.sleep(0.5)
@@ -51,7 +54,7 @@ def _launch(command: list[str], log_path: pathlib.Path, done_files: list[pathlib
             if now_finished > finished:
                 finished, last_progress = now_finished, time.monotonic()
             elif time.monotonic() - last_progress > timeout:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return None
         return proc.returncode
