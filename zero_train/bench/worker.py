@@ -39,12 +39,11 @@ def settled_bytes(device) -> int:
 
 def preload() -> None:
     """Import what any run imports, so that the baseline already holds every module (not the first run)."""
-    import deepspeed  # noqa: F401
     import transformers  # noqa: F401
     from transformers import Trainer  # noqa: F401
 
     import zero_train.bench.hf_peer  # noqa: F401
-    import zero_train.engines.deepspeed_engine  # noqa: F401
+    import zero_train.engines.deepspeed_engine  # noqa: F401  (imports deepspeed)
     import zero_train.train.loop  # noqa: F401
 
 
