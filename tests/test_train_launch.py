@@ -178,7 +178,7 @@ def loop_runs(workdir) -> tuple[pathlib.Path, list[dict]]:
         _flags(workdir, 3, "deepspeed", "--max-steps", str(STEPS), "--metrics-file", str(out / "ds3.jsonl"),
                "--export-hf", str(out / "ds3-hf")),
     ]  # fmt: skip
-    return out, run_ranks(_train_runs, 2, args=(runs, _probe_batch()), timeout_s=600)
+    return out, run_ranks(_train_runs, 2, args=(runs, _probe_batch()), timeout_s=900)
 
 
 @pytest.mark.slow
