@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cells", default=None, help="comma-separated cell names (default: all 48)")
     parser.add_argument("--list", action="store_true", help="print the design and exit")
     parser.add_argument("--reuse", action="store_true", help="keep cells already recorded in OUT")
+    parser.add_argument(
+        "--summarize-only", action="store_true", help="run nothing: compare the cells recorded in OUT so far"
+    )
     parser.add_argument("--steps", type=positive_int, default=2, help="optimizer steps per cell (default 2)")
     parser.add_argument("--timeout", type=positive_float, default=300, help="seconds per cell (default 300)")
     return parser
@@ -141,6 +144,14 @@ def _chunks(cells: list, size: int = CHUNK) -> list[list]:
     return [groups[i] for i in range(longest) for groups in by_size.values() if i < len(groups)]
 
 
+def recorded(cells: list, args: argparse.Namespace) -> dict[str, dict]:
+    """The run records already in OUT, by cell name (cells not run yet left out)."""
+    from zero_train.memory.record import load_record
+
+    paths = {cell.name: _paths(cell, args)[1] for cell in cells}
+    return {name: load_record(path) for name, path in paths.items() if path.exists()}
+
+
 def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
     """Run the cells (by world size, DeepSpeed ZeRO-3 last: transformers keeps its config global), each rank
     one process for its whole group; returns every cell's run record by name."""
@@ -220,14 +231,14 @@ def main(argv: list[str]) -> int:
         print("\n".join(cell.name for cell in cells))
         return 0
     check_output_dir(args.out, flag="--out")
-    records = run_cells(cells, args)
+    records = recorded(cells, args) if args.summarize_only else run_cells(cells, args)
     rows = []
-    for cell in cells:
+    for cell in (cell for cell in cells if cell.name in records):
         rows.append(compare(cell, records[cell.name]))
         ratio = (rows[-1].get("peak") or {}).get("ratio_without_other")
         status = records[cell.name].get("error") or (f"ours / (peak - other) {ratio:.3f}" if ratio else "n/a")
         print(f"  {cell.name:<36} {status}", flush=True)
-    summary = summarize(rows, GOAL)
+    summary = dict(summarize(rows, GOAL), design_cells=len(cells))
     out = pathlib.Path(args.out)
     (out / "matrix.json").write_text(json.dumps(dict(summary=summary, rows=rows), indent=1, default=str))
     (out / "matrix.md").write_text(render_matrix(summary, rows, GOAL))

@@ -39,7 +39,9 @@ def render_matrix(summary: dict, rows: list[dict], goal: float) -> str:
     done = summary["cells"] - len(summary["failed"])
     lines = [
         "# Out-of-sample memory matrix\n",
-        f"**{summary['within']} of {done} cells within {goal:.0%}** (failed: {len(summary['failed'])}). "
+        f"**{summary['within']} of {done} cells within {goal:.0%}** ({summary['cells']} of the "
+        f"{summary.get('design_cells', summary['cells'])} cells of the design recorded, "
+        f"{len(summary['failed'])} failed). "
         "Headline: ours ÷ (peak − other), our predicted peak alone against the measured peak minus the "
         'measured "other" (the largest over the ranks). min / median / max:\n',
         f"- ours ÷ (peak − other): {_distribution(summary['ratio'])}",
