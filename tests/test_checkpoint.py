@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from zero_train.checkpoint import atomic as checkpoint
+from zero_train.checkpoint.storage import StorageError
 from zero_train.runtime.dist import DistInfo
 from zero_train.runtime.errors import UsageError
 
@@ -160,10 +161,10 @@ def test_safe_torch_load_names_missing_and_truncated_files(tmp_path):
         checkpoint.safe_torch_load(tmp_path / "missing.pt")
 
 
-def test_unwritable_save_dir_is_a_usage_error(tmp_path):
+def test_unwritable_save_dir_is_a_storage_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a dir")
-    with pytest.raises(UsageError, match="cannot write checkpoints to --save-dir"):
+    with pytest.raises(StorageError, match="a file is in the way of the folder on .*file/save"):
         checkpoint.begin(blocker / "save", 1, dist_info=WORLD_OF_ONE)
 
 
@@ -200,8 +201,8 @@ def _two_rank_save(rank, world_size, save_dir):
         blocked.write_text("a file where a dir should be")
     try:
         checkpoint.begin(blocked / "save", 3, dist_info=info)
-    except UsageError as err:
-        names.append(f"UsageError: {err}")
+    except StorageError as err:
+        names.append(f"StorageError: {err.what}")
     return names
 
 
@@ -209,7 +210,7 @@ def _two_rank_save(rank, world_size, save_dir):
 def test_two_ranks_agree_on_staging_and_see_rank0_errors(tmp_path, rank_pool):
     results = rank_pool(2).run(_two_rank_save, (str(tmp_path),))
     assert results[0] == results[1]  # same staging names, same error on both ranks
-    assert results[0][2].startswith("UsageError: cannot write checkpoints to --save-dir")
+    assert results[0][2].startswith("StorageError: a file is in the way of the folder on")
     ckpt = checkpoint.resolve(tmp_path)
     assert ckpt.name == "step-00000002"
     manifest = json.loads((ckpt / "manifest.json").read_text())["files"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -164,3 +165,112 @@ def test_sigkilled_rank_fails_fast_naming_it_and_resume_matches_uninterrupted(wo
     assert final.keys() == reference.keys()
     for name, tensor in reference.items():
         assert torch.equal(final[name], tensor), f"{engine}: {name} differs from the uninterrupted run"
+
+
+# -- storage faults during a save: a full disk, one rank's save dir turning read-only ----------------------------
+# Ranks are started as plain processes (RANK/WORLD_SIZE in the environment; no launcher: faster, and rank 1 can run
+# in its own mount namespace). Every rank must exit 1 with exactly one `error:` line and no traceback; `latest` and
+# every complete checkpoint stay as they were, and no staging folder is left.
+SAVE_FAILED = (
+    r"error: rank {rank}: saving checkpoint step-(\d{{8}}) failed: {culprit}{cause} on {save_dir} \({detail}\); "
+    r"the last complete checkpoint (step-\d{{8}}) is intact; {fix} and resume with --resume auto"
+)
+
+
+def _launch_ranks(flags: list[str], *, rank1_prefix: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(ENV, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+        command = [*(rank1_prefix if rank == 1 else ()), sys.executable, "scripts/train.py", *flags]
+        procs.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=dict(env, MASTER_PORT=port),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+        )
+    return procs
+
+
+def _one_error_line_each(procs: list[subprocess.Popen]) -> list[str]:
+    """Wait for every rank; each must exit 1 with exactly one `error:` line and no traceback."""
+    lines = []
+    for rank, proc in enumerate(procs):
+        try:
+            _, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            pytest.fail(f"rank {rank} did not exit")
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+        lines.append(errors[0])
+    return lines
+
+
+def _only_complete_checkpoints(save_dir: pathlib.Path, latest: str) -> list[str]:
+    from zero_train.checkpoint import atomic
+
+    assert (save_dir / "latest").read_text().strip() == latest
+    assert atomic.resolve(save_dir) == save_dir / latest  # every file verified against its manifest
+    names = sorted(p.name for p in save_dir.iterdir())
+    assert not [name for name in names if ".tmp" in name], names  # the staging folder was removed
+    return names
+
+
+@pytest.mark.multiproc
+def test_full_disk_during_a_save_stops_every_zero1_rank_with_one_line(workdir, tmp_path):
+    from storage_helpers import tmpfs
+
+    with tmpfs(tmp_path / "fs", "12m") as fs:  # one tiny zero1 checkpoint (7.8 MB) fits, two do not
+        save_dir = fs / "ckpt"
+        procs = _launch_ranks(
+            _flags(workdir, "zero1", tmp_path, "--save-dir", str(save_dir), "--save-every", "2")
+        )
+        lines = _one_error_line_each(procs)
+        for rank, line in enumerate(lines):
+            pattern = SAVE_FAILED.format(
+                rank=rank, culprit="", cause="no space left on device", save_dir=save_dir,
+                detail=r"4\.\d MB free, this checkpoint needs about 7\.\d MB", fix="free space",
+            )  # fmt: skip
+            match = re.fullmatch(pattern, line)
+            assert match and match.groups() == ("00000004", "step-00000002"), line
+        assert _only_complete_checkpoints(save_dir, "step-00000002") == ["latest", "step-00000002"]
+
+
+@pytest.mark.multiproc
+def test_save_dir_read_only_for_one_rank_during_a_background_save_stops_every_rank(workdir, tmp_path):
+    """DeepSpeed ZeRO-1, --async-save, --save-total-limit 1: rank 1 runs in its own mount namespace, where the
+    save dir turns read-only once the first checkpoint is complete; rank 0 still writes its files. The ranks
+    agree in the background thread, so none publishes, and both stop at the same step."""
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    private_mount = ("unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" "$0" && exec "$@"',
+                     str(save_dir))  # fmt: skip
+    if os.geteuid() != 0 or subprocess.run([*private_mount, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs root (a private mount namespace per rank: unshare --mount)")
+    flags = _flags(workdir, "deepspeed", tmp_path, "--save-dir", str(save_dir), "--save-every", "2",
+                   "--async-save", "--save-total-limit", "1", "--max-steps", "16")  # fmt: skip
+    procs = _launch_ranks(flags, rank1_prefix=private_mount)
+    deadline = time.monotonic() + 240
+    while not (save_dir / "latest").exists() and time.monotonic() < deadline and procs[1].poll() is None:
+        time.sleep(0.02)
+    remount = ["nsenter", "-t", str(procs[1].pid), "-m", "mount", "-o", "remount,bind,ro", str(save_dir)]
+    subprocess.run(remount, check=True, capture_output=True)
+    lines = _one_error_line_each(procs)
+    steps = set()
+    for rank, line in enumerate(lines):
+        pattern = SAVE_FAILED.format(
+            rank=rank, culprit="" if rank == 1 else "rank 1: ", cause="read-only file system", save_dir=save_dir,
+            detail=r"\[Errno 30\] Read-only file system: .*", fix=r"make it writable \(or pick another --save-dir\)",
+        )  # fmt: skip
+        match = re.fullmatch(pattern, line)
+        assert match, line
+        steps.add(match.groups())
+    (failed, latest), *others = steps
+    assert not others and int(failed) > int(latest[5:])  # every rank names the same save and checkpoint
+    assert _only_complete_checkpoints(save_dir, latest) == ["latest", latest]  # --save-total-limit 1

@@ -182,6 +182,12 @@ CASES = [
          "is a folder", preserved=["not-empty"]),
     Case("train-export-below-a-file", "train.py", [*TRAIN, "--export-hf", "{w}/a_file/hf"],
          "is a file, not a folder"),
+    # scripts/train.py checkpoint options (full disks and read-only save dirs mid-run: tests/test_faults.py)
+    Case("train-save-total-limit-zero", "train.py", [*TRAIN, "--save-dir", "{w}/new-saves", "--save-total-limit",
+         "0"], "--save-total-limit"),
+    Case("train-save-total-limit-without-save-dir", "train.py", [*TRAIN, "--save-total-limit", "2"],
+         "--save-total-limit needs --save-dir"),
+    Case("train-async-save-without-save-dir", "train.py", [*TRAIN, "--async-save"], "--async-save needs --save-dir"),
     # scripts/train.py --resume: damaged checkpoints are refused naming the file, nothing is written
     Case("resume-missing-folder", "train.py", [*TRAIN, "--resume", "{w}/no-ckpt"], "does not exist"),
     Case("resume-truncated-file", "train.py", [*TRAIN, "--resume", "{w}/ckpt-truncated", "--save-dir",

@@ -18,6 +18,7 @@ refused).
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import pickle
@@ -37,6 +38,8 @@ from zero_train.checkpoint.manifest import (
     write_durably,
     write_manifest,
 )
+from zero_train.checkpoint.rotation import rotate
+from zero_train.checkpoint.storage import StorageError, describe_failure
 from zero_train.runtime.errors import UsageError
 
 LATEST_FILE = "latest"
@@ -53,7 +56,7 @@ def begin(save_dir, step: int, *, dist_info, process_group=None) -> pathlib.Path
     """Start a save: rank 0 creates a fresh staging folder; every rank gets its path.
 
     Collective (every rank calls it). Staging folders left by crashed saves are deleted first. An error on
-    rank 0 (e.g. an unwritable save dir) reaches every rank as the same UsageError instead of a hang.
+    rank 0 (e.g. a full or read-only save dir) reaches every rank as the same StorageError instead of a hang.
 
     Args:
         save_dir: the --save-dir (created if missing).
@@ -72,24 +75,38 @@ def begin(save_dir, step: int, *, dist_info, process_group=None) -> pathlib.Path
     return pathlib.Path(save_dir) / name
 
 
-def commit(save_dir, staging: pathlib.Path, *, dist_info, process_group=None) -> pathlib.Path:
-    """Finish a save: wait for every rank, write the manifest last, rename, move `latest`.
+def commit(
+    save_dir,
+    staging: pathlib.Path,
+    *,
+    dist_info,
+    process_group=None,
+    written: dict[str, int] | None = None,
+    keep_last: int | None = None,
+) -> pathlib.Path:
+    """Finish a save: wait for every rank, write the manifest last, rename, move `latest`, rotate.
 
     Collective. Nothing that resolve() would return changes until the final rename; `latest` moves after
-    it, atomically.
+    it, atomically. Old checkpoints are deleted only then (zero_train.checkpoint.rotation).
 
     Args:
         save_dir: the --save-dir.
         staging: what begin() returned (every rank has finished writing into it when it calls commit).
         dist_info: this process's DistInfo.
         process_group: as given to begin().
+        written: relpath -> bytes of every file the ranks wrote; each must be there with that size
+            before the manifest is written (a folder that vanished and reappeared is not published).
+        keep_last: keep only this many complete checkpoints (--save-total-limit; None keeps all).
 
     Returns:
         The complete checkpoint folder `<save_dir>/step-XXXXXXXX`.
+
+    Raises:
+        StorageError: on every rank, when rank 0 could not finish (disk full, read-only, vanished).
     """
     _barrier(dist_info, process_group)  # every rank's files are closed
     name = on_rank0(
-        lambda: _publish(pathlib.Path(save_dir), pathlib.Path(staging)),
+        lambda: _publish(pathlib.Path(save_dir), pathlib.Path(staging), written or {}, keep_last),
         dist_info=dist_info,
         process_group=process_group,
     )
@@ -97,7 +114,8 @@ def commit(save_dir, staging: pathlib.Path, *, dist_info, process_group=None) ->
 
 
 def on_rank0(action, *, dist_info, process_group=None):
-    """Run `action()` on rank 0 only; every rank returns its result, or raises the UsageError it raised.
+    """Run `action()` on rank 0 only; every rank returns its result, or raises the UsageError (or
+    StorageError) it raised.
 
     Collective: the other ranks wait in a broadcast (so within the group's timeout) and never hang on an
     error of rank 0.
@@ -184,9 +202,7 @@ def _create_staging(save_dir: pathlib.Path, step: int) -> str:
         name = f"{step_dir_name(step)}{STAGING_MARK}-{uuid.uuid4().hex[:12]}"
         (save_dir / name).mkdir()
     except OSError as err:
-        raise UsageError(
-            f"cannot write checkpoints to --save-dir {str(save_dir)!r}: {err.strerror or err}"
-        ) from err
+        raise describe_failure(err, save_dir, needed_bytes=None) from err
     return name
 
 
@@ -213,9 +229,10 @@ def _is_staging(path: pathlib.Path) -> bool:
     return path.name.startswith("step-") and STAGING_MARK in path.name
 
 
-def _publish(save_dir: pathlib.Path, staging: pathlib.Path) -> str:
+def _publish(save_dir: pathlib.Path, staging: pathlib.Path, written: dict[str, int], keep_last) -> str:
     final = save_dir / staging.name.split(STAGING_MARK)[0]
     try:
+        _check_written(staging, written)
         write_manifest(staging)
         fsync_dir(staging)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it
@@ -224,8 +241,18 @@ def _publish(save_dir: pathlib.Path, staging: pathlib.Path) -> str:
         fsync_dir(save_dir)
         _write_latest(save_dir, final.name)
     except OSError as err:
-        raise UsageError(f"cannot finish checkpoint {final}: {err.strerror or err}") from err
+        raise describe_failure(err, save_dir, needed_bytes=None) from err
+    if keep_last:
+        rotate(save_dir, keep_last)
     return final.name
+
+
+def _check_written(staging: pathlib.Path, written: dict[str, int]) -> None:
+    """OSError (ENOENT) unless every file a rank wrote is in the staging folder with its size."""
+    for relpath, size in sorted(written.items()):
+        target = staging / relpath
+        if not target.is_file() or target.stat().st_size != size:
+            raise FileNotFoundError(errno.ENOENT, "a file the ranks wrote is gone", str(target))
 
 
 def _write_latest(save_dir: pathlib.Path, name: str) -> None:
@@ -282,16 +309,18 @@ def _unsafe_globals(target: pathlib.Path) -> str:
     return ", ".join(names[:5]) if names else "non-tensor Python objects"
 
 
-def _attempt(action) -> tuple[str, str]:
+def _attempt(action) -> tuple[str, Any]:
     """Run rank 0's part; ("ok", value) or ("error", message) so other ranks can raise the same error."""
     try:
         return ("ok", action())
     except UsageError as err:
         return ("error", str(err))
+    except StorageError as err:
+        return ("storage", (err.what, err.fix))
 
 
-def _share_outcome(outcome: tuple[str, str] | None, dist_info, process_group) -> str:
-    """Broadcast rank 0's outcome; every rank returns its value or raises its UsageError."""
+def _share_outcome(outcome: tuple[str, Any] | None, dist_info, process_group) -> Any:
+    """Broadcast rank 0's outcome; every rank returns its value or raises its UsageError / StorageError."""
     if dist_info.world_size > 1 and dist.is_initialized():
         box = [outcome]
         dist.broadcast_object_list(box, src=_group_src(process_group), group=process_group)
@@ -299,6 +328,8 @@ def _share_outcome(outcome: tuple[str, str] | None, dist_info, process_group) ->
     status, value = outcome
     if status == "error":
         raise UsageError(value)
+    if status == "storage":
+        raise StorageError(*value)
     return value
 
 

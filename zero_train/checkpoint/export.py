@@ -27,6 +27,7 @@ import torch
 from zero_train.checkpoint import atomic as checkpoint
 from zero_train.checkpoint.files import DEEPSPEED_DIR, MODEL_DIR, WEIGHTS_FILE
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
+from zero_train.checkpoint.rotation import reading
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
 
@@ -225,9 +226,10 @@ def export_checkpoint(
     """
     check_export_dir(out_dir, force=force)
     ckpt = checkpoint.resolve(ckpt_dir)
-    run = read_run_info(ckpt)
-    config = _read_config(ckpt, run)
-    weights = _read_weights(ckpt)
+    with reading(ckpt):  # a training run's --save-total-limit keeps it until it is read
+        run = read_run_info(ckpt)
+        config = _read_config(ckpt, run)
+        weights = _read_weights(ckpt)
     tokenizer_spec = tokenizer if tokenizer is not None else run.get("tokenizer")  # None: offline default
     if tokenizer_spec is not None and not isinstance(tokenizer_spec, str):
         raise UsageError(

@@ -17,9 +17,10 @@ import pathlib
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from zero_train.checkpoint.atomic import safe_torch_load
+from zero_train.checkpoint.writes import StagedWrites
 from zero_train.runtime.errors import UsageError
 
 MODEL_DIR = "model"
@@ -41,11 +42,9 @@ def rank_file(path, rank: int) -> pathlib.Path:
     return pathlib.Path(path) / OPTIM_DIR / f"rank-{rank:05d}.pt"
 
 
-def save_rank_file(path, rank: int, payload: dict[str, Any]) -> None:
-    """Write `payload` (tensors, numbers, strings, containers of them) to this rank's file."""
-    target = rank_file(path, rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, target)
+def save_rank_file(writes: StagedWrites, rank: int, payload: dict[str, Any]) -> None:
+    """Hand `payload` (tensors, numbers, strings, containers of them) to `writes` as this rank's file."""
+    writes.torch_save(f"{OPTIM_DIR}/rank-{rank:05d}.pt", payload)
 
 
 def load_rank_file(path, rank: int) -> dict[str, Any]:
@@ -109,15 +108,14 @@ def unique_state_dict(model: torch.nn.Module, replace: dict[int, torch.Tensor] |
     return result
 
 
-def write_model(path, model: torch.nn.Module, state_dict: dict[str, torch.Tensor] | None) -> None:
-    """Rank 0: model/config.json and, if given, model/model.safetensors."""
-
-    model_dir = pathlib.Path(path) / MODEL_DIR
-    model_dir.mkdir(parents=True, exist_ok=True)
+def write_model(
+    writes: StagedWrites, model: torch.nn.Module, state_dict: dict[str, torch.Tensor] | None
+) -> None:
+    """Rank 0: model/config.json and, if given, model/model.safetensors (handed to `writes`)."""
     if getattr(model, "config", None) is not None:
-        model.config.save_pretrained(model_dir)
+        writes.text(f"{MODEL_DIR}/config.json", model.config.to_json_string(use_diff=True))
     if state_dict is not None:
-        save_file(state_dict, str(model_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+        writes.safetensors(f"{MODEL_DIR}/{WEIGHTS_FILE}", state_dict, metadata={"format": "pt"})
 
 
 def read_weights(path) -> dict[str, torch.Tensor]:

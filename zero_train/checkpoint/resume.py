@@ -1,4 +1,4 @@
-"""Checkpoints as the train loop uses them: what goes into client_state, saving, resuming.
+"""Checkpoints as the train loop uses them: what goes into client_state, resuming (saving: checkpoint.save).
 
 A checkpoint is `<save_dir>/step-XXXXXXXX/` (zero_train.checkpoint.atomic: staged writes, the manifest, the atomic
 move of `latest`, verification on load). The loop adds `run.json` (rank 0) and every rank's client_state:
@@ -58,33 +58,6 @@ def restore_rng(state: dict, device: torch.device | str = "cpu") -> None:
 def _python_rng_to_plain(state: tuple) -> tuple:
     version, internal, gauss = state
     return (int(version), [int(x) for x in internal], gauss)
-
-
-def save_checkpoint(
-    engine, *, save_dir, step: int, client_state: dict, run_info: dict, dist_info, process_group=None
-) -> pathlib.Path:
-    """Write a complete checkpoint of `engine` at `step` (collective: every rank calls it).
-
-    Args:
-        engine: the training engine (writes model/optimizer files into the staging dir).
-        save_dir: the --save-dir.
-        step: optimizer steps done.
-        client_state: this rank's loop state (step, data position, rng).
-        run_info: what rank 0 records in run.json (engine, model, settings, ...).
-        dist_info: this process's DistInfo.
-        process_group: where the ranks wait for rank 0's staging, manifest hashing and publishing
-            (default: the world; the loop passes zero_train.runtime.dist.rank0_work_group's long timeout).
-
-    Returns:
-        The final checkpoint directory.
-    """
-    staging = pathlib.Path(checkpoint.begin(save_dir, step, dist_info=dist_info, process_group=process_group))
-    engine.save_checkpoint(staging, client_state=client_state)
-    if dist_info.is_main:
-        (staging / RUN_FILE).write_text(json.dumps(dict(run_info, step=step), indent=2, default=str))
-    return pathlib.Path(
-        checkpoint.commit(save_dir, staging, dist_info=dist_info, process_group=process_group)
-    )
 
 
 def resume_path(resume: str | None, save_dir: str | None) -> pathlib.Path | None:

@@ -23,6 +23,7 @@ from zero_train.checkpoint.files import (
     unique_state_dict,
     write_model,
 )
+from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import build_optimizer, set_lr
@@ -97,8 +98,12 @@ class DDPEngine(LocalEngine):
         """The full optimizer state on rank 0 (collective in subclasses that shard it)."""
         return self.optimizer.state_dict() if self.dist_info.is_main else None
 
-    def save_checkpoint(self, path, *, client_state: dict) -> None:
-        """Rank 0: model/ (fp32 weights) and the optimizer; every rank: its client_state and counters."""
+    def save_checkpoint(self, out, *, client_state: dict) -> None:
+        """Rank 0: model/ (fp32 weights) and the optimizer; every rank: its client_state and counters.
+
+        `out` is a StagedWrites (zero_train.checkpoint.writes) or a folder to write into at once.
+        """
+        writes = as_staged_writes(out)
         optimizer_state = self._optimizer_state()
         payload = dict(
             client_state=client_state,
@@ -106,9 +111,9 @@ class DDPEngine(LocalEngine):
             loss_scaler=None if self.loss_scaler is None else self.loss_scaler.state_dict(),
         )
         if self.dist_info.is_main:
-            write_model(path, self.model, self.full_state_dict())
+            write_model(writes, self.model, self.full_state_dict())
             payload["optimizer"] = optimizer_state
-        save_rank_file(path, self.dist_info.rank, payload)
+        save_rank_file(writes, self.dist_info.rank, payload)
 
     def load_checkpoint(self, path) -> dict:
         """Restore weights, optimizer, loss scale and counters; returns this rank's client_state.

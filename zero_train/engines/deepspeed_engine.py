@@ -14,6 +14,7 @@ import pathlib
 
 import deepspeed
 import torch
+from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 from deepspeed.utils import safe_get_full_fp32_param
 
 from zero_train.checkpoint.deepspeed_universal import load_universal, saved_world_size
@@ -25,6 +26,7 @@ from zero_train.checkpoint.files import (
     save_rank_file,
     write_model,
 )
+from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import StepResult
 from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
 from zero_train.engines.optim import build_optimizer
@@ -104,16 +106,29 @@ class DeepSpeedEngine:
         """The learning rate the next optimizer step will use (DeepSpeed's scheduler already set it)."""
         return float(self.ds_engine.get_lr()[0])
 
-    def save_checkpoint(self, path, *, client_state: dict) -> None:
-        """DeepSpeed's save_checkpoint into `<path>/deepspeed`; model/config.json; per-rank client state."""
-        path = pathlib.Path(path)
-        self.ds_engine.save_checkpoint(
-            str(path / DEEPSPEED_DIR), tag=CHECKPOINT_TAG, client_state={}, save_latest=False
-        )
+    def save_checkpoint(self, out, *, client_state: dict) -> None:
+        """DeepSpeed's save_checkpoint into `<out>/deepspeed`; model/config.json; per-rank client state.
+
+        DeepSpeed builds its state dicts and calls its checkpoint engine for each file; ours hands them to
+        `writes` instead (zero_train.checkpoint.writes), so a failed write is recorded rather than raised
+        between DeepSpeed's barriers, and --async-save can write them later.
+        """
+        writes = as_staged_writes(out)
+        capture = CapturingCheckpointEngine(writes)
+        own_engine, self.ds_engine.checkpoint_engine = self.ds_engine.checkpoint_engine, capture
+        # rank 0 copies DeepSpeed's recovery scripts with shutil, past the checkpoint engine
+        self.ds_engine._copy_recovery_script = capture.copy_recovery_scripts
+        try:
+            self.ds_engine.save_checkpoint(
+                str(writes.staging / DEEPSPEED_DIR), tag=CHECKPOINT_TAG, client_state={}, save_latest=False
+            )
+        finally:
+            self.ds_engine.checkpoint_engine = own_engine
+            del self.ds_engine._copy_recovery_script
         if self.dist_info.is_main:
-            write_model(path, self.model, None)
+            write_model(writes, self.model, None)
         save_rank_file(
-            path, self.dist_info.rank, dict(client_state=client_state, micro_steps=self.micro_steps)
+            writes, self.dist_info.rank, dict(client_state=client_state, micro_steps=self.micro_steps)
         )
 
     def load_checkpoint(self, path) -> dict:
@@ -200,3 +215,40 @@ def _in_state_dict_order(model: torch.nn.Module, tensors: dict[str, torch.Tensor
     """`tensors` reordered like model.state_dict(); persistent buffers only; a tied duplicate dropped."""
     ordered = {name: tensors[name] for name in model.state_dict() if name in tensors}
     return ordered
+
+
+class CapturingCheckpointEngine(CheckpointEngine):
+    """A DeepSpeed checkpoint engine that hands every file to a StagedWrites instead of writing it.
+
+    Folders are created by the writes themselves (below the staging folder only); loading is never done
+    through it (it is installed for the duration of one save_checkpoint call).
+    """
+
+    def __init__(self, writes) -> None:
+        super().__init__()
+        self.name = "zero_train.StagedWrites"
+        self.writes = writes
+
+    def create(self, info) -> None:
+        """Nothing to prepare."""
+
+    def makedirs(self, path, exist_ok=False) -> None:
+        """Folders appear with their first file."""
+
+    def save(self, state_dict, path: str) -> None:
+        """Hand the state dict to the StagedWrites (a snapshot of it, when deferred)."""
+        self.writes.torch_save(self.writes.relpath(path), state_dict)
+
+    def load(self, path: str, map_location=None):
+        """Never used: the engine is swapped in for saving only."""
+        raise AssertionError("CapturingCheckpointEngine only saves")
+
+    def commit(self, info) -> bool:
+        """The StagedWrites' owner commits the checkpoint (zero_train.checkpoint.save)."""
+        return True
+
+    def copy_recovery_scripts(self, save_path) -> None:
+        """DeepSpeed's zero_to_fp32.py and zero_to_torch.py beside the tag folder, as DeepSpeed copies them."""
+        scripts = pathlib.Path(deepspeed.__file__).parent / "utils"
+        for script in ("zero_to_fp32.py", "zero_to_torch.py"):
+            self.writes.copy(self.writes.relpath(pathlib.Path(save_path) / script), scripts / script)

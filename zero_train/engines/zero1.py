@@ -21,6 +21,7 @@ from zero_train.checkpoint.files import (
     unique_state_dict,
     write_model,
 )
+from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
@@ -92,18 +93,22 @@ class Zero1Engine(LocalEngine):
             return None
         return {id(p): m for p, m in zip(self.model.parameters(), full, strict=True)}
 
-    def save_checkpoint(self, path, *, client_state: dict) -> None:
-        """Rank 0: model/ (full fp32 weights); every rank: its optimizer shard, counters, client_state."""
+    def save_checkpoint(self, out, *, client_state: dict) -> None:
+        """Rank 0: model/ (full fp32 weights); every rank: its optimizer shard, counters, client_state.
+
+        `out` is a StagedWrites (zero_train.checkpoint.writes) or a folder to write into at once.
+        """
+        writes = as_staged_writes(out)
         state = self.full_state_dict()
         if self.dist_info.is_main:
-            write_model(path, self.model, state)
+            write_model(writes, self.model, state)
         payload = dict(
             client_state=client_state,
             counters=self.counters(),
             world_size=self.dist_info.world_size,
             optimizer=self.optimizer.state_dict(),
         )
-        save_rank_file(path, self.dist_info.rank, payload)
+        save_rank_file(writes, self.dist_info.rank, payload)
 
     def load_checkpoint(self, path) -> dict:
         """Restore weights, this rank's optimizer shard and counters; returns this rank's client_state."""

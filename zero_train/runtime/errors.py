@@ -36,6 +36,13 @@ class UsageError(ValueError):
         self.problems = list(problems or [])
 
 
+class Fault(RuntimeError):
+    """A runtime fault the program can describe in one line (e.g. a checkpoint that could not be saved).
+
+    Entry points print `error: <message>` and exit with code 1, with no traceback.
+    """
+
+
 def fail(message: str) -> NoReturn:
     """Print `error: <message>` to stderr and exit with code 2."""
     print(f"error: {message}", file=sys.stderr, flush=True)
@@ -45,8 +52,8 @@ def fail(message: str) -> NoReturn:
 def run_cli(entry: Callable[[], int | None]) -> NoReturn:
     """Run `entry`: UsageError -> one line + exit 2; a runtime fault -> one line + exit 1.
 
-    Runtime faults are NonFiniteError and distributed failures (a dead or hung peer
-    rank, see zero_train.runtime.faults); anything else is a bug and keeps its traceback.
+    Runtime faults are `Fault`s (a failed checkpoint save), NonFiniteError and distributed failures (a dead or
+    hung peer rank, see zero_train.runtime.faults); anything else is a bug and keeps its traceback.
     """
     try:
         code = entry()
@@ -54,6 +61,8 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
         for problem in err.problems:
             print(f"error: {problem}", file=sys.stderr)
         fail(str(err))
+    except Fault as err:
+        _fault(str(err))
     except RuntimeError as err:
         # here: only a failing run needs it; it loads socket/signal, which `zero-train --help` should not
         from zero_train.runtime.faults import describe_fault, is_distributed_fault

@@ -120,6 +120,20 @@ def _add_output_flags(parser: argparse.ArgumentParser) -> None:
         help="checkpoint every K steps and at the end (needs --save-dir; 0 = only at the end)",
     )
     add(
+        "--save-total-limit",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="keep only the last K complete checkpoints (older ones are deleted once a new one is complete; "
+        "never the one `latest` names, nor one being read)",
+    )
+    add(
+        "--async-save",
+        action="store_true",
+        help="write checkpoints in a background thread (state copied to host memory first); training goes "
+        "on meanwhile, `latest` moves when the write is complete",
+    )
+    add(
         "--resume",
         default=None,
         metavar="PATH|auto",

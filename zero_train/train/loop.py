@@ -18,7 +18,9 @@ import statistics
 import sys
 import time
 
-from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng, save_checkpoint
+from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng
+from zero_train.checkpoint.rotation import reading
+from zero_train.checkpoint.save import CheckpointSaver, SaveOptions, estimate_checkpoint_bytes
 from zero_train.memory.probe import MemoryProbe
 from zero_train.memory.record import write_record
 from zero_train.runtime.device import synchronize
@@ -108,6 +110,13 @@ class Trainer:
         self.last_loss = math.nan
         self.last_eval: dict | None = None
         self.checkpoint = None
+        self.saver = None
+        if args.save_dir:
+            options = SaveOptions(
+                save_dir=args.save_dir, keep_last=args.save_total_limit, background=args.async_save
+            )
+            self.saver = CheckpointSaver(options, dist_info=dist_info)
+        self.estimated_checkpoint_bytes: int | None = None
 
     def close(self) -> None:
         """Release the engine (its `close()`, if it has one: DeepSpeed's engine and buffers), data and probe.
@@ -196,7 +205,11 @@ class Trainer:
             self.probe.on_step_end(self.engine, step)
         synchronize(self.dist_info.device)
         elapsed = time.perf_counter() - started
-        loss, memory = _gather_loss_and_memory(sum(losses) / len(losses), self.dist_info)
+        save_failed = self.saver is not None and self.saver.failed_in_background()
+        loss, memory, save_failed = _gather_loss_and_memory(
+            sum(losses) / len(losses), self.dist_info, save_failed=save_failed
+        )
+        self._check_background_save(save_failed)
         self.guard.check(step=step, loss=loss, grad_norm=result.grad_norm, skipped=result.skipped)
         self.step_times.append(elapsed)
         self.last_loss = loss
@@ -264,17 +277,38 @@ class Trainer:
             world_size=self.dist_info.world_size,
             settings={name: getattr(self.settings, name) for name in self.settings.__slots__},
         )
+        if self.estimated_checkpoint_bytes is None:
+            self.estimated_checkpoint_bytes = estimate_checkpoint_bytes(
+                self.engine, num_params=num_params(self.engine.model), dist_info=self.dist_info
+            )
         with rank0_work_group(self.dist_info.world_size) as waiting:  # rank 0 hashes and publishes alone
-            self.checkpoint = save_checkpoint(
+            saved = self.saver.save(
                 self.engine,
-                save_dir=self.args.save_dir,
                 step=step,
                 client_state=client_state,
                 run_info=run_info,
-                dist_info=self.dist_info,
+                estimated_bytes=self.estimated_checkpoint_bytes,
                 process_group=waiting,
             )
-        self.log.info(f"checkpoint step {step}: {self.checkpoint}")
+        if saved is not None:
+            self._saved(saved)
+        else:
+            self.log.info(f"checkpoint step {step}: writing in the background")
+
+    def _saved(self, folder) -> None:
+        self.checkpoint = folder
+        self.log.info(f"checkpoint {folder.name}: {folder}")
+
+    def _check_background_save(self, failed_anywhere: bool) -> None:
+        """A background save that failed on any rank stops every rank here; a finished one is logged."""
+        if self.saver is None:
+            return
+        if failed_anywhere:
+            self.saver.wait()  # raises this rank's SaveFailed line (the ranks agreed in the thread)
+            raise AssertionError("a rank flagged a failed background save, but this rank's succeeded")
+        finished = self.saver.finished_in_background()
+        if finished is not None:
+            self._saved(finished)
 
     def _resume(self) -> tuple[int, int]:
         """(steps done, micro-steps consumed) from --resume, (0, 0) for a fresh start."""
@@ -283,7 +317,8 @@ class Trainer:
             if self.args.resume == "auto":
                 self.log.info(f"resume auto: no checkpoint in {self.args.save_dir} yet, starting fresh")
             return 0, 0
-        client_state = self.engine.load_checkpoint(ckpt)
+        with reading(ckpt):  # --save-total-limit never deletes a checkpoint while it is read
+            client_state = self.engine.load_checkpoint(ckpt)
         restore_rng(client_state["rng"], self.dist_info.device)
         step, micro_steps = int(client_state["step"]), int(client_state["micro_steps"])
         global_batch = self.settings.micro_batch_size * self.dist_info.world_size
@@ -309,8 +344,11 @@ class Trainer:
 
     def _finish(self, start_step: int) -> dict:
         steps_done = self.args.max_steps
-        if self.args.save_dir:
+        if self.saver is not None:
             self._save(steps_done)
+            finished = self.saver.wait()  # a background save (the last one) completes before the run ends
+            if finished is not None:
+                self._saved(finished)
         export = self._export()
         self._write_memory_report()
         median = statistics.median(self.step_times) if self.step_times else math.nan
@@ -383,8 +421,12 @@ def _profile_engine_name(engine: str, zero_stage: int) -> str:
     return f"ds{zero_stage}" if engine == "deepspeed" else engine
 
 
-def _gather_loss_and_memory(loss: float, dist_info) -> tuple[float, list[dict[str, int]]]:
-    """The mean loss over ranks and every rank's allocated/peak bytes (one small collective)."""
-    memory = memory_per_rank(dist_info.device, dist_info.world_size, extra=[loss])
-    mean_loss = sum(entry.pop("extra")[0] for entry in memory) / len(memory)
-    return mean_loss, memory
+def _gather_loss_and_memory(
+    loss: float, dist_info, *, save_failed: bool
+) -> tuple[float, list[dict[str, int]], bool]:
+    """The mean loss over ranks, every rank's allocated/peak bytes and whether any rank's background save
+    failed (one small collective, so that every rank stops at the same step)."""
+    memory = memory_per_rank(dist_info.device, dist_info.world_size, extra=[loss, float(save_failed)])
+    extras = [entry.pop("extra") for entry in memory]
+    mean_loss = sum(extra[0] for extra in extras) / len(extras)
+    return mean_loss, memory, any(extra[1] for extra in extras)

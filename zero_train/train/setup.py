@@ -53,6 +53,9 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
     """
     if args.save_every and not args.save_dir:
         raise UsageError("--save-every needs --save-dir (where to write checkpoints)")
+    for flag, given in (("--save-total-limit", args.save_total_limit), ("--async-save", args.async_save)):
+        if given and not args.save_dir:
+            raise UsageError(f"{flag} needs --save-dir (where to write checkpoints)")
     if args.resume == "auto" and not args.save_dir:
         raise UsageError("--resume auto needs --save-dir (where to look for the latest checkpoint)")
     if args.save_dir:
