@@ -172,7 +172,7 @@ class CheckpointSaver:
             )
         except StorageError as err:
             raise self._failed(step, err, culprit=0) from None
-        self.last_bytes = sum(written.values()) or self.last_bytes
+        self.last_bytes = checkpoint_bytes(final) or self.last_bytes  # the manifest counts every file
         return final
 
     def _agree(self, step: int, error: StorageError | None, *, group, staging=None, written=None) -> dict:

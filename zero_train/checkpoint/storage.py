@@ -115,11 +115,9 @@ def failure_line(*, rank: int, step: int, error: StorageError, save_dir, culprit
         save_dir: the --save-dir (its `latest` names the last complete checkpoint).
         culprit: the rank whose write failed, when it is not this one.
     """
-    from zero_train.checkpoint.atomic import step_dir_name
-
     who = f"rank {culprit}: " if culprit is not None and culprit != rank else ""
     return (
-        f"rank {rank}: saving checkpoint {step_dir_name(step)} failed: {who}{error.what}; "
+        f"rank {rank}: saving checkpoint step-{step:08d} failed: {who}{error.what}; "
         f"{_intact(save_dir)}; {error.fix} and resume with --resume auto"
     )
 

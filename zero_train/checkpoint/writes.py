@@ -83,6 +83,12 @@ class StagedWrites:
         """A copy of an existing file (DeepSpeed's recovery scripts)."""
         self._add(relpath, lambda target: shutil.copyfile(source, target))
 
+    def now(self, relpath: str, write: Callable[[pathlib.Path], None]) -> None:
+        """Run `write(<staging>/<relpath>)` at once, even when deferred: for a writer that coordinates the
+        ranks itself (torch.distributed.checkpoint: its files cannot wait for a thread of ours). A failure
+        is recorded like any other (DCP's CheckpointException is unwrapped to the storage error inside)."""
+        self._write(relpath, write)
+
     def relpath(self, path) -> str:
         """`path` (absolute, inside the staging folder) relative to it."""
         return pathlib.Path(path).resolve().relative_to(self.staging.resolve()).as_posix()
@@ -108,11 +114,13 @@ class StagedWrites:
                 raise FileNotFoundError(2, "No such file or directory", str(self.staging))
             target.parent.mkdir(parents=True, exist_ok=True)
             write(target)
-            self.written[relpath] = target.stat().st_size
-        except Exception as err:  # noqa: BLE001 - only storage failures are caught; anything else re-raised
-            if self.strict or not _is_storage_error(err):
+            if target.is_file():
+                self.written[relpath] = target.stat().st_size
+        except BaseException as err:  # DCP's CheckpointException is a BaseException; others re-raised below
+            cause = _storage_cause(err)
+            if self.strict or cause is None:
                 raise
-            self.error = describe_failure(err, self.save_dir, needed_bytes=self.needed_bytes)
+            self.error = describe_failure(cause, self.save_dir, needed_bytes=self.needed_bytes)
 
 
 def as_staged_writes(out) -> StagedWrites:
@@ -159,5 +167,13 @@ def _torch_save(obj: Any, target: pathlib.Path) -> None:
         torch.save(obj, handle)  # fsynced with every other file before the manifest is written
 
 
-def _is_storage_error(err: BaseException) -> bool:
-    return isinstance(err, WRITE_ERRORS) or type(err).__name__ == "SafetensorError"
+def _storage_cause(err: BaseException) -> BaseException | None:
+    """The storage failure behind `err` (itself, or inside DCP's CheckpointException); None for anything else."""
+    if isinstance(err, WRITE_ERRORS) or type(err).__name__ == "SafetensorError":
+        return err
+    for exc, _ in (
+        getattr(err, "failures", {}).values() if type(err).__name__ == "CheckpointException" else ()
+    ):
+        if (cause := _storage_cause(exc)) is not None:
+            return cause
+    return None

@@ -39,6 +39,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from zero_train.checkpoint.files import load_rank_file, rank_file, save_rank_file, write_model
+from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine, warn_unsupported
 from zero_train.engines.optim import build_optimizer, set_lr
@@ -162,21 +163,26 @@ class FSDP2Engine(LocalEngine):
                 unique[name] = state[name].detach().contiguous()
         return unique
 
-    def save_checkpoint(self, path, *, client_state: dict) -> None:
-        """DCP of model + optimizer shards (every rank), model/ full weights (rank 0), rank files."""
-        path = pathlib.Path(path)
+    def save_checkpoint(self, out, *, client_state: dict) -> None:
+        """DCP of model + optimizer shards (every rank), model/ full weights (rank 0), rank files.
+
+        `out` is a StagedWrites (zero_train.checkpoint.writes) or a folder to write into at once. DCP
+        coordinates the ranks' writes itself, so its part is written at once even under --async-save.
+        """
+        writes = as_staged_writes(out)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        dcp.save(dict(model=model_state, optimizer=optimizer_state), checkpoint_id=str(path / DCP_DIR))
+        state = dict(model=model_state, optimizer=optimizer_state)
+        writes.now(DCP_DIR, lambda target: dcp.save(state, checkpoint_id=str(target)))
         weights = self.full_state_dict()
         if self.dist_info.is_main:
-            write_model(path, self.model, weights)
+            write_model(writes, self.model, weights)
         payload = dict(
             client_state=client_state,
             counters=self.counters(),
             world_size=self.dist_info.world_size,
             loss_scaler=None if self.loss_scaler is None else self.loss_scaler.state_dict(),
         )
-        save_rank_file(path, self.dist_info.rank, payload)
+        save_rank_file(writes, self.dist_info.rank, payload)
 
     def load_checkpoint(self, path) -> dict:
         """Restore the shards from DCP (resharded to this world size); returns this rank's client_state."""
