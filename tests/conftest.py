@@ -12,14 +12,16 @@ zero_train.testing.run_ranks (fresh processes) for what leaves process-wide stat
 (deepspeed.comm, ZeRO-3's hooks), environment changes, a test that kills or times out a rank. A failed
 call closes that pool; the next rank_pool(n) starts a fresh one.
 
-Tiers: `-m quick` (bash scripts/test.sh -m quick, the inner loop, < 2 min) is every test not marked
-`multiproc` (spawns ranks) or `slow` (launches training processes); mark a new test accordingly.
+Tiers: `-m quick` (bash scripts/test.sh -m quick, the inner loop, < 2 min) is every test that is not
+`multiproc` (spawns ranks) or `slow` (launches processes). A test whose code or fixtures call run_ranks /
+rank_pool / RankPool is marked multiproc here, one that calls subprocess slow; mark by hand what hides it.
 
 ZT_DEVICE=cpu (and DeepSpeed's DS_ACCELERATOR=cpu) hold on a GPU machine too: the tests compare against
 bit-exact CPU references and run gloo rings; the CUDA branches are exercised by tests that force them
 (tests/test_gpu_paths.py), and scripts/gpu_check.sh runs the real thing on GPUs.
 """
 
+import inspect
 import os
 import pathlib
 
@@ -58,8 +60,35 @@ def rank_pool():
         pool.close()
 
 
+SPAWNS = ("run_ranks(", "rank_pool(", "RankPool(")
+LAUNCHES = ("subprocess.", "Popen(")
+
+
+def _sources(item) -> str:
+    """The test function's source and that of every fixture it uses (what it runs, directly or not)."""
+    functions = [getattr(item, "function", None)]
+    for defs in (
+        getattr(item, "_fixtureinfo", None).name2fixturedefs.values() if hasattr(item, "_fixtureinfo") else ()
+    ):
+        functions += [definition.func for definition in defs]
+    texts = []
+    for function in functions:
+        try:
+            texts.append(inspect.getsource(function))
+        except (OSError, TypeError):
+            continue
+    return "\n".join(texts)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Every test that is neither `multiproc` nor `slow` is `quick`."""
+    """Mark what spawns ranks `multiproc` and what launches processes `slow` (by the code the test and its
+    fixtures run, so that a new test is tiered without anyone remembering to); every other test is `quick`."""
     for item in items:
         if item.get_closest_marker("multiproc") is None and item.get_closest_marker("slow") is None:
-            item.add_marker(pytest.mark.quick)
+            source = _sources(item)
+            if any(word in source for word in SPAWNS):
+                item.add_marker(pytest.mark.multiproc)
+            elif any(word in source for word in LAUNCHES):
+                item.add_marker(pytest.mark.slow)
+            else:
+                item.add_marker(pytest.mark.quick)
