@@ -8,8 +8,6 @@ import platform
 import sys
 from importlib import metadata
 
-import torch
-
 
 def cpu_model() -> str:
     """The CPU's marketing name (/proc/cpuinfo on Linux, else platform's best guess)."""
@@ -56,6 +54,8 @@ def load_average() -> list[float] | None:
 
 def machine_info() -> dict:
     """CPU model, logical cores, GPUs, OS, Python and library versions."""
+    # here, not at the top: bench checks its flags before torch loads (bench_command imports this module first)
+    import torch
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return dict(

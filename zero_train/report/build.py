@@ -15,12 +15,6 @@ import shutil
 import tempfile
 
 from zero_train.memory.record import load_records
-from zero_train.report.compare import cell_sort_key, compare_cell
-from zero_train.report.explain import explain_cell
-from zero_train.report.markdown import render_report
-from zero_train.report.models import model_facts
-from zero_train.report.plots import write_plots
-from zero_train.report.summary import build_summary, write_summary
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
 
@@ -37,6 +31,11 @@ def analyze(records: list[dict]) -> list[dict]:
     Returns:
         One row per record; successful rows carry "explanations" (a list of sentences).
     """
+    # here, not at the top: a missing directory or a bad record is reported before torch loads (the comparison
+    # imports the peak model, which imports sharding/ and so torch)
+    from zero_train.report.compare import cell_sort_key, compare_cell
+    from zero_train.report.explain import explain_cell
+    from zero_train.report.models import model_facts
 
     rows, facts_of = [], {}
     for record in sorted(records, key=cell_sort_key):
@@ -67,6 +66,10 @@ def _load(directory: pathlib.Path) -> list[dict]:
 
 def _generate(rows: list[dict], directory: pathlib.Path, staging: pathlib.Path) -> list[str]:
     """Write plots, summary.json and report.md into `staging`; return the file names."""
+    # here, not at the top: as in analyze (the writers import the comparison)
+    from zero_train.report.markdown import render_report
+    from zero_train.report.plots import write_plots
+    from zero_train.report.summary import build_summary, write_summary
 
     plots = write_plots(rows, staging)
     files = [REPORT_NAME, SUMMARY_NAME, *plots["bytes_per_param"], *plots["categories"]]
@@ -111,7 +114,6 @@ def write_report(directory, out) -> dict[str, pathlib.Path]:
     Raises:
         UsageError: no or invalid records, or OUT cannot be written; nothing is left in OUT then.
     """
-
     directory = pathlib.Path(directory)
     records = _load(directory)
     out = check_output_dir(out, flag="--out")  # probed before any work: a file, /proc, a read-only folder

@@ -11,10 +11,6 @@ from __future__ import annotations
 import contextlib
 import sys
 
-with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-
 
 def deepspeed_estimate(
     num_params: int, world_size: int, stage: int, *, largest_layer_params: int = 0
@@ -30,6 +26,13 @@ def deepspeed_estimate(
     Returns:
         Bytes, or None where DeepSpeed has no estimator.
     """
+    if stage not in (2, 3):
+        return None
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; importing this module (report, estimate)
+    # must not pay for it, nor a report of failed cells or a bad input, which never asks for stage 2 or 3
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
     if stage == 2:
         _, gpu_bytes = estimate_zero2_model_states_mem_needs(
             num_params, num_gpus_per_node=world_size, num_nodes=1, cpu_offload=False
