@@ -8,7 +8,8 @@ launch (~15 s: two ranks importing torch, transformers and DeepSpeed on two core
 is the same code path as its own launch: `zero_train.train.loop.run_training` (or the Trainer peer's
 `run_peer`) on the parsed flags, from a fresh model built from the same seed, on the same data; it
 writes the same metrics JSONL and run record. After it the engine, its optimizer and DeepSpeed's
-state are released (Trainer.close(), DeepSpeed's destroy(), accelerate's singletons) and every rank
+state are released (Trainer.close(), DeepSpeed's destroy(), accelerate's singletons and the environment
+variables it set) and every rank
 measures what the allocator still holds against the level before the first run:
 
     runs/C-rK.done.json     rank 0, per finished run: wall_s, every rank's bytes before the first run
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import pathlib
 import sys
 import time
@@ -52,14 +54,19 @@ def train_one(run: dict) -> None:
     from zero_train.train.args import parse_args
 
     args = parse_args(run["argv"])
-    if run["peer"]:
-        from zero_train.bench.hf_peer import run_peer
+    environment = dict(os.environ)
+    try:
+        if run["peer"]:
+            from zero_train.bench.hf_peer import run_peer
 
-        run_peer(args)
-    else:
-        from zero_train.train.loop import run_training
+            run_peer(args)
+        else:
+            from zero_train.train.loop import run_training
 
-        run_training(args)
+            run_training(args)
+    finally:  # the Trainer's accelerate sets ACCELERATE_USE_DEEPSPEED & co.; the next run must not see them
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 def gather_bytes(value: int, dist_info) -> list[int]:
