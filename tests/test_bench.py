@@ -2,10 +2,11 @@
 
 One bench of 8 runs in ONE launch (ddp, zero1, zero2 and the HF Trainer peer with DeepSpeed ZeRO-1; fp32; 2
 steps, 2 repeats) checks that every engine is torn down (the second repeat leaves no more memory behind than the
-first did, well under one fp32 copy of the model), the JSON cells, that every number that must be positive is, and that the bytes per step are what
-the model's size says: the ZeRO paper's 2 Psi (as a 2-rank ring sends it: Psi elements per rank) within
-WIRE_TOLERANCE for DDP and our ZeRO-1 and ZeRO-2, and DeepSpeed's all-reduce + all-gather of Psi each. Timings are
-never compared here (noisy); only the benchmark compares them.
+first did, well under one fp32 copy of the model), the JSON cells, that every number that must be positive is,
+and that the bytes per step are what the model's size says: the ZeRO paper's 2 Psi (as a 2-rank ring sends it:
+Psi elements per rank) plus, exactly, the few words every step agrees on, for DDP and our ZeRO-1 and ZeRO-2; and
+DeepSpeed's all-reduce + all-gather of Psi each. Timings are never compared here (noisy); only the benchmark
+compares them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from zero_train.bench.cells import Cell, interleaved
 from zero_train.bench.machine import CPU_FLAGS
 from zero_train.bench.summary import WIRE_TOLERANCE, target_ratios
 from zero_train.cli.bench import bench_command
+from zero_train.hf.models import build_model, model_config
 from zero_train.runtime.errors import UsageError
 
 BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
@@ -76,9 +78,19 @@ def test_bytes_per_step_are_the_models_size(tiny_bench):
     assert cells["ddp"]["payload"]["all_reduce"] == psi_bytes  # DDP's buckets: every parameter once
     assert cells["zero1"]["payload"]["send_recv"] == 2 * psi_bytes  # both ends of each message, no padding
     assert cells["zero2"]["payload"]["send_recv"] == 2 * psi_bytes  # the buckets to their owners + all-gather
+    # our sharders agree on the step in one small all-reduce: a norm and a has-gradient flag per tensor, plus
+    # the overflow flag (fp32 words); the training loop all-gathers its step record (loss, memory, save flag)
+    tensors = sum(1 for p in build_model(model_config("tiny")).parameters() if p.requires_grad)
+    agreement = {"ddp": 0, "zero1": 4 * (2 * tensors + 1), "zero2": 4 * (2 * tensors + 1)}
+    step_record = cells["ddp"]["wire"]["all_gather"]
+    assert 0 < step_record <= 64
     for engine in ("ddp", "zero1", "zero2"):
         assert cells[engine]["paper_wire"] == psi_bytes
-        assert cells[engine]["wire"]["total"] == pytest.approx(psi_bytes, rel=WIRE_TOLERANCE)
+        assert cells[engine]["wire"]["all_gather"] == step_record
+        if engine != "ddp":
+            assert cells[engine]["wire"]["all_reduce"] == agreement[engine]
+        assert cells[engine]["wire"]["total"] == psi_bytes + agreement[engine] + step_record
+        assert agreement[engine] <= WIRE_TOLERANCE * psi_bytes  # what the bench's wire target allows
     deepspeed = cells["hf-ds1"]["payload"]  # ZeRO-1 on CPU: all-reduce the gradients, all-gather partitions
     assert deepspeed["all_reduce"] == pytest.approx(psi_bytes, rel=1e-3)
     assert deepspeed["all_gather"] == pytest.approx(psi_bytes, rel=1e-3)

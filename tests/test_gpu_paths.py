@@ -142,8 +142,11 @@ def test_train_step_timing_synchronises_before_both_clock_reads(monkeypatch):
     trainer.dist_info = type("D", (), dict(device=torch.device("cuda:1"), world_size=1, rank=0))()
     trainer.settings = type("S", (), dict(grad_accum=1))()
     trainer.engine, trainer.probe, trainer.tokens_per_step, trainer.step_times = Engine(), None, 100, []
+    trainer.saver = None  # no checkpointing in this run
     trainer.guard = type("G", (), dict(check=lambda self, **kw: None))()
-    monkeypatch.setattr(loop, "_gather_loss_and_memory", lambda loss, info: (loss, []))
+    monkeypatch.setattr(
+        loop, "_gather_loss_and_memory", lambda loss, info, save_failed: (loss, [], save_failed)
+    )
     record = trainer._train_step(1, iter([torch.zeros(1, 4)]))
     assert events == [("sync", "cuda:1"), ("clock",), ("forward",), ("step",), ("sync", "cuda:1"), ("clock",)]
     assert record["step_time_s"] == 2.5

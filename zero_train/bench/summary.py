@@ -17,9 +17,10 @@ import statistics
 from zero_train.comm.ledger import paper_volume_bytes, wire_from_payload
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-WIRE_TOLERANCE = 1e-4
+WIRE_TOLERANCE = 1e-3
 """Relative slack of the wire-bytes target: our sharders all-reduce two floats per tensor (norm, has-gradient
-flag) plus one (fp16 overflow) to agree on the step."""
+flag) plus one (fp16 overflow) to agree on the step: 1.0e-4 of Psi on the 0.64M-parameter tiny model, 1.2e-5
+on gpt2-25m."""
 
 # (name, numerator cell engine, denominator cell engine, what, comparison): "step" compares median step
 # times, "tokens" tokens/s (the inverse), "wire" the bytes sent per step; comparison "-": no target, shown.
