@@ -1,7 +1,8 @@
 """scripts/train.py end to end: real launchers, 2 CPU ranks, the tiny preset on a small local corpus.
 
 - through DeepSpeed's own launcher (`deepspeed --num_gpus 2`), ZeRO-2: loss goes down over 30 steps, the
-  JSONL metrics have every field for both ranks, evaluation reports perplexity = exp(eval loss);
+  JSONL metrics have every field for both ranks, evaluation reports perplexity = exp(eval loss); the same
+  run as two nodes on 127.0.0.1 (`deepspeed --hostfile H --no_ssh --node_rank 0|1`) gives the same losses;
 - in spawned ranks (zero_train.testing.run_ranks calling the same loop): ddp and our zero1 give the
   same fp32 loss curve; a run stopped at step 15 and resumed with `--resume auto` repeats the
   uninterrupted losses exactly; DeepSpeed ZeRO-1 and ZeRO-3 learn too; the --export-hf folders of ddp and
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -101,15 +103,26 @@ def _assert_learns(losses: list[float]) -> None:
     assert last < first - 0.5, f"loss did not go down: first 5 {first:.3f}, last 5 {last:.3f}"
 
 
-@pytest.mark.slow
-def test_deepspeed_launcher_zero2_learns_and_writes_metrics(workdir):
-    out = workdir / "ds2"
-    cmd = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), "scripts/train.py",
-           *_flags(workdir, 2, "deepspeed", "--max-steps", str(STEPS), "--eval-every", "10",
-                   "--metrics-file", str(out / "metrics.jsonl"))]  # fmt: skip
+def _ds2_flags(workdir: pathlib.Path, metrics_file: pathlib.Path) -> list[str]:
+    """scripts/train.py and its flags for the ZeRO-2 launcher runs (one node, and two nodes below)."""
+    return ["scripts/train.py", *_flags(workdir, 2, "deepspeed", "--max-steps", str(STEPS), "--eval-every", "10",
+                                        "--metrics-file", str(metrics_file))]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ds2_one_node(workdir) -> subprocess.CompletedProcess:
+    """`deepspeed --num_gpus 2` on ZeRO-2: 2 ranks on one node, metrics in workdir/ds2/metrics.jsonl."""
+    cmd = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+           *_ds2_flags(workdir, workdir / "ds2" / "metrics.jsonl")]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return proc
+
+
+@pytest.mark.slow
+def test_deepspeed_launcher_zero2_learns_and_writes_metrics(workdir, ds2_one_node):
+    proc = ds2_one_node
+    records = [json.loads(line) for line in (workdir / "ds2" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval_loss" in r]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
@@ -123,6 +136,36 @@ def test_deepspeed_launcher_zero2_learns_and_writes_metrics(workdir):
     _assert_learns([r["loss"] for r in steps])
     assert f"step {STEPS}/{STEPS} | loss" in proc.stdout  # the fixed step line, rank 0 only
     assert proc.stdout.count(f"step {STEPS}/{STEPS} |") == 1
+
+
+@pytest.mark.slow
+def test_deepspeed_hostfile_two_nodes_without_ssh_equal_one_node(workdir, ds2_one_node):
+    """Two `deepspeed --hostfile --no_ssh` launches on 127.0.0.1 (node ranks 0 and 1, one rank each) are
+    the same 2-rank world as `deepspeed --num_gpus 2`: same rank order, same gloo sums, so the same losses
+    and gradient norms to the last bit."""
+    hostfile = workdir / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # DeepSpeed refuses a host listed twice
+    port, metrics = str(free_port()), workdir / "two-nodes" / "metrics.jsonl"
+    nodes = [
+        subprocess.Popen([str(BIN / "deepspeed"), "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(rank),
+                          "--master_addr", "127.0.0.1", "--master_port", port, *_ds2_flags(workdir, metrics)],
+                         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+        for rank in (0, 1)
+    ]  # fmt: skip
+    try:
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:  # a node that died leaves the other waiting in a collective: stop both with their ranks
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    for node, output in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, output[-3000:]
+    assert "world size 2" in outputs[0] and f"step {STEPS}/{STEPS} |" not in outputs[1]  # rank 0 is on node 0
+    one_node = [json.loads(line) for line in (workdir / "ds2" / "metrics.jsonl").read_text().splitlines()]
+    two_nodes = [json.loads(line) for line in metrics.read_text().splitlines()]
+    keys = ("step", "loss", "grad_norm", "lr", "eval_loss")
+    assert [{k: r.get(k) for k in keys} for r in two_nodes] == [{k: r.get(k) for k in keys} for r in one_node]
 
 
 def _train_runs(rank: int, world_size: int, runs: list[list[str]], probe_batch: torch.Tensor) -> list[dict]:
