@@ -9,8 +9,8 @@ ZeRO-1, hf-ddp the Trainer's own DDP). Adding an engine to the benchmark is addi
 Order: repeat k runs each cell that has more than k repeats once; repeat 0 in the given order, later
 ones in a seeded shuffle, so that no engine always runs first (cold caches) or right after the same
 neighbour, and a burst of machine noise hits one repeat of several engines rather than every repeat of
-one engine. The engines the targets compare get `--repeats` runs, the others (ds2, ds3: table only)
-`--other-repeats`, so that the whole benchmark fits in minutes.
+one engine. The engines the targets compare get `--repeats` runs, the others (ds2, ds3, fsdp2-z2,
+fsdp2-z3: table only) `--other-repeats`, so that the whole benchmark fits in minutes.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ ENGINE_REGISTRY: dict[str, BenchEngine] = {
         BenchEngine("ds1", "deepspeed", 1, "ds1 (DeepSpeed ZeRO-1)"),
         BenchEngine("ds2", "deepspeed", 2, "ds2 (DeepSpeed ZeRO-2)"),
         BenchEngine("ds3", "deepspeed", 3, "ds3 (DeepSpeed ZeRO-3)"),
-        BenchEngine("fsdp2-z2", "fsdp2", 2, "fsdp2-z2 (torch FSDP2, kept gathered)", default=False),
-        BenchEngine("fsdp2-z3", "fsdp2", 3, "fsdp2-z3 (torch FSDP2, resharded)", default=False),
+        BenchEngine("fsdp2-z2", "fsdp2", 2, "fsdp2-z2 (torch FSDP2, kept gathered)"),
+        BenchEngine("fsdp2-z3", "fsdp2", 3, "fsdp2-z3 (torch FSDP2, resharded)"),
         BenchEngine("hf-ddp", "ddp", 0, "hf-ddp (HF Trainer, its DDP)", peer=True, default=False),
         BenchEngine("hf-ds1", "deepspeed", 1, "hf-ds1 (HF Trainer + DeepSpeed ZeRO-1)", peer=True),
         BenchEngine(
