@@ -27,9 +27,18 @@ GRAD_ATTRIBUTES = (
     "grad_partitions_flat_buffer",  # ZeRO-3
     "fp32_groups_gradients_flat",  # BF16_Optimizer
     "fp32_groups_gradient_flat_partition",
+    "accumulated_grads_in_cpu",  # ZeRO-1/2 offload_optimizer with accumulation: each touched tensor's gradient
 )
 # whole low-precision flat copies of the parameters
-PARAM_ATTRIBUTES = ("bit16_groups_flat", "fp16_partitioned_groups_flat", "bf16_groups_flat")
+PARAM_ATTRIBUTES = (
+    "bit16_groups_flat",
+    "fp16_partitioned_groups_flat",
+    "bf16_groups_flat",
+    "param_buffer_of_bit16_for_cpu_offload_groups",  # ZeRO-1/2 offload_optimizer: a 16-bit partition copy
+    "param_groups_fp16_flat_cpu_memory",  # ZeRO-3 offload_param: the 16-bit partition in host memory
+)
+# ZeRO-1/2 offload_optimizer's gradient staging buffers (largest tensor, on the host and on the device)
+OFFLOAD_BUFFER_ATTRIBUTES = ("temp_grad_buffer_for_cpu_offload", "temp_grad_buffer_for_gpu_offload")
 
 
 def _tensors(value) -> Iterator[torch.Tensor]:
@@ -85,6 +94,7 @@ def deepspeed_memory_categories(ds_engine, device: torch.device | None = None) -
         (v for state in getattr(inner, "state", {}).values() for v in _tensors(state)), seen, device=device
     )
     comm_buffers = tensor_bytes(_ipg_buffers(zero_optimizer), seen, device=device)
+    comm_buffers += tensor_bytes(_attributes(zero_optimizer, OFFLOAD_BUFFER_ATTRIBUTES), seen, device=device)
     return dict(
         params=params,
         grads=grads,

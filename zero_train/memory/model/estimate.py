@@ -188,11 +188,11 @@ def _stage(stage, shape, count, world_size, per_node, result, *, settings, devic
     from zero_train.memory.model.peak import backend_for, engine_peak
 
     engine = STAGE_ENGINES[stage]
-    model = engine_peak(engine, shape, world_size, backend=backend_for(device), activation_count=count, **run)
-    phases, host, nvme = model.phases, {}, 0
+    model = engine_peak(engine, shape, world_size, backend=backend_for(device), activation_count=count,
+                        host_in_phases=False, **run)  # fmt: skip
+    phases, host, nvme = model.phases, {}, 0  # engine_peak moved the offloaded terms off the device
     if stage > 0 and settings.active:
         inputs = _offload_inputs(stage, shape, world_size, model.rank, run)
-        phases = offload.device_phases(phases, inputs, settings)
         host, nvme = offload.host_terms(inputs, settings), offload.nvme_bytes(inputs, settings)
     totals = {name: sum(terms.values()) for name, terms in phases.items()}
     peak_phase = max(totals, key=lambda name: totals[name])
@@ -224,15 +224,10 @@ def _offload_inputs(stage, shape, world_size, rank, run) -> offload.OffloadInput
 
     deepspeed = DeepSpeedSettings.from_config(run["ds_config"], stage)
     probe = Run(shape=shape, world_size=world_size, precision=run["precision"],
-                micro_batch_size=run["micro_batch_size"], block_size=run["block_size"], deepspeed=deepspeed)  # fmt: skip
+                micro_batch_size=run["micro_batch_size"], block_size=run["block_size"], deepspeed=deepspeed,
+                grad_accum=run["grad_accum"])  # fmt: skip
     parts = flat_partitions(probe)
-    part = next((p for p in parts if p.rank == rank), parts[0])
-    persistent = sum(n for n in shape.param_numels if n < deepspeed.persistence_threshold)
-    return offload.OffloadInputs(
-        stage=stage, partition=part.elements, touched=part.touched, largest_tensor=probe.largest_tensor,
-        persistent=persistent, element_bytes=probe.element_bytes, grad_accum=run["grad_accum"],
-        sub_group_size=deepspeed.sub_group_size,
-    )  # fmt: skip
+    return offload.rank_inputs(stage, probe, next((p for p in parts if p.rank == rank), parts[0]))
 
 
 def _notes(result: SetupEstimate, settings: offload.OffloadSettings, count, ds_config) -> list[str]:

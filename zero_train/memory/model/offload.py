@@ -29,13 +29,18 @@ ZeRO-3 offload_param cpu: the 16-bit partition lives in pinned host memory eP
 
 Pinned (page-locked) or not (`pin_memory`), the bytes are the same; pinned bytes cannot be swapped out.
 Host bytes per node = ranks on the node x host bytes per rank (no term is shared between ranks).
+
+On a CPU-only run (`one_memory`) "device" and "host" are the same process memory: every host term is alive in
+every phase beside the device's (they are allocated in DeepSpeed's __init__, the Adam moments at the first
+step, the accumulation buffers at the first micro-batch, and none is freed before the run ends), so the
+process's peak is the device's phase peak plus the host's bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zero_train.memory.model.peak_terms import FP32_BYTES
+from zero_train.memory.model.peak_terms import FP32_BYTES, Partition, Run
 
 DEVICES = ("none", "cpu", "nvme")
 OPTIMIZER_MOVES = (
@@ -191,3 +196,59 @@ def _optimizer_offloaded(terms: dict[str, int], phase: str, inputs: OffloadInput
     if inputs.stage == 2 or phase == "step":
         terms["grads"] = max(0, terms.get("grads", 0) - partition_grads)
     terms["offload_grad_buffer"] = e * inputs.largest_tensor
+
+
+HOST_CATEGORIES = {
+    "master_params": "master_params",
+    "optimizer_states": "optimizer_states",
+    "fp32_grads": "grads",
+    "grads": "grads",
+    "accumulated_grads": "grads",
+    "params": "params",
+    "param_copy": "params",
+    "grad_staging_buffer": "comm_buffers",
+}
+"""The probe's category of each host term (zero_train.engines.deepspeed_memory attributes the same buffers)."""
+
+
+def rank_inputs(stage: int, run: Run, part: Partition) -> OffloadInputs:
+    """The offload inputs of the rank owning `part` (DeepSpeed's flat slice; ZeRO-3 splits every tensor)."""
+    persistent = sum(n for n in run.shape.param_numels if n < run.deepspeed.persistence_threshold)
+    return OffloadInputs(
+        stage=stage, partition=part.elements, touched=part.touched, largest_tensor=run.largest_tensor,
+        persistent=persistent, element_bytes=run.element_bytes, grad_accum=run.grad_accum,
+        sub_group_size=run.deepspeed.sub_group_size,
+    )  # fmt: skip
+
+
+def one_memory(phases: dict[str, dict[str, int]], host: dict[str, int]) -> dict[str, dict[str, int]]:
+    """A CPU-only run's phases: the device's phases with every host term beside them (prefixed `host_`)."""
+    named = {f"host_{name}": value for name, value in host.items() if value}
+    return {phase: {**terms, **named} for phase, terms in phases.items()}
+
+
+def host_boundary(
+    boundary: dict[str, int], inputs: OffloadInputs, settings: OffloadSettings, *, one: bool
+) -> dict[str, int]:
+    """Categories at the step boundary with offload: the moved terms leave the device; on one memory (CPU
+    runs, where the probe measures the process) the host's terms come back under the probe's categories."""  # fmt: skip
+    result = dict(boundary)
+    if settings.optimizer_device != "none":
+        result.update(master_params=0, optimizer_states=0)
+        if inputs.stage >= 2:
+            result["grads"] = (
+                0
+                if inputs.stage == 3
+                else max(0, result.get("grads", 0) - inputs.element_bytes * inputs.touched)
+            )
+        if inputs.stage < 3:
+            result["comm_buffers"] = (
+                result.get("comm_buffers", 0) + inputs.element_bytes * inputs.largest_tensor
+            )
+    if inputs.stage == 3 and settings.param_device != "none":
+        result["params"] = inputs.element_bytes * inputs.persistent
+    if one:
+        for name, value in host_terms(inputs, settings).items():
+            category = HOST_CATEGORIES.get(name, "comm_buffers")
+            result[category] = result.get(category, 0) + value
+    return result

@@ -28,13 +28,19 @@ checkpointing: the saved activations shrink to the blocks' inputs, and the end o
 the first block is recomputed (peak_terms.activation_terms).
 
 The probe (zero_train.memory.probe) measures forward and backward as ONE phase ("forward") and the step
-as another: MEASURED_PHASE maps ours onto them. Not modelled here: offload.
+as another: MEASURED_PHASE maps ours onto them.
+
+DeepSpeed offload (`offload_optimizer` / `offload_param` in ds_config, zero_train.memory.model.offload): the
+device's phases lose what moves to the host and gain DeepSpeed's device staging buffer; on a CPU run
+(backend gloo) the host IS the device, so every host term is added to every phase (`host_` terms). A GPU
+answer keeps the two apart (zero_train.memory.model.estimate puts the host terms beside the device's).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zero_train.memory.model import offload
 from zero_train.memory.model.peak_engines import (
     ddp_phases,
     deepspeed_boundary,
@@ -176,6 +182,7 @@ def engine_peak(
     grad_accum: int = 1,
     gradient_checkpointing: bool = False,
     activation_count: ActivationTerms | None = None,
+    host_in_phases: bool | None = None,
 ) -> PeakModel:
     """Our per-phase model of one engine (the rank with the highest peak, or `rank`).
 
@@ -185,14 +192,18 @@ def engine_peak(
         world_size: N, the data-parallel ranks.
         precision: "fp32", "bf16" or "fp16".
         micro_batch_size, block_size: one micro-batch per step (T = their product tokens).
-        ds_config: the DeepSpeed config (buckets, torch_adam, ZeRO-3 limits); None: DeepSpeed's defaults.
-        backend: "gloo" (CPU runs) or "nccl" (GPUs).
+        ds_config: the DeepSpeed config (buckets, torch_adam, ZeRO-3 limits, offload); None: DeepSpeed's
+            defaults.
+        backend: "gloo" (CPU runs: with offload, host terms are added to the phases) or "nccl" (GPUs: the
+            phases are the device's; offload.host_terms gives the host's).
         rank: model this rank (whole-tensor sharding and DeepSpeed's slices give ranks different shares);
             None: the rank with the highest peak.
         grad_accum: micro-batches per optimizer step.
         gradient_checkpointing: activation checkpointing (Hugging Face's, non-reentrant).
         activation_count: activations counted on the real architecture (anything with saved_bytes,
             loss_bytes, recompute_bytes, e.g. activations.count_activations's); None: GPT-2's formula.
+        host_in_phases: with offload, add the host's terms to every phase (a CPU run measures one process
+            memory); None: on gloo only. False keeps the phases the device's (estimate's device/host split).
 
     Returns:
         The PeakModel; .boundary["activations"] holds the activations of one micro-batch.
@@ -211,11 +222,28 @@ def engine_peak(
               block_size=block_size, deepspeed=settings, backend=backend, grad_accum=grad_accum,
               gradient_checkpointing=gradient_checkpointing, activation_count=activation_count)  # fmt: skip
     models = _rank_models(engine, run)
+    settings_offload = offload.OffloadSettings.from_config(ds_config)
+    if engine.startswith("ds") and settings_offload.active:
+        one = run.backend == "gloo" if host_in_phases is None else host_in_phases
+        models = [_offloaded(model, run, settings_offload, one=one) for model in models]
     chosen = [model for model in models if model.rank == rank]
     model = chosen[0] if chosen else max(models, key=lambda m: (m.peak_bytes, -m.rank))
     alike = len(models) == 1  # DDP, FSDP2 (and a model without tensor sizes): every rank holds the same
     return PeakModel(engine=engine, rank=(rank or 0) if alike else model.rank, phases=model.phases,
                      boundary=dict(model.boundary, activations=activations(run)))  # fmt: skip
+
+
+def _offloaded(model: PeakModel, run: Run, settings: offload.OffloadSettings, *, one: bool) -> PeakModel:
+    """`model` with DeepSpeed's offload: the device's phases without what moved (offload.device_phases) and,
+    on a CPU run (gloo: one memory), the host's terms beside them in every phase."""
+    stage = ENGINE_STAGES[model.engine]
+    part = next(p for p in flat_partitions(run) if p.rank == model.rank)
+    inputs = offload.rank_inputs(stage, run, part)
+    phases = offload.device_phases(model.phases, inputs, settings)
+    if one:
+        phases = offload.one_memory(phases, offload.host_terms(inputs, settings))
+    boundary = offload.host_boundary(model.boundary, inputs, settings, one=one)
+    return PeakModel(engine=model.engine, rank=model.rank, phases=phases, boundary=boundary)
 
 
 def engine_categories(engine: str, shape: ModelShape, world_size: int, **settings) -> dict[str, int]:
