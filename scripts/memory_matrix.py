@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--steps", type=positive_int, default=2, help="optimizer steps per cell (default 2)")
     parser.add_argument("--timeout", type=positive_float, default=300, help="seconds per cell (default 300)")
+    parser.add_argument(
+        "--extensions-dir", default="/tmp/zt-ext",
+        help="TORCH_EXTENSIONS_DIR for the offload cells' DeepSpeedCPUAdam kernel (built once, default /tmp/zt-ext)",
+    )  # fmt: skip
     return parser
 
 
@@ -93,7 +97,7 @@ def _train_argv(cell, args: argparse.Namespace) -> list[str]:
     from zero_train.ds_config import write_config
     from zero_train.launch.cells import CELL_ENGINES, cell_config
     from zero_train.launch.launcher import model_meta
-    from zero_train.report.matrix import BLOCK_SIZE
+    from zero_train.report.matrix import BLOCK_SIZE, base_engine
 
     model = build_model_folder(cell.architecture, pathlib.Path(args.out))
     cell_args = _cell_args(cell, model, args)
@@ -101,14 +105,31 @@ def _train_argv(cell, args: argparse.Namespace) -> list[str]:
     for path in (config_path, record_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     hidden = model_meta(str(model), BLOCK_SIZE)["hidden_size"]
-    write_config(cell_config(cell.engine, cell.world_size, cell_args, hidden), config_path)
+    engine = base_engine(cell.engine)
+    write_config(
+        _with_offload(cell_config(engine, cell.world_size, cell_args, hidden), cell.engine), config_path
+    )
     argv = [
-        "--deepspeed_config", str(config_path), "--engine", CELL_ENGINES[cell.engine][0], "--model", str(model),
+        "--deepspeed_config", str(config_path), "--engine", CELL_ENGINES[engine][0], "--model", str(model),
         "--block-size", str(cell_args.block_size), "--micro-batch-size", str(cell_args.micro_batch_size),
         "--grad-accum", str(cell.grad_accum), "--max-steps", str(args.steps), "--memory-report", str(record_path),
         "--no-progress", "--eval-batches", "1",
     ]  # fmt: skip
     return argv + (["--gradient-checkpointing"] if cell.gradient_checkpointing else [])
+
+
+def _with_offload(config: dict, engine: str) -> dict:
+    """An offload cell's config: offload_optimizer cpu (ZeRO-2, ZeRO-3) and offload_param cpu (ZeRO-3), as
+    zero_train.ds_config.generate writes them (DeepSpeedCPUAdam: no torch_adam)."""
+    from zero_train.report.matrix import OFFLOAD_SUFFIX
+
+    if engine.endswith(OFFLOAD_SUFFIX):
+        config.get("optimizer", {}).get("params", {}).pop("torch_adam", None)
+        zero = config["zero_optimization"]
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if zero["stage"] == 3:
+            zero["offload_param"] = {"device": "cpu"}
+    return config
 
 
 def _train_cells(rank: int, world_size: int, argvs: list[list[str]]) -> list[str | None]:
@@ -158,7 +179,7 @@ def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
     from zero_train.launch.cells import CELL_ENGINES
     from zero_train.launch.launcher import model_meta
     from zero_train.memory.record import error_record, load_record, write_record
-    from zero_train.report.matrix import BLOCK_SIZE
+    from zero_train.report.matrix import BLOCK_SIZE, base_engine
     from zero_train.testing import run_ranks
 
     records, todo = {}, []
@@ -184,14 +205,23 @@ def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
             meta.pop("hidden_size")
             if error or not record_path.exists():
                 record = error_record(
-                    error or "no run record written", engine=cell.engine, world_size=world_size
+                    error or "no run record written", engine=base_engine(cell.engine), world_size=world_size
                 )
             else:
                 record = load_record(record_path)
-            record.update(meta, engine=cell.engine, zero_stage=CELL_ENGINES[cell.engine][1])
+            engine = base_engine(cell.engine)  # the offload is in the record's ds_config
+            record.update(meta, engine=engine, zero_stage=CELL_ENGINES[engine][1])
             write_record(record, record_path)
             records[cell.name] = record
     return records
+
+
+def _build_kernel(extensions_dir: str) -> None:
+    """Build (or load) DeepSpeedCPUAdam's kernel once, before the ranks start (they inherit the folder)."""
+    from zero_train.engines.deepspeed_offload import build_cpu_adam
+
+    seconds = build_cpu_adam(extensions_dir)
+    print(f"DeepSpeedCPUAdam kernel: {seconds:.1f} s to build or load in {extensions_dir}", flush=True)
 
 
 def compare(cell, record: dict) -> dict:
@@ -231,6 +261,8 @@ def main(argv: list[str]) -> int:
         print("\n".join(cell.name for cell in cells))
         return 0
     check_output_dir(args.out, flag="--out")
+    if not args.summarize_only and any(cell.engine.endswith("-offload") for cell in cells):
+        _build_kernel(args.extensions_dir)
     records = recorded(cells, args) if args.summarize_only else run_cells(cells, args)
     rows = []
     for cell in (cell for cell in cells if cell.name in records):

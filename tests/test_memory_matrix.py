@@ -1,7 +1,8 @@
 """The out-of-sample memory matrix (zero_train.report.matrix, scripts/memory_matrix.py).
 
 - the design: 48 cells, every level of every factor meets every engine, all 16 combinations of the
-  two-level factors appear, each architecture meets each engine at least twice;
+  two-level factors appear, each architecture meets each engine at least twice; plus 8 offload cells
+  (ds2/ds3 with cpu offload) in which all 8 combinations of checkpointing, accumulation and precision appear;
 - a few of its cells, run for real (one rank group, as the script runs them): our predicted peak within
   10% of the measured peak minus the measured "other" (the headline figure), on architectures and settings
   the model was not fitted on. The whole matrix's figures are in docs/memory_matrix.md.
@@ -17,7 +18,7 @@ import sys
 
 import pytest
 
-from zero_train.report.matrix import ARCHITECTURES, MATRIX_ENGINES, design
+from zero_train.report.matrix import ARCHITECTURES, MATRIX_ENGINES, OFFLOAD_ENGINES, design
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CI_CELLS = ("llama-ddp-w2-bf16-ckpt", "qwen2-ds2-w2-bf16-ckpt")
@@ -25,8 +26,16 @@ CI_CELLS = ("llama-ddp-w2-bf16-ckpt", "qwen2-ds2-w2-bf16-ckpt")
 
 
 def test_design_meets_every_level_with_every_engine():
-    cells = design()
-    assert len(cells) == 48 and len({cell.name for cell in cells}) == 48
+    everything = design()
+    assert len(everything) == 56 and len({cell.name for cell in everything}) == 56
+    cells = [cell for cell in everything if cell.engine in MATRIX_ENGINES]
+    offloads = [cell for cell in everything if cell.engine in OFFLOAD_ENGINES]
+    offload_factors = ("gradient_checkpointing", "grad_accum", "precision", "world_size", "architecture")
+    for factor in offload_factors:  # every level twice per offload engine
+        for engine in OFFLOAD_ENGINES:
+            counts = collections.Counter(getattr(c, factor) for c in offloads if c.engine == engine)
+            assert sorted(counts.values()) == [2, 2], (engine, factor)
+    assert len({tuple(getattr(c, f) for f in offload_factors[:3]) for c in offloads}) == 8
     factors = dict(world_size=(2, 3), precision=("fp32", "bf16"), grad_accum=(1, 4),
                    gradient_checkpointing=(False, True))  # fmt: skip
     for engine in MATRIX_ENGINES:

@@ -18,6 +18,9 @@ import statistics
 from dataclasses import dataclass
 
 MATRIX_ENGINES = ("ddp", "zero1", "torch-zero", "ds1", "ds2", "ds3")
+OFFLOAD_ENGINES = ("ds2-offload", "ds3-offload")
+"""DeepSpeed ZeRO-2 with offload_optimizer cpu, ZeRO-3 with offload_optimizer and offload_param cpu."""
+OFFLOAD_SUFFIX = "-offload"
 MICRO_BATCH_SIZE = 2
 BLOCK_SIZE = 128
 ARCHITECTURES: dict[str, dict] = {
@@ -56,8 +59,9 @@ class MatrixCell:
 
 
 def design() -> list[MatrixCell]:
-    """The 48 cells: per engine a 2^(4-1) half fraction of (checkpointing, accumulation, world size,
-    precision), the defining relation alternating by engine, the architecture rotating."""
+    """The 56 cells: per engine a 2^(4-1) half fraction of (checkpointing, accumulation, world size,
+    precision), the defining relation alternating by engine, the architecture rotating (48); then the 8
+    offload cells (`offload_design`)."""
     cells = []
     architectures = list(ARCHITECTURES)
     for engine_index, engine in enumerate(MATRIX_ENGINES):
@@ -69,6 +73,33 @@ def design() -> list[MatrixCell]:
                     architecture=architectures[(cell_index + engine_index) % len(architectures)],
                     engine=engine,
                     world_size=(2, 3)[world],
+                    precision=("fp32", "bf16")[precision],
+                    grad_accum=(1, 4)[accum],
+                    gradient_checkpointing=bool(ckpt),
+                )
+            )
+    return cells + offload_design()
+
+
+def base_engine(engine: str) -> str:
+    """The engine our peak model knows a matrix engine by ("ds2-offload" -> "ds2"; the offload is in the
+    cell's DeepSpeed config)."""
+    return engine.removesuffix(OFFLOAD_SUFFIX)
+
+
+def offload_design() -> list[MatrixCell]:
+    """The 8 offload cells: per offload engine a 2^(3-1) half fraction of (checkpointing, accumulation,
+    precision), the two engines on opposite halves (so all 8 combinations appear), world size 2 and 3 and
+    the architecture (gpt2, llama) alternating."""
+    cells = []
+    for engine_index, engine in enumerate(OFFLOAD_ENGINES):
+        combos = [c for c in itertools.product((0, 1), repeat=3) if sum(c) % 2 == engine_index % 2]
+        for cell_index, (ckpt, accum, precision) in enumerate(combos):
+            cells.append(
+                MatrixCell(
+                    architecture=("gpt2", "llama")[(cell_index + engine_index) % 2],
+                    engine=engine,
+                    world_size=(2, 3)[cell_index // 2],
                     precision=("fp32", "bf16")[precision],
                     grad_accum=(1, 4)[accum],
                     gradient_checkpointing=bool(ckpt),

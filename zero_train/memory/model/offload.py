@@ -127,6 +127,8 @@ class OffloadInputs:
     """Micro-batches per optimizer step."""
     sub_group_size: int = 1_000_000_000
     """ZeRO-3 sub_group_size."""
+    gather_bytes: int = 0
+    """The step's all-gather output buffer (gloo: the whole 16-bit model; 0 on NCCL or one rank)."""
 
 
 def host_terms(inputs: OffloadInputs, settings: OffloadSettings) -> dict[str, int]:
@@ -183,7 +185,15 @@ def device_phases(
 
 def _optimizer_offloaded(terms: dict[str, int], phase: str, inputs: OffloadInputs) -> None:
     """Gradient partitions go to the host: ZeRO-2's and ZeRO-3's held partition, ZeRO-1's at the step (it keeps
-    whole gradients in backward); ZeRO-1/2 add the device staging buffer."""
+    whole gradients in backward); ZeRO-1/2 add the device staging buffer.
+
+    ZeRO-1/2 also move the gradient norm from the step into backward (stage_1_and_2.py copy_grads_in_partition,
+    at the boundary micro-batch: set_norm_for_param_grad_in_gpu takes `.to(get_norm_dtype()).norm(2)` of each
+    tensor's piece in the partition, get_norm_dtype = torch.double in zero/utils.py): an 8-byte copy of the
+    piece while its gradient is alive, for a few milliseconds (not modelled: on the CPU matrix cells, 1 ms
+    sampling, it did not show beside the activations; docs/memory_matrix.md). The step (`step`, cpu_offload branch) then only clips the host's fp32 gradient in
+    place, runs DeepSpeedCPUAdam in place on the host, copies the 16-bit partition and all-gathers it:
+    no norm copy, no fp32 conversion, no AdamW temporaries on the device, only the gather's buffer."""
     e = inputs.element_bytes
     if inputs.stage >= 2:
         terms.pop(
@@ -196,6 +206,9 @@ def _optimizer_offloaded(terms: dict[str, int], phase: str, inputs: OffloadInput
     if inputs.stage == 2 or phase == "step":
         terms["grads"] = max(0, terms.get("grads", 0) - partition_grads)
     terms["offload_grad_buffer"] = e * inputs.largest_tensor
+    if phase == "step":
+        terms.pop("norm_fp64_copy", None)
+        terms["gather_buffer"] = inputs.gather_bytes
 
 
 HOST_CATEGORIES = {
@@ -214,10 +227,11 @@ HOST_CATEGORIES = {
 def rank_inputs(stage: int, run: Run, part: Partition) -> OffloadInputs:
     """The offload inputs of the rank owning `part` (DeepSpeed's flat slice; ZeRO-3 splits every tensor)."""
     persistent = sum(n for n in run.shape.param_numels if n < run.deepspeed.persistence_threshold)
+    gather = run.element_bytes * run.shape.num_params if run.backend == "gloo" and run.world_size > 1 else 0
     return OffloadInputs(
         stage=stage, partition=part.elements, touched=part.touched, largest_tensor=run.largest_tensor,
         persistent=persistent, element_bytes=run.element_bytes, grad_accum=run.grad_accum,
-        sub_group_size=run.deepspeed.sub_group_size,
+        sub_group_size=run.deepspeed.sub_group_size, gather_bytes=gather,
     )  # fmt: skip
 
 
