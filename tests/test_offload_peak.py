@@ -15,7 +15,7 @@ from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.hf.models import model_config
 from zero_train.memory.model import offload
 from zero_train.memory.model.peak import engine_peak
-from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run, flat_partitions
+from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run, flat_partitions, loss_backward_moments
 from zero_train.memory.model.theory import model_shape
 
 MEASURED = {  # scripts/measure_offload.py, DeepSpeed 0.19.8, 2 CPU ranks: bytes of DeepSpeed's buffers by rank
@@ -81,6 +81,12 @@ def test_cpu_run_adds_host_terms_to_every_device_phase(engine):
         plain.phase_bytes["forward"] - gpu.phase_bytes["forward"]
         >= 12 * part.elements - 4 * run.largest_tensor
     )
+    if (
+        stage == 2
+    ):  # without the device's gradient partition, log_softmax's backward is the larger moment again
+        at_log_softmax = loss_backward_moments(run)[0]
+        start = split.phases["backward_start"]
+        assert start["loss_gradients"] == at_log_softmax and "grads" not in start
     boundary = cpu.boundary  # the probe's categories on one memory: the host's states come back
     assert (
         boundary["master_params"] == 4 * part.elements and boundary["optimizer_states"] == 8 * part.elements

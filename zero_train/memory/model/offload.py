@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zero_train.memory.model.peak_terms import FP32_BYTES, Partition, Run
+from zero_train.memory.model.peak_terms import FP32_BYTES, Partition, Run, loss_backward_moments
 
 DEVICES = ("none", "cpu", "nvme")
 OPTIMIZER_MOVES = (
@@ -127,6 +127,8 @@ class OffloadInputs:
     """Micro-batches per optimizer step."""
     sub_group_size: int = 1_000_000_000
     """ZeRO-3 sub_group_size."""
+    log_softmax_bytes: int = 0
+    """Beside the activations at log_softmax's backward (peak_terms.loss_backward_moments, the first moment)."""
     gather_bytes: int = 0
     """The step's all-gather output buffer (gloo: the whole 16-bit model; 0 on NCCL or one rank)."""
 
@@ -209,6 +211,16 @@ def _optimizer_offloaded(terms: dict[str, int], phase: str, inputs: OffloadInput
     if phase == "step":
         terms.pop("norm_fp64_copy", None)
         terms["gather_buffer"] = inputs.gather_bytes
+    elif phase == "backward_start" and inputs.stage == 2:
+        # ZeRO-2's start of backward was its first reduction, the larger moment while it allocated the gradient
+        # partition on the device; without it, log_softmax's backward may be the larger again
+        earlier = {
+            name: terms[name] for name in ("params", "activations", "offload_grad_buffer") if name in terms
+        }
+        earlier["loss_gradients"] = inputs.log_softmax_bytes
+        if sum(earlier.values()) > sum(terms.values()):
+            terms.clear()
+            terms.update(earlier)
 
 
 HOST_CATEGORIES = {
@@ -232,6 +244,7 @@ def rank_inputs(stage: int, run: Run, part: Partition) -> OffloadInputs:
         stage=stage, partition=part.elements, touched=part.touched, largest_tensor=run.largest_tensor,
         persistent=persistent, element_bytes=run.element_bytes, grad_accum=run.grad_accum,
         sub_group_size=run.deepspeed.sub_group_size, gather_bytes=gather,
+        log_softmax_bytes=loss_backward_moments(run)[0],
     )  # fmt: skip
 
 
