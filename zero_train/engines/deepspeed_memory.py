@@ -41,28 +41,29 @@ PARAM_ATTRIBUTES = (
 OFFLOAD_BUFFER_ATTRIBUTES = ("temp_grad_buffer_for_cpu_offload", "temp_grad_buffer_for_gpu_offload")
 
 
-def _tensors(value) -> Iterator[torch.Tensor]:
+def tensors_in(value) -> Iterator[torch.Tensor]:
     """Every tensor inside `value` (a tensor, or lists/tuples/dicts of them, nested)."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _tensors(item)
+            yield from tensors_in(item)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _tensors(item)
+            yield from tensors_in(item)
 
 
-def _attributes(obj, names) -> Iterator[torch.Tensor]:
+def attribute_tensors(obj, names) -> Iterator[torch.Tensor]:
+    """Every tensor inside the attributes `names` of `obj` (a missing attribute yields nothing)."""
     for name in names:
-        yield from _tensors(getattr(obj, name, None))
+        yield from tensors_in(getattr(obj, name, None))
 
 
 def _ipg_buffers(zero_optimizer) -> Iterator[torch.Tensor]:
     """The reduction bucket buffers ("ipg" = independent partition gradients), per comm dtype."""
     buckets = getattr(zero_optimizer, "ipg_buckets", None) or {}
     for bucket in buckets.values():
-        yield from _tensors(getattr(bucket, "buffer", None))
+        yield from tensors_in(getattr(bucket, "buffer", None))
 
 
 def deepspeed_memory_categories(ds_engine, device: torch.device | None = None) -> dict[str, int]:
@@ -79,22 +80,24 @@ def deepspeed_memory_categories(ds_engine, device: torch.device | None = None) -
     zero_optimizer = ds_engine.optimizer
     inner = getattr(zero_optimizer, "optimizer", zero_optimizer)  # the torch optimizer DeepSpeed wraps
     model_params = list(ds_engine.module.parameters())
-    masters = list(_attributes(zero_optimizer, MASTER_ATTRIBUTES))
+    masters = list(attribute_tensors(zero_optimizer, MASTER_ATTRIBUTES))
     seen: set = set()
     params = tensor_bytes(model_params, seen, device=device)
     params += tensor_bytes(
         (getattr(p, "ds_tensor", None) for p in model_params), seen, device=device
     )  # ZeRO-3 partitions
-    params += tensor_bytes(_attributes(zero_optimizer, PARAM_ATTRIBUTES), seen, device=device)
+    params += tensor_bytes(attribute_tensors(zero_optimizer, PARAM_ATTRIBUTES), seen, device=device)
     master_params = tensor_bytes(masters, seen, device=device)
-    grads = tensor_bytes(_attributes(zero_optimizer, GRAD_ATTRIBUTES), seen, device=device)
+    grads = tensor_bytes(attribute_tensors(zero_optimizer, GRAD_ATTRIBUTES), seen, device=device)
     grads += tensor_bytes((p.grad for p in model_params), seen, device=device)
     grads += tensor_bytes((m.grad for m in masters), seen, device=device)
     optimizer_states = tensor_bytes(
-        (v for state in getattr(inner, "state", {}).values() for v in _tensors(state)), seen, device=device
+        (v for state in getattr(inner, "state", {}).values() for v in tensors_in(state)), seen, device=device
     )
     comm_buffers = tensor_bytes(_ipg_buffers(zero_optimizer), seen, device=device)
-    comm_buffers += tensor_bytes(_attributes(zero_optimizer, OFFLOAD_BUFFER_ATTRIBUTES), seen, device=device)
+    comm_buffers += tensor_bytes(
+        attribute_tensors(zero_optimizer, OFFLOAD_BUFFER_ATTRIBUTES), seen, device=device
+    )
     return dict(
         params=params,
         grads=grads,

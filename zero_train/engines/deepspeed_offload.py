@@ -13,7 +13,7 @@ import pathlib
 import time
 
 from zero_train.engines.base import tensor_bytes
-from zero_train.engines.deepspeed_memory import _attributes, _tensors
+from zero_train.engines.deepspeed_memory import attribute_tensors, tensors_in
 from zero_train.runtime.errors import UsageError
 
 EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
@@ -62,7 +62,9 @@ def build_cpu_adam(extensions_dir: str | os.PathLike) -> float:
 
 
 def _named(obj, names: dict[str, tuple[str, ...]], seen: set) -> dict[str, int]:
-    return {term: tensor_bytes(_attributes(obj, attributes), seen) for term, attributes in names.items()}
+    return {
+        term: tensor_bytes(attribute_tensors(obj, attributes), seen) for term, attributes in names.items()
+    }
 
 
 def offload_buffers(ds_engine) -> dict[str, dict[str, int]]:
@@ -81,9 +83,11 @@ def offload_buffers(ds_engine) -> dict[str, dict[str, int]]:
     seen: set = set()
     stage3 = hasattr(zero, "fp32_partitioned_groups_flat")
     host = _named(zero, ZERO3_HOST if stage3 else ZERO12_HOST, seen)
-    masters = list(_attributes(zero, ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups")))
+    masters = list(
+        attribute_tensors(zero, ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"))
+    )
     host["fp32_grads"] = tensor_bytes((master.grad for master in masters), seen)
-    states = (value for state in getattr(inner, "state", {}).values() for value in _tensors(state))
+    states = (value for state in getattr(inner, "state", {}).values() for value in tensors_in(state))
     host["optimizer_states"] = tensor_bytes(states, seen)
     device = {} if stage3 else _named(zero, ZERO12_DEVICE, seen)
     return dict(host={k: v for k, v in host.items() if v}, device={k: v for k, v in device.items() if v})
