@@ -274,3 +274,34 @@ def test_save_dir_read_only_for_one_rank_during_a_background_save_stops_every_ra
     (failed, latest), *others = steps
     assert not others and int(failed) > int(latest[5:])  # every rank names the same save and checkpoint
     assert _only_complete_checkpoints(save_dir, latest) == ["latest", latest]  # --save-total-limit 1
+
+
+SIGTERM_DURING_THE_REPORT = """
+import os, signal
+from zero_train.runtime import errors, faults
+
+signal.signal(signal.SIGTERM, faults._raise_terminated)  # as record_peers installs it
+describe = faults.describe_fault
+
+def describe_while_the_launcher_terminates(err):
+    os.kill(os.getpid(), signal.SIGTERM)  # the launcher's SIGTERM lands while the survivor reports
+    return describe(err)
+
+faults.describe_fault = describe_while_the_launcher_terminates
+
+def entry():
+    raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+
+errors.run_cli(entry)
+"""
+
+
+def test_sigterm_while_a_survivor_reports_the_dead_rank_prints_no_traceback():
+    """The launcher terminates the survivors while they report the dead peer: one line, exit 1, no traceback."""
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_DURING_THE_REPORT], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert (
+        len(lines) == 1 and lines[0].startswith("error: rank 0:") and "Connection reset by peer" in lines[0]
+    )

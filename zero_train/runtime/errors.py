@@ -58,12 +58,15 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
     try:
         code = entry()
     except UsageError as err:
+        _hold_sigterm()
         for problem in err.problems:
             print(f"error: {problem}", file=sys.stderr)
         fail(str(err))
     except Fault as err:
+        _hold_sigterm()
         _fault(str(err))
     except RuntimeError as err:
+        _hold_sigterm()
         # here: only a failing run needs it; it loads socket/signal, which `zero-train --help` should not
         from zero_train.runtime.faults import describe_fault, is_distributed_fault
 
@@ -76,6 +79,21 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     raise SystemExit(code or 0)
+
+
+def _hold_sigterm() -> None:
+    """Keep a launcher's SIGTERM pending from here to the exit.
+
+    When a rank dies, the launcher terminates the survivors (SIGTERM) while they may already be reporting the
+    failure; the handler zero_train.runtime.faults installs would raise inside this report (or in an atexit
+    hook) and print a traceback. Blocked, the signal is never delivered: the process prints its one line and
+    exits with its code.
+    """
+    # here, not at the top: the CLI's --help and its flag errors need no signal handling
+    import signal
+
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
 def _fault(message: str) -> NoReturn:
