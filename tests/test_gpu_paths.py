@@ -123,6 +123,7 @@ def test_synchronize_waits_on_cuda_only(monkeypatch):
 def test_train_step_timing_synchronises_before_both_clock_reads(monkeypatch):
     """The loop's step timing brackets the step with synchronize (not a float() that happens to sync)."""
     import zero_train.train.loop as loop
+    from zero_train.train.checkpoints import RunCheckpoints
 
     events: list = []
     monkeypatch.setattr(loop, "synchronize", lambda device: events.append(("sync", str(device))))
@@ -142,7 +143,8 @@ def test_train_step_timing_synchronises_before_both_clock_reads(monkeypatch):
     trainer.dist_info = type("D", (), dict(device=torch.device("cuda:1"), world_size=1, rank=0))()
     trainer.settings = type("S", (), dict(grad_accum=1))()
     trainer.engine, trainer.probe, trainer.tokens_per_step, trainer.step_times = Engine(), None, 100, []
-    trainer.saver = None  # no checkpointing in this run
+    trainer.checkpoints = RunCheckpoints.__new__(RunCheckpoints)
+    trainer.checkpoints.saver = None  # no checkpointing in this run
     trainer.guard = type("G", (), dict(check=lambda self, **kw: None))()
     monkeypatch.setattr(
         loop, "_gather_loss_and_memory", lambda loss, info, save_failed: (loss, [], save_failed)

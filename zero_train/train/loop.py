@@ -18,15 +18,13 @@ import statistics
 import sys
 import time
 
-from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng
-from zero_train.checkpoint.rotation import reading
-from zero_train.checkpoint.save import CheckpointSaver, SaveOptions, estimate_checkpoint_bytes
 from zero_train.memory.probe import MemoryProbe
 from zero_train.memory.record import write_record
 from zero_train.runtime.device import synchronize
 from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.ports import free_port
+from zero_train.train.checkpoints import RunCheckpoints
 from zero_train.train.eval import evaluate
 from zero_train.train.log import get_logger
 from zero_train.train.metrics import (
@@ -109,14 +107,7 @@ class Trainer:
         self.step_times: list[float] = []
         self.last_loss = math.nan
         self.last_eval: dict | None = None
-        self.checkpoint = None
-        self.saver = None
-        if args.save_dir:
-            options = SaveOptions(
-                save_dir=args.save_dir, keep_last=args.save_total_limit, background=args.async_save
-            )
-            self.saver = CheckpointSaver(options, dist_info=dist_info)
-        self.estimated_checkpoint_bytes: int | None = None
+        self.checkpoints = RunCheckpoints(args, plan, dist_info)
 
     def close(self) -> None:
         """Release the engine (its `close()`, if it has one: DeepSpeed's engine and buffers), data and probe.
@@ -157,7 +148,7 @@ class Trainer:
 
     def run(self) -> dict:
         """Resume if asked, train to --max-steps, evaluate, checkpoint, export; returns the summary."""
-        start_step, micro_steps = self._resume()
+        start_step, micro_steps = self.checkpoints.resume(self.engine)
         batches = self._batches(micro_steps)
         writer = MetricsWriter(self.args.metrics_file, enabled=self.dist_info.is_main, append=start_step > 0)
         bar = progress_bar(
@@ -205,11 +196,10 @@ class Trainer:
             self.probe.on_step_end(self.engine, step)
         synchronize(self.dist_info.device)
         elapsed = time.perf_counter() - started
-        save_failed = self.saver is not None and self.saver.failed_in_background()
         loss, memory, save_failed = _gather_loss_and_memory(
-            sum(losses) / len(losses), self.dist_info, save_failed=save_failed
+            sum(losses) / len(losses), self.dist_info, save_failed=self.checkpoints.failed_in_background()
         )
-        self._check_background_save(save_failed)
+        self.checkpoints.check_background(save_failed)
         self.guard.check(step=step, loss=loss, grad_norm=result.grad_norm, skipped=result.skipped)
         self.step_times.append(elapsed)
         self.last_loss = loss
@@ -242,7 +232,7 @@ class Trainer:
         if self.args.eval_every and step % self.args.eval_every == 0 and step != self.args.max_steps:
             self._evaluate(step, writer)
         if self.args.save_every and step % self.args.save_every == 0 and step != self.args.max_steps:
-            self._save(step)
+            self.checkpoints.save(self.engine, step)
 
     def _evaluate(self, step: int, writer: MetricsWriter | None = None) -> None:
         eval_loss = evaluate(
@@ -259,96 +249,9 @@ class Trainer:
         if writer is not None:
             writer.write(self.last_eval)
 
-    def _save(self, step: int) -> None:
-        client_state = dict(
-            step=step,
-            micro_steps=step * self.settings.grad_accum,
-            global_micro_batch=self.settings.micro_batch_size * self.dist_info.world_size,
-            rng=capture_rng(self.dist_info.device),
-        )
-        run_info = dict(
-            engine=self.args.engine,
-            model=self.args.model,
-            model_config=self.engine.model.config.to_dict(),
-            tokenizer=self.args.tokenizer,
-            dataset=self.args.dataset,
-            block_size=self.args.block_size,
-            seed=self.args.seed,
-            world_size=self.dist_info.world_size,
-            settings={name: getattr(self.settings, name) for name in self.settings.__slots__},
-        )
-        if self.estimated_checkpoint_bytes is None:
-            self.estimated_checkpoint_bytes = estimate_checkpoint_bytes(
-                self.engine, num_params=num_params(self.engine.model), dist_info=self.dist_info
-            )
-        with rank0_work_group(self.dist_info.world_size) as waiting:  # rank 0 hashes and publishes alone
-            saved = self.saver.save(
-                self.engine,
-                step=step,
-                client_state=client_state,
-                run_info=run_info,
-                estimated_bytes=self.estimated_checkpoint_bytes,
-                process_group=waiting,
-            )
-        if saved is not None:
-            self._saved(saved)
-        else:
-            self.log.info(f"checkpoint step {step}: writing in the background")
-
-    def _saved(self, folder) -> None:
-        self.checkpoint = folder
-        self.log.info(f"checkpoint {folder.name}: {folder}")
-
-    def _check_background_save(self, failed_anywhere: bool) -> None:
-        """A background save that failed on any rank stops every rank here; a finished one is logged."""
-        if self.saver is None:
-            return
-        if failed_anywhere:
-            self.saver.wait()  # raises this rank's SaveFailed line (the ranks agreed in the thread)
-            raise AssertionError("a rank flagged a failed background save, but this rank's succeeded")
-        finished = self.saver.finished_in_background()
-        if finished is not None:
-            self._saved(finished)
-
-    def _resume(self) -> tuple[int, int]:
-        """(steps done, micro-steps consumed) from --resume, (0, 0) for a fresh start."""
-        ckpt = self.plan.resume_checkpoint  # resolved and verified by plan_run, before any collective
-        if ckpt is None:
-            if self.args.resume == "auto":
-                self.log.info(f"resume auto: no checkpoint in {self.args.save_dir} yet, starting fresh")
-            return 0, 0
-        with reading(ckpt):  # --save-total-limit never deletes a checkpoint while it is read
-            client_state = self.engine.load_checkpoint(ckpt)
-        restore_rng(client_state["rng"], self.dist_info.device)
-        step, micro_steps = int(client_state["step"]), int(client_state["micro_steps"])
-        global_batch = self.settings.micro_batch_size * self.dist_info.world_size
-        if int(client_state["global_micro_batch"]) != global_batch:
-            micro_steps = micro_steps * int(client_state["global_micro_batch"]) // global_batch
-            self.log.warning(
-                f"resume: the global micro-batch changed ({client_state['global_micro_batch']} -> "
-                f"{global_batch} sequences); continuing at the nearest data position"
-            )
-        if step >= self.args.max_steps:
-            raise UsageError(
-                f"checkpoint {ckpt} is at step {step}, not before --max-steps "
-                f"{self.args.max_steps}; raise --max-steps to train further"
-            )
-        saved_horizon = read_run_info(ckpt).get("settings", {}).get("total_steps")
-        if saved_horizon != self.settings.total_steps:
-            self.log.warning(
-                f"resume: the checkpoint's schedule ends at step {saved_horizon}, this run's at "
-                f"{self.settings.total_steps}; the lr curve differs from an uninterrupted run (keep --max-steps)"
-            )
-        self.log.info(f"resumed from {ckpt} at step {step}")
-        return step, micro_steps
-
     def _finish(self, start_step: int) -> dict:
         steps_done = self.args.max_steps
-        if self.saver is not None:
-            self._save(steps_done)
-            finished = self.saver.wait()  # a background save (the last one) completes before the run ends
-            if finished is not None:
-                self._saved(finished)
+        self.checkpoints.finish(self.engine, steps_done)
         export = self._export()
         self._write_memory_report()
         median = statistics.median(self.step_times) if self.step_times else math.nan
@@ -359,7 +262,7 @@ class Trainer:
             steps=steps_done,
             start_step=start_step,
             tokens_per_s=self.tokens_per_step / median if median > 0 else math.nan,
-            checkpoint=str(self.checkpoint) if self.checkpoint else None,
+            checkpoint=str(self.checkpoints.latest) if self.checkpoints.latest else None,
             export=export,
         )
         self.log.info(

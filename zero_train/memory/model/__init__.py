@@ -4,7 +4,8 @@
 - ``deepspeed_estimate``: DeepSpeed's own model-state estimators, called (stages 2 and 3).
 - ``peak``: our per-phase peak model (end of forward, start/end of backward, optimizer step; peak = max).
 - ``activations``: what one micro-batch's forward and backward hold, counted on the real architecture built on
-  fake tensors (no memory), with or without activation checkpointing.
+  fake tensors (no memory), with or without activation checkpointing; ``watch``: its two instruments (saved-tensor
+  hooks, live bytes per op).
 - ``peak_terms`` / ``peak_engines``: its terms, and which engine holds which term in which phase.
 - ``estimate``: one training set-up, every ZeRO stage: device bytes per rank by phase, host bytes per rank and node.
 - ``offload``: DeepSpeed offload (optimizer / parameters, cpu and nvme): what moves off the device and where.

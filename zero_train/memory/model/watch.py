@@ -1,0 +1,189 @@
+"""The two instruments that count activations (see ``activations``): saved-tensor hooks and live bytes.
+
+- ``Counter`` runs one forward and backward of a model and records, through
+  torch.autograd.graph.saved_tensors_hooks, every storage autograd saves (each once, parameters and buffers
+  left out), per transformer block too.
+- ``LiveBytes`` is a TorchDispatchMode that sees every storage an op creates and polls which of them died:
+  the live bytes after every op, so the forward's, the loss's and the backward's highest points.
+
+Both work the same on fake tensors (no memory) and on real ones; a storage is identified by its StorageImpl
+(``storage_key``), which views, fake tensors and real tensors all have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+def storage_key(tensor: torch.Tensor) -> tuple[int, int]:
+    """(identity, bytes) of a tensor's storage: views share it, fake tensors have one too."""
+    storage = tensor.untyped_storage()
+    return StorageWeakRef(storage).cdata, storage.nbytes()
+
+
+@dataclass
+class Counter:
+    """Runs one forward and backward of a model and watches what it saves and what is alive."""
+
+    model: torch.nn.Module
+    blocks: list
+    saved: dict[int, int] = field(default_factory=dict)
+    saved_by_block: dict[int, int] = field(default_factory=dict)
+    input_by_block: dict[int, int] = field(default_factory=dict)
+    current_block: int | None = None
+    forward_peak: int = 0
+    loss_peak: int = 0
+    backward_peak: int = 0
+
+    def __post_init__(self) -> None:
+        state = [*self.model.parameters(), *self.model.buffers()]
+        self.excluded = {storage_key(tensor)[0] for tensor in state}
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self.saved.values())
+
+    def largest_block(self) -> tuple[int, int]:
+        """(saved bytes, input bytes) of the block saving the most."""
+        if not self.saved_by_block:
+            return 0, 0
+        index = max(self.saved_by_block, key=lambda i: (self.saved_by_block[i], -i))
+        return self.saved_by_block[index], self.input_by_block.get(index, 0)
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        key, nbytes = storage_key(tensor)
+        if key not in self.excluded and key not in self.saved:
+            self.saved[key] = nbytes
+            if self.current_block is not None:
+                self.saved_by_block[self.current_block] = (
+                    self.saved_by_block.get(self.current_block, 0) + nbytes
+                )
+        return tensor
+
+    @contextlib.contextmanager
+    def saved_hooks(self):
+        handles = [
+            handle
+            for index, block in enumerate(self.blocks)
+            for handle in (
+                block.register_forward_pre_hook(
+                    functools.partial(self._enter_block, index), with_kwargs=True
+                ),
+                block.register_forward_hook(self._leave_block),
+            )
+        ]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _enter_block(self, index: int, module, args, kwargs) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if self.current_block is None and torch.is_grad_enabled() and isinstance(hidden, torch.Tensor):
+            self.current_block = index
+            self.input_by_block[index] = storage_key(hidden)[1]
+
+    def _leave_block(self, module, args, output) -> None:
+        self.current_block = None
+
+    def run(self, ids: torch.Tensor) -> None:
+        """Forward (saved-tensor hooks, live bytes) and backward (live bytes, gradients dropped at once)."""
+        head = self.model.get_output_embeddings()
+        live = LiveBytes(excluded={*self.excluded, storage_key(ids)[0]})
+        handle = head.register_forward_pre_hook(lambda *_: live.mark("loss"))
+        grads = [
+            p.register_post_accumulate_grad_hook(live.drop_grad)
+            for p in self.model.parameters()
+            if p.requires_grad
+        ]
+        try:
+            with live:
+                with self.saved_hooks():
+                    loss = self.model(input_ids=ids, labels=ids).loss
+                live.mark("backward")
+                loss.backward()
+                del loss
+        finally:
+            handle.remove()
+            for hook in grads:
+                hook.remove()
+        self.forward_peak = live.peak(until="backward")
+        self.loss_peak = live.peak(start="loss", until="backward")
+        self.backward_peak = live.peak(start="backward")
+
+
+class LiveBytes(TorchDispatchMode):
+    """Every storage an op creates (birth) and when it was found dead (death), in op counts.
+
+    Deaths are polled before each op: a storage freed between two ops is dead before the next op's outputs
+    exist. Parameters' gradients are set apart (drop_grad) and left out of every peak.
+    """
+
+    def __init__(self, *, excluded: set[int]) -> None:
+        super().__init__()
+        self.excluded = excluded  # parameters, buffers, the input: alive before and after
+        self.clock = 0
+        self.alive: dict[int, tuple[StorageWeakRef, int, int]] = {}  # key -> (ref, bytes, birth)
+        self.lives: list[tuple[int, int, int, int]] = []  # (key, bytes, birth, death)
+        self.grads: set[tuple[int, int]] = set()  # (key, birth): storage addresses are reused after a free
+        self.marks: dict[str, int] = {}
+
+    def mark(self, name: str) -> None:
+        self.marks.setdefault(name, self.clock)
+
+    def drop_grad(self, param: torch.Tensor) -> None:
+        """Post-accumulate hook: a parameter's gradient is a model state; free it now and leave it out."""
+        key = storage_key(param.grad)[0]
+        if key in self.alive:
+            self.grads.add((key, self.alive[key][2]))
+        param.grad = None
+
+    def _poll(self) -> None:
+        dead = [key for key, (ref, _, _) in self.alive.items() if ref.expired()]
+        for key in dead:
+            _, nbytes, birth = self.alive.pop(key)
+            self.lives.append(
+                (key, nbytes, birth, self.clock + 1)
+            )  # alive after op `clock`, gone before the next
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._poll()
+        self.clock += 1
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                key, nbytes = storage_key(tensor)
+                if key not in self.alive and key not in self.excluded and nbytes:
+                    self.alive[key] = (StorageWeakRef(tensor.untyped_storage()), nbytes, self.clock)
+        return out
+
+    def __exit__(self, *exc):
+        self._poll()
+        return super().__exit__(*exc)
+
+    def peak(self, *, start: str | None = None, until: str | None = None) -> int:
+        """The most bytes alive after any op in [mark `start`, mark `until`), gradients left out."""
+        low = self.marks.get(start, -1) if start else -1
+        high = self.marks.get(until, self.clock + 1) if until else self.clock + 1
+        ending = [(key, n, birth, self.clock + 1) for key, (_, n, birth) in self.alive.items()]
+        deltas: dict[int, int] = {}
+        for key, nbytes, birth, death in [*self.lives, *ending]:
+            if (key, birth) in self.grads:
+                continue
+            deltas[birth] = deltas.get(birth, 0) + nbytes
+            deltas[death] = deltas.get(death, 0) - nbytes
+        level, best = 0, 0
+        for clock in sorted(deltas):
+            level += deltas[clock]
+            if low < clock <= high:
+                best = max(best, level)
+        return best

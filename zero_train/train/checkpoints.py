@@ -1,0 +1,136 @@
+"""A run's checkpoints: resume at the start, a save every --save-every steps and at the end.
+
+    checkpoints = RunCheckpoints(args, plan, dist_info)
+    step, micro_steps = checkpoints.resume(engine)   # (0, 0) for a fresh start
+    checkpoints.save(engine, step)                    # every rank; at once, or in the background (--async-save)
+    checkpoints.check_background(failed_anywhere)     # after each step's all-gather: a failed save stops all
+    checkpoints.finish(engine, last_step)             # the last save, waited for
+
+A checkpoint holds the engine's states (zero_train.checkpoint) plus what the loop needs to continue exactly:
+the step, the micro-steps consumed (the data position), the global micro-batch and every rank's RNG state.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng
+from zero_train.checkpoint.rotation import reading
+from zero_train.checkpoint.save import CheckpointSaver, SaveOptions, estimate_checkpoint_bytes
+from zero_train.runtime.dist import rank0_work_group
+from zero_train.runtime.errors import UsageError
+from zero_train.train.log import get_logger
+from zero_train.train.setup import RunPlan, num_params
+
+
+class RunCheckpoints:
+    """Saving and resuming for one run; without --save-dir, saving does nothing (resume still works)."""
+
+    def __init__(self, args: argparse.Namespace, plan: RunPlan, dist_info) -> None:
+        self.args, self.plan, self.dist_info, self.settings = args, plan, dist_info, plan.settings
+        self.log = get_logger(dist_info.rank)
+        self.latest = None  # the folder of this run's last complete checkpoint
+        self.estimated_bytes: int | None = None
+        self.saver = None
+        if args.save_dir:
+            options = SaveOptions(
+                save_dir=args.save_dir, keep_last=args.save_total_limit, background=args.async_save
+            )
+            self.saver = CheckpointSaver(options, dist_info=dist_info)
+
+    def failed_in_background(self) -> bool:
+        """Whether this rank's background save failed (the step's all-gather tells every rank)."""
+        return self.saver is not None and self.saver.failed_in_background()
+
+    def finish(self, engine, step: int) -> None:
+        """The last save; a background save completes before the run ends."""
+        if self.saver is None:
+            return
+        self.save(engine, step)
+        finished = self.saver.wait()
+        if finished is not None:
+            self._saved(finished)
+
+    def save(self, engine, step: int) -> None:
+        """Save after `step` (at once, or in the background with --async-save); every rank calls it."""
+        client_state = dict(
+            step=step,
+            micro_steps=step * self.settings.grad_accum,
+            global_micro_batch=self.settings.micro_batch_size * self.dist_info.world_size,
+            rng=capture_rng(self.dist_info.device),
+        )
+        run_info = dict(
+            engine=self.args.engine,
+            model=self.args.model,
+            model_config=engine.model.config.to_dict(),
+            tokenizer=self.args.tokenizer,
+            dataset=self.args.dataset,
+            block_size=self.args.block_size,
+            seed=self.args.seed,
+            world_size=self.dist_info.world_size,
+            settings={name: getattr(self.settings, name) for name in self.settings.__slots__},
+        )
+        if self.estimated_bytes is None:
+            self.estimated_bytes = estimate_checkpoint_bytes(
+                engine, num_params=num_params(engine.model), dist_info=self.dist_info
+            )
+        with rank0_work_group(self.dist_info.world_size) as waiting:  # rank 0 hashes and publishes alone
+            saved = self.saver.save(
+                engine,
+                step=step,
+                client_state=client_state,
+                run_info=run_info,
+                estimated_bytes=self.estimated_bytes,
+                process_group=waiting,
+            )
+        if saved is not None:
+            self._saved(saved)
+        else:
+            self.log.info(f"checkpoint step {step}: writing in the background")
+
+    def _saved(self, folder) -> None:
+        self.latest = folder
+        self.log.info(f"checkpoint {folder.name}: {folder}")
+
+    def check_background(self, failed_anywhere: bool) -> None:
+        """A background save that failed on any rank stops every rank here; a finished one is logged."""
+        if self.saver is None:
+            return
+        if failed_anywhere:
+            self.saver.wait()  # raises this rank's SaveFailed line (the ranks agreed in the thread)
+            raise AssertionError("a rank flagged a failed background save, but this rank's succeeded")
+        finished = self.saver.finished_in_background()
+        if finished is not None:
+            self._saved(finished)
+
+    def resume(self, engine) -> tuple[int, int]:
+        """(steps done, micro-steps consumed) from --resume, (0, 0) for a fresh start."""
+        ckpt = self.plan.resume_checkpoint  # resolved and verified by plan_run, before any collective
+        if ckpt is None:
+            if self.args.resume == "auto":
+                self.log.info(f"resume auto: no checkpoint in {self.args.save_dir} yet, starting fresh")
+            return 0, 0
+        with reading(ckpt):  # --save-total-limit never deletes a checkpoint while it is read
+            client_state = engine.load_checkpoint(ckpt)
+        restore_rng(client_state["rng"], self.dist_info.device)
+        step, micro_steps = int(client_state["step"]), int(client_state["micro_steps"])
+        global_batch = self.settings.micro_batch_size * self.dist_info.world_size
+        if int(client_state["global_micro_batch"]) != global_batch:
+            micro_steps = micro_steps * int(client_state["global_micro_batch"]) // global_batch
+            self.log.warning(
+                f"resume: the global micro-batch changed ({client_state['global_micro_batch']} -> "
+                f"{global_batch} sequences); continuing at the nearest data position"
+            )
+        if step >= self.args.max_steps:
+            raise UsageError(
+                f"checkpoint {ckpt} is at step {step}, not before --max-steps "
+                f"{self.args.max_steps}; raise --max-steps to train further"
+            )
+        saved_horizon = read_run_info(ckpt).get("settings", {}).get("total_steps")
+        if saved_horizon != self.settings.total_steps:
+            self.log.warning(
+                f"resume: the checkpoint's schedule ends at step {saved_horizon}, this run's at "
+                f"{self.settings.total_steps}; the lr curve differs from an uninterrupted run (keep --max-steps)"
+            )
+        self.log.info(f"resumed from {ckpt} at step {step}")
+        return step, micro_steps
