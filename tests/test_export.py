@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zero_train.checkpoint.export import export_checkpoint, export_model
+from zero_train.checkpoint.manifest import write_manifest
 from zero_train.cli.export import export_command_parser
 from zero_train.hf import models as hf
 from zero_train.runtime.errors import UsageError
@@ -29,8 +30,9 @@ def trained_model(preset: str, seed: int = 0):
     return model.eval()
 
 
-def write_checkpoint(save_dir, model, step=40):
-    """A ddp/zero1-style checkpoint, laid out as zero_train.checkpoint.files writes it (tied tensors stored once)."""
+def write_checkpoint(save_dir, model, step=40, manifest=True):
+    """A ddp/zero1-style checkpoint, laid out as zero_train.checkpoint.files writes it (tied tensors stored once),
+    with its manifest.json (every file's size and sha256) unless `manifest` is False."""
     ckpt = save_dir / f"step-{step:08d}"
     (ckpt / "model").mkdir(parents=True)
     model.config.save_pretrained(ckpt / "model")
@@ -43,6 +45,8 @@ def write_checkpoint(save_dir, model, step=40):
     (ckpt / "run.json").write_text(
         json.dumps({"engine": "ddp", "model": "tiny", "tokenizer": None, "step": step})
     )
+    if manifest:
+        write_manifest(ckpt)
     (save_dir / "latest").write_text(ckpt.name)
     return ckpt
 
@@ -101,7 +105,15 @@ def test_cli_refuses_to_overwrite_and_never_leaves_partial_folders(tmp_path):
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
     (ckpt / "model" / "model.safetensors").unlink()
     args = parser.parse_args(["export", str(ckpt), str(tmp_path / "hf2")])
-    with pytest.raises(UsageError, match="neither model/model.safetensors nor deepspeed/"):
+    with pytest.raises(
+        UsageError, match="model.safetensors is missing .listed in manifest.json.; the checkpoint is damaged"
+    ):
+        args.func(args)
+    (ckpt / "manifest.json").unlink()  # a hand-made folder: no manifest, and no weights either
+    with (
+        pytest.warns(UserWarning, match="has no manifest.json"),
+        pytest.raises(UsageError, match="neither model/model.safetensors nor deepspeed/"),
+    ):
         args.func(args)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "save"]  # no partial or temporary folder
     with pytest.raises(UsageError, match="does not exist"):
@@ -109,16 +121,19 @@ def test_cli_refuses_to_overwrite_and_never_leaves_partial_folders(tmp_path):
 
 
 def test_weights_of_another_model_are_refused_before_anything_is_written(tmp_path):
-    ckpt = write_checkpoint(tmp_path / "save", trained_model("tiny"))
+    # no manifest: the config is swapped by hand below (a manifest would refuse the edited file first)
+    ckpt = write_checkpoint(tmp_path / "save", trained_model("tiny"), manifest=False)
     hf.model_config("llama-tiny").save_pretrained(ckpt / "model")  # config of another architecture
-    with pytest.raises(
-        UsageError, match="do not fit the model config: 21 missing_keys .* 28 unexpected_keys"
+    unverified = pytest.warns(UserWarning, match="has no manifest.json")
+    with (
+        unverified,
+        pytest.raises(UsageError, match="do not fit the model config: 21 missing_keys .* 28 unexpected_keys"),
     ):
         export_checkpoint(ckpt, tmp_path / "hf")
     narrower = hf.model_config("tiny")
     narrower.n_inner = 128
     narrower.save_pretrained(ckpt / "model")  # same architecture, other shapes
-    with pytest.raises(UsageError, match="6 mismatched_shapes .*mlp.c_fc.bias"):
+    with unverified, pytest.raises(UsageError, match="6 mismatched_shapes .*mlp.c_fc.bias"):
         export_checkpoint(ckpt, tmp_path / "hf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["save"]
 
