@@ -133,6 +133,8 @@ CASES = [
     Case("plan-inconsistent-batch", "zero-train", ["plan", "--model", "tiny", "--gpus-per-node", "2",
          "--gpu-memory", "80", "--host-memory", "100", "--global-batch-size", "7", "--block-size", "64"],
          "is not a multiple of the 2 ranks"),
+    Case("plan-block-beyond-context", "zero-train", ["plan", *PLAN[:-1], "100000", "--gpu-memory", "80"],
+         "--block-size 100000 is above the model's context of 256 tokens"),
     Case("plan-unknown-model", "zero-train", ["plan", *PLAN, "--model", "{w}/no-model/", "--gpu-memory", "80"],
          "no such folder"),
     Case("plan-headroom-out-of-range", "zero-train", ["plan", *PLAN, "--gpu-memory", "80", "--headroom", "1.5"],

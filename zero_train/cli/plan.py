@@ -37,7 +37,9 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     add("--global-batch-size", type=positive_int, required=True, help="sequences per optimizer step")
     add("--block-size", type=positive_int, required=True, help="tokens per sequence")
     add("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
-    add("--headroom", type=float, default=0.10, help="fraction of GPU memory kept free (default 0.10)")
+    add("--headroom", type=float, default=0.0,
+        help="extra fraction of GPU memory kept free beyond the estimate's GPU terms (CUDA context, allocator "
+        "reserve, NCCL buffers), default 0")  # fmt: skip
     add("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: CPU ranks with gloo (tests here)")
     add("--format", choices=("deepspeed", "accelerate"), default="deepspeed")
     add("-o", "--output", help="write the chosen set-up here (JSON; .yaml with --format accelerate)")
@@ -45,26 +47,31 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _shape(model: str):
+def _model(model: str):
+    """(config, shape) of --model."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import model_config
     from zero_train.memory.model.theory import model_shape
 
-    return model_shape(model_config(model))
+    config = model_config(model)
+    return config, model_shape(config)
 
 
 def request_from_args(args: argparse.Namespace):
     """The PlanRequest (UsageError for an inconsistent batch, a bad headroom, an unknown model)."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
+    from zero_train.hf.models import check_block_size
     from zero_train.memory.model.plan import PlanRequest
 
     if not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom {args.headroom} must be a fraction in [0, 1), e.g. 0.1")
     if args.format == "accelerate" and args.output and not args.output.endswith((".yaml", ".yml")):
         raise UsageError("--format accelerate needs -o FILE.yaml (the DeepSpeed JSON goes beside it)")
+    config, shape = _model(args.model)
+    check_block_size(config, args.block_size)
     try:
         return PlanRequest(
-            shape=_shape(args.model), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+            shape=shape, config=config, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
             gpu_memory_gb=args.gpu_memory, host_memory_gb=args.host_memory,
             global_batch_size=args.global_batch_size, block_size=args.block_size, precision=args.precision,
             headroom=args.headroom, backend="gloo" if args.device == "cpu" else "nccl",
@@ -74,18 +81,12 @@ def request_from_args(args: argparse.Namespace):
 
 
 def chosen_config(plan, args: argparse.Namespace) -> dict:
-    """The DeepSpeed JSON of the chosen set-up (zero_train.ds_config's generator, buckets from the model)."""
+    """The DeepSpeed JSON of the chosen set-up: the one its estimate read."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.ds_config.generate import ConfigRequest, generate_config
+    from zero_train.memory.model.plan import setup_config
 
-    chosen, request = plan.chosen, plan.request
-    return generate_config(ConfigRequest(
-        stage=chosen.setup.stage, precision=request.precision,
-        offload_optimizer="cpu" if chosen.setup.offload_optimizer else "none",
-        offload_param="cpu" if chosen.setup.offload_param else "none",
-        micro_batch_size=chosen.micro_batch_size, grad_accum=chosen.grad_accum, world_size=request.world_size,
-        hidden_size=request.shape.hidden_size or None,
-    ))  # fmt: skip
+    chosen = plan.chosen
+    return setup_config(plan.request, chosen.setup, chosen.micro_batch_size, chosen.grad_accum)
 
 
 def _count(num_params: int) -> str:
@@ -100,7 +101,7 @@ def render(plan, args: argparse.Namespace) -> str:
         f"ranks of {args.gpu_memory:g} GB (usable {args.gpu_memory * (1 - args.headroom):.1f}) | host "
         f"{args.host_memory:g} GB per machine | {args.global_batch_size} x {args.block_size} tokens | "
         f"{args.precision}",
-        f"{'':2}{'set-up (cheapest first)':<50} {'micro x accum':>13} {'peak/rank':>10} {'phase':>14} "
+        f"{'':2}{'set-up (cheapest first)':<50} {'micro x accum':>13} {'need/rank':>10} {'phase':>14} "
         f"{'host/machine':>12}",
     ]
     for index, candidate in enumerate(plan.fitting):

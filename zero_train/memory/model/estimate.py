@@ -159,7 +159,11 @@ def estimate_setup(
                   grad_accum=grad_accum, gradient_checkpointing=gradient_checkpointing,
                   ds_config=ds_config, device=device, settings=settings)  # fmt: skip
     for stage in stages:
-        result.stages.append(_stage(stage, shape, count, world_size, per_node, result, **common))
+        result.stages.append(
+            estimate_engine(STAGE_ENGINES[stage], shape, count, world_size, per_node=per_node,
+                            gpu_memory_bytes=result.gpu_memory_bytes,
+                            host_memory_bytes=result.host_memory_bytes, **common)
+        )  # fmt: skip
     result.notes = _notes(result, settings, count, ds_config)
     return result
 
@@ -181,13 +185,33 @@ def _model_inputs(model, precision: str, micro_batch_size: int, block_size: int,
     return theory.model_shape(model), count, block
 
 
-def _stage(stage, shape, count, world_size, per_node, result, *, settings, device, **run) -> StageEstimate:
-    """One stage: our peak model, offload moved to the host, GPU headroom, host bytes, fits."""
+def counted_activations(config, *, precision: str, micro_batch_size: int, block_size: int,
+                        gradient_checkpointing: bool):  # fmt: skip
+    """The ActivationCount of one micro-batch of a config (fake tensors), as estimate_setup counts it."""
+    return _model_inputs(config, precision, micro_batch_size, block_size, gradient_checkpointing)[1]
+
+
+def estimate_engine(
+    engine: str,
+    shape: theory.ModelShape,
+    count,
+    world_size: int,
+    *,
+    per_node: int,
+    gpu_memory_bytes: int | None,
+    host_memory_bytes: int | None,
+    settings: offload.OffloadSettings,
+    device: str,
+    **run,
+) -> StageEstimate:
+    """One engine of the peak model on one set-up: device phases, offload moved to the host, GPU headroom,
+    host bytes, fits. `run`: precision, micro_batch_size, block_size, grad_accum, gradient_checkpointing,
+    ds_config. estimate_setup calls it for each stage, `zero-train plan` for each set-up it tries."""
     # here, not at the top: DeepSpeed imports in seconds and logs a line; `zero-train --help` and flag errors come before it
     from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
     from zero_train.memory.model.peak import backend_for, engine_peak
 
-    engine = STAGE_ENGINES[stage]
+    stage = theory.ENGINE_STAGES[engine]
     model = engine_peak(engine, shape, world_size, backend=backend_for(device), activation_count=count,
                         host_in_phases=False, **run)  # fmt: skip
     phases, host, nvme = model.phases, {}, 0  # engine_peak moved the offloaded terms off the device
@@ -210,10 +234,10 @@ def _stage(stage, shape, count, world_size, per_node, result, *, settings, devic
         host_startup_per_rank=startup,
         host_per_node_bytes=ranks_on_node * max(sum(host.values()), startup), nvme_per_rank_bytes=nvme,
     )  # fmt: skip
-    if result.gpu_memory_bytes is not None:
-        row.fits_device = row.device_needed_bytes <= result.gpu_memory_bytes
-    if result.host_memory_bytes is not None:
-        row.fits_host = row.host_per_node_bytes <= result.host_memory_bytes
+    if gpu_memory_bytes is not None:
+        row.fits_device = row.device_needed_bytes <= gpu_memory_bytes
+    if host_memory_bytes is not None:
+        row.fits_host = row.host_per_node_bytes <= host_memory_bytes
     return row
 
 

@@ -10,24 +10,26 @@ before more (DDP, ZeRO-1/2 and FSDP2 keeping parameters gathered: 2 Psi; ZeRO-3 
 lower stages first among equals. For each, the largest micro-batch that divides the per-rank batch and fits
 is taken (fewer accumulation steps: less time per sample).
 
-A set-up fits when our per-phase peak (zero_train.memory.model.peak.engine_peak; `device_and_host` is the
-one place that turns it into device and host bytes, so a fuller memory model replaces only that function)
-stays below the GPU memory minus a headroom, and the host of one machine holds what its ranks put there:
-the fp32 model every rank builds on the CPU before moving it (not under ZeRO-3's zero.Init) and offloaded
-states. Activation checkpointing keeps each block's input and recomputes one block at a time;
-optimizer offload moves fp32 masters, Adam's moments and fp32 gradients to the host; parameter offload
-(ZeRO-3) also the 16-bit parameter partition. Accumulation and checkpointing are the peak model's own terms.
+A set-up fits when the estimate of that set-up (zero_train.memory.model.estimate.estimate_engine, the same
+function `zero-train estimate` uses) fits: the activations counted on the model's real architecture (fake
+tensors, once per micro-batch size and checkpointing choice), the per-phase peak of the engine, DeepSpeed's
+offload buffers moved to the host, the GPU headroom terms (CUDA context, allocator reserve, NCCL buffers:
+assumed, not measured here) and an optional extra margin (--headroom) below the GPU's memory; and the host
+of one machine holds what its ranks put there (the fp32 model every rank builds before moving it, not under
+ZeRO-3's zero.Init, and offloaded states). The JSON the estimate reads is the one the plan writes
+(setup_config).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zero_train.memory.model.peak import engine_peak
+from zero_train.ds_config.generate import ConfigRequest, generate_config
+from zero_train.memory.model import offload
+from zero_train.memory.model.estimate import StageEstimate, counted_activations, estimate_engine
 from zero_train.memory.model.theory import ModelShape
 
 GB = 1e9
-FP32_BYTES = 4
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -76,17 +78,17 @@ TRAFFIC_ORDER = ("ddp", "ds1", "ds2", "fsdp2-z2", "ds3", "fsdp2-z3")
 def setup_order() -> list[Setup]:
     """Every set-up, cheapest (expected fastest) first."""
     order = []
-    for offload in ("none", "optimizer", "param"):
+    for moved in ("none", "optimizer", "param"):
         for checkpointing in (False, True):
             for engine in TRAFFIC_ORDER:
-                if offload != "none" and engine.startswith("fsdp2"):
+                if moved != "none" and engine.startswith("fsdp2"):
                     continue  # the fsdp2 engine does not offload (DeepSpeed's offload is what we model)
-                if offload == "optimizer" and engine == "ddp":
+                if moved == "optimizer" and engine == "ddp":
                     continue  # offload needs ZeRO
-                if offload == "param" and engine != "ds3":
+                if moved == "param" and engine != "ds3":
                     continue
                 order.append(Setup(engine=engine, checkpointing=checkpointing,
-                                   offload_optimizer=offload != "none", offload_param=offload == "param"))  # fmt: skip
+                                   offload_optimizer=moved != "none", offload_param=moved == "param"))  # fmt: skip
     return order
 
 
@@ -95,7 +97,10 @@ class PlanRequest:
     """What `zero-train plan` is asked."""
 
     shape: ModelShape
-    """The model."""
+    """The model's shape (theory.model_shape)."""
+    config: object = None
+    """Its transformers config: activations are counted on the real architecture. None: the shape's
+    GPT-2-like activation terms (a bare shape, e.g. in tests of the ranking)."""
     nodes: int
     """Machines."""
     gpus_per_node: int
@@ -110,8 +115,8 @@ class PlanRequest:
     """Tokens per sequence."""
     precision: str = "bf16"
     """Training precision."""
-    headroom: float = 0.10
-    """Fraction of device memory kept free (CUDA context, allocator fragmentation, NCCL buffers)."""
+    headroom: float = 0.0
+    """Fraction of device memory kept free beyond the GPU terms the estimate adds (gpu_terms)."""
     backend: str = "nccl"
     """"nccl" (GPUs) or "gloo" (CPU ranks)."""
 
@@ -150,71 +155,90 @@ class Candidate:
         return not self.reason
 
 
-def device_and_host(
-    request: PlanRequest, setup: Setup, micro_batch_size: int, grad_accum: int = 1
-) -> tuple[int, str, int, dict]:
-    """(device peak per rank, its phase, host bytes per machine, the peak phase's terms) of a set-up.
+def setup_config(request: PlanRequest, setup: Setup, micro_batch_size: int, grad_accum: int) -> dict:
+    """The DeepSpeed JSON of a set-up (zero_train.ds_config's generator, buckets from the model's width):
+    what the plan writes, and what its estimate reads."""
+    return generate_config(ConfigRequest(
+        stage=setup.stage, precision=request.precision,
+        offload_optimizer="cpu" if setup.offload_optimizer else "none",
+        offload_param="cpu" if setup.offload_param else "none",
+        micro_batch_size=micro_batch_size, grad_accum=grad_accum, world_size=request.world_size,
+        hidden_size=request.shape.hidden_size or None,
+    ))  # fmt: skip
 
-    The single place that turns the peak model into device and host bytes: the peak model counts
-    accumulation and activation checkpointing; optimizer / parameter offload remove the terms DeepSpeed
-    moves to the host (zero_train.memory.model.estimate.estimate_setup models DeepSpeed's offload buffers in
-    full: the next step for the DeepSpeed set-ups here).
+
+class ActivationCounts:
+    """One fake-tensor count per (micro-batch size, checkpointing) of a request, shared by every engine."""
+
+    def __init__(self, request: PlanRequest) -> None:
+        self.request = request
+        self.counts: dict[tuple[int, bool], object] = {}
+
+    def get(self, micro_batch_size: int, checkpointing: bool):
+        """The ActivationCount, or None for a bare shape."""
+        if self.request.config is None:
+            return None
+        key = (micro_batch_size, checkpointing)
+        if key not in self.counts:
+            self.counts[key] = counted_activations(
+                self.request.config, precision=self.request.precision, micro_batch_size=micro_batch_size,
+                block_size=self.request.block_size, gradient_checkpointing=checkpointing,
+            )  # fmt: skip
+        return self.counts[key]
+
+
+def estimate_candidate(
+    request: PlanRequest, setup: Setup, micro_batch_size: int, grad_accum: int, counts: ActivationCounts
+) -> StageEstimate:
+    """The estimate of one set-up at one micro-batch (zero-train estimate's numbers for the same JSON)."""
+    ds_config = setup_config(request, setup, micro_batch_size, grad_accum)
+    return estimate_engine(
+        setup.engine, request.shape, counts.get(micro_batch_size, setup.checkpointing), request.world_size,
+        per_node=request.gpus_per_node, gpu_memory_bytes=None, host_memory_bytes=None,
+        settings=offload.OffloadSettings.from_config(ds_config),
+        device="cuda" if request.backend == "nccl" else "cpu", precision=request.precision,
+        micro_batch_size=micro_batch_size, block_size=request.block_size, grad_accum=grad_accum,
+        gradient_checkpointing=setup.checkpointing, ds_config=ds_config,
+    )  # fmt: skip
+
+
+def _candidate(request, setup, micro, per_rank, counts) -> Candidate:
+    row = estimate_candidate(request, setup, micro, per_rank // micro, counts)
+    terms = {**row.device_phases[row.device_peak_phase], **row.headroom}
+    return Candidate(setup=setup, micro_batch_size=micro, grad_accum=per_rank // micro,
+                     device_bytes=row.device_needed_bytes, peak_phase=row.device_peak_phase,
+                     host_bytes=row.host_per_node_bytes, terms=terms)  # fmt: skip
+
+
+def evaluate(request: PlanRequest, setup: Setup, counts: ActivationCounts | None = None) -> Candidate:
+    """The set-up at its largest fitting micro-batch (or at micro-batch 1 with the reason it does not fit).
+
+    The micro-batch sizes are the divisors of the per-rank batch; the device bytes grow with the micro-batch,
+    so the largest that fits is found by bisection (a few counts, not one per divisor). The host's share does
+    not shrink with the micro-batch: a set-up whose host does not fit at micro-batch 1 does not fit.
     """
-    model = engine_peak(setup.engine, request.shape, request.world_size, precision=request.precision,
-                        micro_batch_size=micro_batch_size, block_size=request.block_size, grad_accum=grad_accum,
-                        gradient_checkpointing=setup.checkpointing, backend=request.backend,
-                        ds_config=_bucket_config(request))  # fmt: skip
-    e = FP32_BYTES if request.precision == "fp32" else 2
-    psi, ranks = request.shape.num_params, request.gpus_per_node
-    shard = -(-psi // request.world_size)
-    moved = (
-        ("master_params", "optimizer_states", "fp32_grads", "adamw_temporaries")
-        if setup.offload_optimizer
-        else ()
-    )
-    best, best_phase, best_terms = -1, "", {}
-    for phase, terms in model.phases.items():
-        terms = {name: value for name, value in terms.items() if name not in moved}
-        if setup.offload_param:
-            terms["params"] = max(0, terms.get("params", 0) - e * shard)
-        if sum(terms.values()) > best:
-            best, best_phase, best_terms = sum(terms.values()), phase, terms
-    host = 0 if setup.stage == 3 and setup.train_engine == "deepspeed" else ranks * FP32_BYTES * psi
-    if setup.offload_optimizer:
-        host += ranks * (4 + 8 + 4) * shard  # fp32 masters, Adam moments, fp32 gradients per rank's shard
-    if setup.offload_param:
-        host += ranks * e * shard
-    return best, best_phase, host, best_terms  # fmt: skip
-
-
-def _bucket_config(request: PlanRequest) -> dict:
-    """Bucket sizes as `zero-train config --model` writes them (hidden size squared)."""
-    h = request.shape.hidden_size or 0
-    zero = dict(reduce_bucket_size=h * h, stage3_prefetch_bucket_size=int(0.9 * h * h),
-                stage3_param_persistence_threshold=10 * h) if h else {}  # fmt: skip
-    return dict(zero_optimization=zero)
-
-
-def evaluate(request: PlanRequest, setup: Setup) -> Candidate:
-    """The set-up at its largest fitting micro-batch (or at micro-batch 1 with the reason it does not fit)."""
+    counts = counts or ActivationCounts(request)
     per_rank = request.global_batch_size // request.world_size
     usable = request.gpu_memory_gb * GB * (1 - request.headroom)
-    last = None
-    for micro in sorted((m for m in range(1, per_rank + 1) if per_rank % m == 0), reverse=True):
-        device, phase, host, terms = device_and_host(request, setup, micro, per_rank // micro)
-        candidate = Candidate(setup=setup, micro_batch_size=micro, grad_accum=per_rank // micro,
-                              device_bytes=device, peak_phase=phase, host_bytes=host, terms=terms)  # fmt: skip
-        if host > request.host_memory_gb * GB:
-            candidate.reason = (f"host {host / GB:.1f} GB per machine > {request.host_memory_gb:g} GB "
-                                f"({request.gpus_per_node} ranks)")  # fmt: skip
-            return candidate  # a smaller micro-batch does not shrink the host's share
-        if device <= usable:
-            return candidate
-        last = candidate
-    assert last is not None
-    last.reason = (f"peak {last.device_bytes / GB:.1f} GB per rank ({last.peak_phase}) at micro-batch 1 > "
-                   f"{usable / GB:.1f} GB usable ({request.gpu_memory_gb:g} GB - {request.headroom:.0%} headroom)")  # fmt: skip
-    return last
+    micros = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+    smallest = _candidate(request, setup, micros[0], per_rank, counts)
+    if smallest.host_bytes > request.host_memory_gb * GB:
+        smallest.reason = (f"host {smallest.host_bytes / GB:.1f} GB per machine > {request.host_memory_gb:g} GB "
+                           f"({request.gpus_per_node} ranks)")  # fmt: skip
+        return smallest
+    if smallest.device_bytes > usable:
+        smallest.reason = (f"{smallest.device_bytes / GB:.1f} GB per rank ({smallest.peak_phase}, GPU terms "
+                           f"included) at micro-batch 1 > {usable / GB:.1f} GB usable")  # fmt: skip
+        return smallest
+    best, low, high = smallest, 1, len(micros) - 1  # micros[low - 1] fits; bisect in [low, high]
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = _candidate(request, setup, micros[middle], per_rank, counts)
+        if candidate.device_bytes <= usable:
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best
 
 
 @dataclass(kw_only=True, slots=True)
@@ -238,8 +262,9 @@ def make_plan(request: PlanRequest, *, keep: int = 5) -> Plan:
         ValueError: nothing fits (the message names the most economical set-up's shortfall).
     """
     fitting, rejected = [], []
+    counts = ActivationCounts(request)
     for setup in setup_order():
-        candidate = evaluate(request, setup)
+        candidate = evaluate(request, setup, counts)
         (fitting if candidate.fits else rejected if not fitting else []).append(candidate)
         if len(fitting) >= keep:
             break
