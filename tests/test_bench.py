@@ -154,6 +154,7 @@ def test_ratios_pair_runs_of_the_same_repeat():
         (dict(engines=["ddp", "fsdp"]), "unknown engine(s) fsdp"),
         (dict(precisions=["fp8"]), "unknown precision(s) fp8"),
         (dict(warmup=7), "--warmup 7 must be at least 0 and below --steps 7"),
+        (dict(bf16_steps=2, bf16_warmup=2), "--bf16-warmup 2 must be at least 0 and below --bf16-steps 2"),
     ],
 )
 def test_bad_flags_are_usage_errors(flags, message, tmp_path):
@@ -162,3 +163,19 @@ def test_bad_flags_are_usage_errors(flags, message, tmp_path):
     )
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         bench_command(argparse.Namespace(**{**args, **flags}))
+
+
+@pytest.mark.parametrize("emulated, expected", [(True, (3, 1)), (False, (7, 2))])
+def test_bf16_runs_take_few_steps_only_where_the_cpu_emulates_bf16(emulated, expected, monkeypatch):
+    from zero_train.bench import machine
+    from zero_train.bench.cells import Cell, run_argv, steps_of
+    from zero_train.cli.bench import resolve_scenario
+
+    monkeypatch.setattr(machine, "bf16_emulated_on_cpu", lambda: emulated)
+    args = argparse.Namespace(precisions=["fp32", "bf16"], steps=7, warmup=2, scenario=None, dataset=None)
+    resolve_scenario(args)
+    assert steps_of(Cell("zero1", "bf16"), args) == expected
+    assert steps_of(Cell("zero1", "fp32"), args) == (7, 2)
+    paths = dict(config="c.json", record="r.json", metrics="m.jsonl")
+    argv = run_argv(Cell("ddp", "bf16"), args, paths)
+    assert argv[argv.index("--max-steps") + 1] == str(expected[0])

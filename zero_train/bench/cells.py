@@ -139,6 +139,14 @@ def run_script(cell: Cell, args: argparse.Namespace) -> pathlib.Path:
     return PEER_SCRIPT if cell.is_peer else pathlib.Path(args.train_script)
 
 
+def steps_of(cell: Cell, args: argparse.Namespace) -> tuple[int, int]:
+    """(optimizer steps, warm-up steps left out of the median) of the cell's runs: --bf16-steps and
+    --bf16-warmup for bf16 cells (fewer where the CPU emulates bf16), --steps and --warmup otherwise."""
+    if cell.precision == "bf16":
+        return args.bf16_steps, args.bf16_warmup
+    return args.steps, args.warmup
+
+
 def run_argv(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path]) -> list[str]:
     """The training script's flags for one run (the same under any launcher and in one-launch mode).
 
@@ -154,7 +162,7 @@ def run_argv(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path
         "--block-size", str(args.block_size),
         "--micro-batch-size", str(args.micro_batch_size),
         "--grad-accum", "1",
-        "--max-steps", str(args.steps),
+        "--max-steps", str(steps_of(cell, args)[0]),
         "--memory-report", str(paths["record"]),
         "--metrics-file", str(paths["metrics"]),
         "--no-progress",

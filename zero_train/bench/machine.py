@@ -36,6 +36,20 @@ def cpu_flags() -> list[str]:
     return []
 
 
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_emulated_on_cpu() -> bool:
+    """True on an x86 CPU without AVX512-BF16 or AMX-BF16 (bf16 matmuls emulated, ~5x an fp32 step here),
+    when the ranks run on the CPU (no CUDA device). Not x86 (no flags read): False, nothing is claimed."""
+    # here, not at the top: bench checks its flags before torch loads (bench_command imports this module first)
+    import torch
+
+    if torch.cuda.is_available() or platform.machine() not in ("x86_64", "AMD64", "i686"):
+        return False
+    return not set(NATIVE_BF16_FLAGS) & set(cpu_flags())
+
+
 def _version(module_name: str) -> str | None:
 
     try:

@@ -92,6 +92,14 @@ def machine_line(result: dict) -> str:
     )
 
 
+def _bf16_steps(meta: dict) -> str:
+    """The bf16 runs' steps, where they differ (the CPU emulates bf16)."""
+    steps, warmup = meta.get("bf16_steps", meta["steps"]), meta.get("bf16_warmup", meta["warmup"])
+    if "bf16" not in meta["precisions"] or (steps, warmup) == (meta["steps"], meta["warmup"]):
+        return ""
+    return f" ({steps} and {warmup} in bf16, which this CPU emulates: a bf16 step takes several fp32 steps' time)"
+
+
 def render(result: dict) -> str:
     """The whole Markdown report of a bench result (cli/bench.py's JSON)."""
     meta = result["meta"]
@@ -99,7 +107,9 @@ def render(result: dict) -> str:
         f"## zero-train bench: {meta['model']} ({meta['num_params'] / 1e6:.1f}M parameters), world size "
         f"{meta['world_size']}, {meta['micro_batch_size']} x {meta['block_size']} tokens per rank per step",
         "",
-        f"{meta['steps']} optimizer steps per run, the first {meta['warmup']} dropped as warm-up; "
+        f"{meta['steps']} optimizer steps per run, the first {meta['warmup']} dropped as warm-up"
+        + _bf16_steps(meta)
+        + "; "
         f"{meta['repeats']} repeats of the engines the targets compare ({meta['other_repeats']} of the others), "
         "interleaved (each repeat runs its cells once, in a shuffled order). "
         "Step time: median of a run's steps, min-max over repeats. Payload per collective (CommLedger: "

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import time
 
-from zero_train.bench.cells import Cell, cell_run_config, launcher_prefix, run_argv
+from zero_train.bench.cells import Cell, cell_run_config, launcher_prefix, run_argv, steps_of
 from zero_train.bench.run import make_sample, run_paths
 
 WORKER_MODULE = "zero_train.bench.worker"
@@ -83,7 +83,9 @@ def run_all(order: list[tuple[int, Cell]], args, out: pathlib.Path, hidden_size:
         try:
             write_config(cell_run_config(cell, args, hidden_size), paths["config"])
         except UsageError as err:
-            sample = make_sample(cell, repeat, paths, warmup=args.warmup, wall_s=0.0, error=f"config: {err}")
+            sample = make_sample(
+                cell, repeat, paths, warmup=steps_of(cell, args)[1], wall_s=0.0, error=f"config: {err}"
+            )
             samples[(repeat, cell.name)] = sample
             continue
         pending.append((repeat, cell, paths))
@@ -111,7 +113,7 @@ def run_all(order: list[tuple[int, Cell]], args, out: pathlib.Path, hidden_size:
         else:
             error = f"exit code {code}: {last_error_line(log_path.read_text())}"
         samples[(repeat, cell.name)] = make_sample(
-            cell, repeat, paths, warmup=args.warmup, wall_s=0.0, error=error
+            cell, repeat, paths, warmup=steps_of(cell, args)[1], wall_s=0.0, error=error
         )
     _subtract_residue(order, samples)
     return [samples[(repeat, cell.name)] for repeat, cell in order]
@@ -119,7 +121,9 @@ def run_all(order: list[tuple[int, Cell]], args, out: pathlib.Path, hidden_size:
 
 def _finished_sample(cell: Cell, repeat: int, paths: dict, args) -> dict:
     done = json.loads(done_path(paths).read_text())
-    sample = make_sample(cell, repeat, paths, warmup=args.warmup, wall_s=done["wall_s"], error=None)
+    sample = make_sample(
+        cell, repeat, paths, warmup=steps_of(cell, args)[1], wall_s=done["wall_s"], error=None
+    )
     sample["teardown"] = dict(baseline_bytes=done["baseline_bytes"], after_bytes=done["after_teardown_bytes"])
     return sample
 

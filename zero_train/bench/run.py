@@ -18,7 +18,7 @@ import pathlib
 import statistics
 import time
 
-from zero_train.bench.cells import Cell, cell_run_config, run_command
+from zero_train.bench.cells import Cell, cell_run_config, run_command, steps_of
 from zero_train.ds_config import write_config
 from zero_train.launch.cells import last_error_line
 from zero_train.launch.launcher import run_logged
@@ -89,7 +89,9 @@ def run_one(cell: Cell, repeat: int, args, out: pathlib.Path, hidden_size: int |
     try:
         write_config(cell_run_config(cell, args, hidden_size), paths["config"])
     except UsageError as err:
-        return make_sample(cell, repeat, paths, warmup=args.warmup, wall_s=0.0, error=f"config: {err}")
+        return make_sample(
+            cell, repeat, paths, warmup=steps_of(cell, args)[1], wall_s=0.0, error=f"config: {err}"
+        )
     started = time.perf_counter()
     code = run_logged(run_command(cell, args, paths, free_port()), paths["log"], timeout=args.timeout)
     wall_s = time.perf_counter() - started
@@ -98,4 +100,4 @@ def run_one(cell: Cell, repeat: int, args, out: pathlib.Path, hidden_size: int |
         error = f"timed out after {args.timeout:g} s (see {paths['log']})"
     elif code != 0:
         error = f"exit code {code}: {last_error_line(paths['log'].read_text())}"
-    return make_sample(cell, repeat, paths, warmup=args.warmup, wall_s=wall_s, error=error)
+    return make_sample(cell, repeat, paths, warmup=steps_of(cell, args)[1], wall_s=wall_s, error=error)
