@@ -165,15 +165,20 @@ def test_bad_flags_are_usage_errors(flags, message, tmp_path):
         bench_command(argparse.Namespace(**{**args, **flags}))
 
 
-@pytest.mark.parametrize("emulated, expected", [(True, (3, 1)), (False, (7, 2))])
-def test_bf16_runs_take_few_steps_only_where_the_cpu_emulates_bf16(emulated, expected, monkeypatch):
+@pytest.mark.parametrize("emulated, expected, runs", [(True, (3, 1), 1), (False, (7, 2), 3)])
+def test_bf16_runs_take_few_steps_only_where_the_cpu_emulates_bf16(emulated, expected, runs, monkeypatch):
     from zero_train.bench import machine
     from zero_train.bench.cells import Cell, run_argv, steps_of
-    from zero_train.cli.bench import resolve_scenario
+    from zero_train.bench.summary import TARGET_ENGINES
+    from zero_train.cli.bench import _runs_of, resolve_scenario
 
     monkeypatch.setattr(machine, "bf16_emulated_on_cpu", lambda: emulated)
-    args = argparse.Namespace(precisions=["fp32", "bf16"], steps=7, warmup=2, scenario=None, dataset=None)
+    args = argparse.Namespace(precisions=["fp32", "bf16"], steps=7, warmup=2, scenario=None, dataset=None,
+                              repeats=3, other_repeats=1)  # fmt: skip
     resolve_scenario(args)
+    assert _runs_of(Cell("zero1", "bf16"), args, TARGET_ENGINES) == runs
+    assert _runs_of(Cell("zero1", "fp32"), args, TARGET_ENGINES) == 3
+    assert _runs_of(Cell("ds3", "bf16"), args, TARGET_ENGINES) == 1
     assert steps_of(Cell("zero1", "bf16"), args) == expected
     assert steps_of(Cell("zero1", "fp32"), args) == (7, 2)
     paths = dict(config="c.json", record="r.json", metrics="m.jsonl")
