@@ -165,7 +165,7 @@ def test_bad_flags_are_usage_errors(flags, message, tmp_path):
         bench_command(argparse.Namespace(**{**args, **flags}))
 
 
-@pytest.mark.parametrize("emulated, expected, runs", [(True, (3, 1), 1), (False, (7, 2), 3)])
+@pytest.mark.parametrize("emulated, expected, runs", [(True, (2, 1), 1), (False, (7, 2), 3)])
 def test_bf16_runs_take_few_steps_only_where_the_cpu_emulates_bf16(emulated, expected, runs, monkeypatch):
     from zero_train.bench import machine
     from zero_train.bench.cells import Cell, run_argv, steps_of

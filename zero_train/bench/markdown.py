@@ -52,13 +52,15 @@ def cells_table(cells: list[dict]) -> list[str]:
     return lines + [_cell_row(cell) for cell in cells]
 
 
-def _ratio_text(values: dict | None) -> str:
+def _ratio_text(values: dict | None, what: str = "step") -> str:
+    """min / median / max (one value for a single run or the wire bytes) and the verdict."""
     if values is None:
         return "n/a"
-    mark = "met" if values["met"] else "**missed**"
+    mark = {True: " (met)", False: " (**missed**)", None: ""}[values["met"]]  # None: no target, shown
     if values["n"] == 1 or values["min"] == values["max"]:
-        return f"{values['median']:.6g} ({mark})"
-    return f"{values['min']:.3f} / **{values['median']:.3f}** / {values['max']:.3f} ({mark})"
+        single = f"{values['median']:.6g}" if what == "wire" else f"{values['median']:.3f}"
+        return single + (" (1 run)" if what != "wire" else "") + mark
+    return f"{values['min']:.3f} / **{values['median']:.3f}** / {values['max']:.3f}{mark}"
 
 
 def targets_table(targets: list[dict], precisions: list[str]) -> list[str]:
@@ -68,7 +70,9 @@ def targets_table(targets: list[dict], precisions: list[str]) -> list[str]:
         "|---" * (len(precisions) + 2) + "|",
     ]
     for row in targets:
-        cells = " | ".join(_ratio_text(row["by_precision"].get(p)) for p in precisions)
+        cells = " | ".join(
+            _ratio_text(row["by_precision"].get(p), row.get("what", "step")) for p in precisions
+        )
         lines.append(f"| {row['name']} | {cells} | {row['target']} |")
     return lines
 
