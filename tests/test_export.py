@@ -176,6 +176,7 @@ def _train_and_save(ckpt, stage):
         engine.save_checkpoint(str(ckpt / "deepspeed"), tag="state", save_latest=False)
     else:
         engine.save_checkpoint(str(ckpt / "deepspeed"), tag="global_step3")
+    write_manifest(ckpt)  # a complete checkpoint, as zero_train's saver leaves it: export verifies every file
     engine.destroy()
     return reference  # returned as numpy: a tensor would live in memory the exited child owned
 
@@ -239,6 +240,8 @@ def _engine_checkpoints(rank, world_size, save_root):
         dist.barrier()
         engine.save_checkpoint(ckpt, client_state={})
         dist.barrier()
+        if rank == 0:
+            write_manifest(ckpt)  # complete, as zero_train's saver leaves it: export verifies every file
         engine.model.eval()
         with torch.no_grad():
             references[name] = engine.model(IDS).logits.numpy()
