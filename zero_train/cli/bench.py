@@ -28,6 +28,7 @@ from zero_train.bench.cells import (
     Cell,
     interleaved,
 )
+from zero_train.cli.commands import COMMANDS
 from zero_train.launch.launcher import check_launcher, model_meta
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
@@ -38,7 +39,7 @@ def bench_command_parser(subparsers) -> argparse.ArgumentParser:
     """Register `bench` with its flags."""
     parser = subparsers.add_parser(
         "bench",
-        help="step time, tokens/s, comm bytes and peak memory of every engine, interleaved repeats",
+        help=COMMANDS["bench"],
         description="Run every engine (and the HF Trainer peer) on the same model, data, batch and world "
         "size, repeats interleaved; write OUT/bench.json and OUT/bench.md.",
     )

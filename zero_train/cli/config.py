@@ -16,6 +16,7 @@ import argparse
 import pathlib
 import sys
 
+from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import (
@@ -35,7 +36,7 @@ def config_command_parser(subparsers) -> argparse.ArgumentParser:
     """Register `config` (generate) and its `check` subcommand."""
     parser = subparsers.add_parser(
         "config",
-        help="generate a DeepSpeed ZeRO config (or: config check FILE)",
+        help=COMMANDS["config"],
         description="Generate the minimal DeepSpeed JSON for a ZeRO stage; `config check FILE` validates one.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],

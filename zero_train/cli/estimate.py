@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 
+from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import positive_float, positive_int
@@ -30,7 +31,7 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
     """Register `estimate` with its flags."""
     parser = subparsers.add_parser(
         "estimate",
-        help="per-rank memory of ZeRO stages 0-3 (device and host): paper, DeepSpeed's estimator, ours; which fit",
+        help=COMMANDS["estimate"],
         description="Per-rank bytes for ZeRO stages 0-3 from (a) the ZeRO paper's formulas, (b) DeepSpeed's "
         "own estimators (model states only), (c) our model of the PEAK over a training step: model states as "
         "the engines hold them, communication buckets (from --config), activations counted on the model's real "

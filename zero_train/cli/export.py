@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from zero_train.cli.commands import COMMANDS
+
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -15,7 +17,7 @@ def export_command_parser(subparsers) -> argparse.ArgumentParser:
     """Register `export` with its flags."""
     parser = subparsers.add_parser(
         "export",
-        help="export a checkpoint (any engine, ZeRO-3 included) as a Hugging Face model folder",
+        help=COMMANDS["export"],
         description="Write config.json, model.safetensors and the tokenizer files to OUT_DIR, loadable with "
         "AutoModelForCausalLM.from_pretrained(OUT_DIR). DeepSpeed checkpoints give the fp32 master weights.",
     )

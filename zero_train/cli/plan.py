@@ -14,6 +14,7 @@ import argparse
 import pathlib
 import sys
 
+from zero_train.cli.commands import COMMANDS
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import positive_float, positive_int
 
@@ -24,7 +25,7 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     """Register `plan` with its flags."""
     parser = subparsers.add_parser(
         "plan",
-        help="the cheapest ZeRO / FSDP2 set-up that fits, written as a DeepSpeed JSON (or accelerate YAML)",
+        help=COMMANDS["plan"],
         description="Rank set-ups by expected speed (less traffic, no recomputation, no offload first), "
         "predict each one's peak per rank with the per-phase memory model, write the cheapest that fits.",
     )

@@ -19,6 +19,7 @@ import argparse
 import pathlib
 import sys
 
+from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.launch.cells import (
     CELL_ENGINES,
@@ -39,7 +40,7 @@ def profile_command_parser(subparsers) -> argparse.ArgumentParser:
     """Register `profile` with its flags."""
     parser = subparsers.add_parser(
         "profile",
-        help="run the memory comparison matrix (engines x world sizes), one run record per cell",
+        help=COMMANDS["profile"],
         description="For every engine and world size, run scripts/train.py under the launcher with "
         "--memory-report and collect the run records in OUT/cells/ (read them with `zero-train report OUT`).",
     )

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import pathlib
 
+from zero_train.cli.commands import COMMANDS
+
 
 def report_command_parser(subparsers) -> argparse.ArgumentParser:
     """Register `report` with its flags."""
     parser = subparsers.add_parser(
         "report",
-        help="write report.md, PNG plots and summary.json from a profile directory's run records",
+        help=COMMANDS["report"],
         description="Read the run records of `zero-train profile --out DIR` and write, into OUT, report.md "
         "(per-rank memory by category, model states vs the ZeRO paper, DeepSpeed's estimator and ours, peak "
         "vs our estimate, communication per step, every large gap explained), PNG plots and summary.json.",

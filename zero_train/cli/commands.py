@@ -1,0 +1,13 @@
+"""The `zero-train` subcommands and their one-line help: what `zero-train --help` lists without importing
+any of them (each lives in its own module, zero_train.cli.NAME, which registers its flags)."""
+
+COMMANDS = {
+    "config": "generate a DeepSpeed ZeRO config (or: config check FILE)",
+    "export": "export a checkpoint (any engine, ZeRO-3 included) as a Hugging Face model folder",
+    "estimate": "per-rank memory of ZeRO stages 0-3 (device and host): paper, DeepSpeed's estimator, ours; which fit",
+    "plan": "the cheapest ZeRO / FSDP2 set-up that fits, written as a DeepSpeed JSON (or accelerate YAML)",
+    "profile": "run the memory comparison matrix (engines x world sizes), one run record per cell",
+    "report": "write report.md, PNG plots and summary.json from a profile directory's run records",
+    "bench": "step time, tokens/s, comm bytes and peak memory of every engine, interleaved repeats",
+}
+"""Subcommand -> the one line `zero-train --help` shows for it, in the order listed."""
