@@ -62,16 +62,16 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         "--bf16-steps",
         type=positive_int,
         default=None,
-        help=f"optimizer steps of a bf16 run (default --steps; {EMULATED_BF16_STEPS} where the CPU emulates bf16)",
+        help=f"optimizer steps of a bf16 run (default --steps; {EMULATED_BF16['steps']} where the CPU emulates bf16)",
     )
     add(
         "--bf16-repeats",
         type=positive_int,
         default=None,
-        help="at most this many runs per bf16 cell (default --repeats; 1 where the CPU emulates bf16)",
+        help=f"at most this many runs per bf16 cell (default --repeats; {EMULATED_BF16['repeats']} where the CPU emulates bf16)",
     )
     add("--bf16-warmup", type=int, default=None,
-        help=f"warm-up steps of a bf16 run (default --warmup; {EMULATED_BF16_WARMUP} where the CPU emulates bf16)")  # fmt: skip
+        help=f"warm-up steps of a bf16 run (default --warmup; {EMULATED_BF16['warmup']} where the CPU emulates bf16)")  # fmt: skip
     add("--micro-batch-size", type=positive_int, default=None)
     add("--block-size", type=positive_int, default=None)
     add("--world-size", type=positive_int, default=2)
@@ -101,7 +101,7 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add("--out", default="runs/bench", help="output directory (default runs/bench)")
 
 
-EMULATED_BF16_STEPS, EMULATED_BF16_WARMUP, EMULATED_BF16_REPEATS = 2, 1, 1
+EMULATED_BF16 = dict(steps=2, warmup=1, repeats=1)
 """A bf16 cell where the CPU emulates bf16 (no AVX512-BF16 / AMX: a gpt2-25m step takes ~6.5-8 s instead of
 ~0.7-1 s in fp32 on the 2-core AVX2 EPYC, and the engines' differences sit inside the emulation's noise): one
 run of 2 steps, the second measured, so that the whole bench stays under 10 minutes (measured there: 3 steps,
@@ -133,19 +133,15 @@ def resolve_scenario(args: argparse.Namespace) -> None:
     for name, value in values.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
-    bf16_flags = ("bf16_steps", "bf16_warmup", "bf16_repeats")
-    if any(getattr(args, name, None) is None for name in bf16_flags):
+    missing = [name for name in EMULATED_BF16 if getattr(args, f"bf16_{name}", None) is None]
+    if missing:  # the bf16 flags not given: as the fp32 ones, or few where the CPU emulates bf16
         # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); torch loads to look for CUDA
         from zero_train.bench.machine import bf16_emulated_on_cpu
 
         emulated = "bf16" in args.precisions and bf16_emulated_on_cpu()
-        if getattr(args, "bf16_steps", None) is None:
-            args.bf16_steps = min(args.steps, EMULATED_BF16_STEPS) if emulated else args.steps
-        if getattr(args, "bf16_warmup", None) is None:
-            args.bf16_warmup = min(args.warmup, EMULATED_BF16_WARMUP) if emulated else args.warmup
-        if getattr(args, "bf16_repeats", None) is None:
-            repeats = getattr(args, "repeats", 3)
-            args.bf16_repeats = min(repeats, EMULATED_BF16_REPEATS) if emulated else repeats
+        for name in missing:
+            value = getattr(args, name, 3)  # --steps, --warmup, --repeats (3: its default)
+            setattr(args, f"bf16_{name}", min(value, EMULATED_BF16[name]) if emulated else value)
 
 
 def _check_args(args: argparse.Namespace) -> None:
