@@ -8,7 +8,8 @@ the whole session, so a test that only needs a world pays no spawn, no imports, 
         return rank_pool(2).run(_my_module_level_fn, (arg,))   # fn(rank, world_size, arg) on each rank
 
 Use it for torch.distributed work in the default group (our sharders, DDP, collectives, data). Keep
-zero_train.testing.run_ranks (fresh processes) for what leaves process-wide state behind: DeepSpeed
+zero_train.testing.run_ranks (fresh processes, forked in ~0.05 s from a forkserver that imported torch,
+transformers, zero_train and DeepSpeed once) for what leaves process-wide state behind: DeepSpeed
 (deepspeed.comm, ZeRO-3's hooks), environment changes, a test that kills or times out a rank. A failed
 call closes that pool; the next rank_pool(n) starts a fresh one.
 

@@ -48,3 +48,29 @@ def test_rank_pool_reuses_its_ranks_and_closes_after_a_failure():
         assert pool.broken is not None
         with pytest.raises(RuntimeError, match="closed after an earlier failure"):
             pool.run(_pid_and_sum)
+
+
+def _environment_and_deepspeed_comm(rank, world_size, initialize):
+    """The probe variable as this rank sees it, whether deepspeed.comm was set up before, and the pid."""
+    import os
+
+    import deepspeed
+
+    was_initialized = deepspeed.comm.is_initialized()
+    if initialize:
+        deepspeed.init_distributed(dist_backend="gloo")
+    return os.environ.get("ZT_PROBE_VARIABLE"), was_initialized, os.getpid()
+
+
+@pytest.mark.multiproc
+def test_run_ranks_children_see_the_callers_environment_and_start_fresh(monkeypatch):
+    """Children come from a preloaded forkserver: they must see the environment of the call (not the
+    server's at its start) and none of an earlier call's state (here DeepSpeed's comm backend)."""
+    monkeypatch.setenv("ZT_PROBE_VARIABLE", "first")
+    first = run_ranks(_environment_and_deepspeed_comm, 2, (True,))
+    monkeypatch.setenv("ZT_PROBE_VARIABLE", "second")
+    second = run_ranks(_environment_and_deepspeed_comm, 2, (False,))
+    assert [variable for variable, _, _ in first] == ["first", "first"]
+    assert [variable for variable, _, _ in second] == ["second", "second"]
+    assert [was for _, was, _ in first + second] == [False] * 4  # the first call's init did not carry over
+    assert len({pid for _, _, pid in first + second}) == 4
