@@ -280,7 +280,7 @@ SIGTERM_DURING_THE_REPORT = """
 import os, signal
 from zero_train.runtime import errors, faults
 
-signal.signal(signal.SIGTERM, faults._raise_terminated)  # as record_peers installs it
+faults.install_sigterm_report()  # as record_peers installs it
 describe = faults.describe_fault
 
 def describe_while_the_launcher_terminates(err):
@@ -305,3 +305,46 @@ def test_sigterm_while_a_survivor_reports_the_dead_rank_prints_no_traceback():
     assert (
         len(lines) == 1 and lines[0].startswith("error: rank 0:") and "Connection reset by peer" in lines[0]
     )
+
+
+SIGTERM_WHILE_BLOCKED_IN_CPP = """
+import datetime, json, os, socket, subprocess, sys
+import torch.distributed as dist
+from zero_train.runtime import errors, faults
+
+dead = subprocess.Popen([sys.executable, "-c", "pass"])
+dead.wait()  # rank 1's process: gone
+host = socket.gethostname()
+os.environ.update(RANK="0", ZT_PEERS=json.dumps([[host, os.getpid()], [host, dead.pid]]))
+faults.SIGTERM_GRACE_S = 2.0
+faults.install_sigterm_report()
+store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=120))
+
+def entry():
+    print("blocked", flush=True)
+    store.get("rank 1 never writes this")  # as a new gloo group's rendezvous waits for a dead peer
+
+errors.run_cli(entry)
+"""
+
+
+def test_sigterm_while_the_main_thread_is_blocked_in_cpp_still_names_the_dead_rank():
+    """The main thread waits in C++ (a TCPStore rendezvous for a peer that died): Python cannot run the
+    SIGTERM handler there, yet within the grace period the process prints one line naming the dead rank and
+    exits 1, long before the launcher's SIGKILL (30 s) or the store's timeout (120 s)."""
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_WHILE_BLOCKED_IN_CPP], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "blocked\n"
+        time.sleep(0.5)  # inside store.get
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=25)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr
+    assert 2.0 <= time.monotonic() - sent < 20
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: rank 0: rank 1 died (its process exited);"), stderr
+    assert "SIGTERM" in lines[0] and "--resume auto" in lines[0]

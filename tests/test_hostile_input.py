@@ -410,3 +410,31 @@ def test_the_sweep_is_wide():
         "config", "estimate", "export", "profile"
     }  # fmt: skip
     assert sum("check" in case.argv[:2] for case in CASES) >= 5
+
+
+def test_every_error_line_reaches_stderr_in_one_write(monkeypatch):
+    """Ranks of one launch share the launcher's pipe unbuffered (`python -u`): a line written in two pieces
+    (print's text, then its newline) interleaves with another rank's ("...'stdlib'error: dataset ...")."""
+    import io
+
+    from zero_train.runtime.errors import UsageError, run_cli
+
+    class Recorder(io.StringIO):
+        writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return super().write(text)
+
+    recorder = Recorder()
+    monkeypatch.setattr(sys, "stderr", recorder)
+
+    def entry():
+        raise UsageError("the last problem", problems=["a first problem", "a second problem"])
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(entry)
+    assert exit_info.value.code == 2
+    assert recorder.writes == [
+        "error: a first problem\n", "error: a second problem\n", "error: the last problem\n"
+    ]  # fmt: skip

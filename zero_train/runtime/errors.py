@@ -43,9 +43,17 @@ class Fault(RuntimeError):
     """
 
 
+def error_line(message: str) -> None:
+    """Write `error: <message>` to stderr as ONE write: ranks of a launch share the launcher's pipe and run
+    unbuffered (`python -u`), where print() writes the text and the newline separately and two ranks' lines
+    interleave ("...'stdlib'error: dataset ..."); one write() under PIPE_BUF (4 KiB) reaches the pipe whole."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+
+
 def fail(message: str) -> NoReturn:
     """Print `error: <message>` to stderr and exit with code 2."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    error_line(message)
     raise SystemExit(EXIT_USAGE)
 
 
@@ -60,7 +68,7 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
     except UsageError as err:
         _hold_sigterm()
         for problem in err.problems:
-            print(f"error: {problem}", file=sys.stderr)
+            error_line(problem)
         fail(str(err))
     except Fault as err:
         _hold_sigterm()
@@ -82,20 +90,18 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
 
 
 def _hold_sigterm() -> None:
-    """Keep a launcher's SIGTERM pending from here to the exit.
+    """From here to the exit, a launcher's SIGTERM is ignored: this process prints its one line and exits.
 
     When a rank dies, the launcher terminates the survivors (SIGTERM) while they may already be reporting the
     failure; the handler zero_train.runtime.faults installs would raise inside this report (or in an atexit
-    hook) and print a traceback. Blocked, the signal is never delivered: the process prints its one line and
-    exits with its code.
+    hook) and print a traceback, and its watcher thread would print a second line.
     """
     # here, not at the top: the CLI's --help and its flag errors need no signal handling
-    import signal
+    from zero_train.runtime.faults import mark_reporting
 
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    mark_reporting()
 
 
 def _fault(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    error_line(message)
     raise SystemExit(EXIT_FAULT)

@@ -8,6 +8,11 @@ rank died, when it can tell: at start-up every rank learns every peer's host and
 survivor on the same host can see which peer process is gone.
 
 The peer table lives in this process's environment (ZT_PEERS, JSON) because `errors.run_cli` has no DistInfo.
+
+The launcher's SIGTERM must produce that line even when the main thread cannot take it: Python runs a
+signal handler only between bytecodes of the main thread, and a main thread blocked in C++ (e.g. the
+TCPStore rendezvous of a new gloo group, waiting for a peer that is dead) would otherwise sit out the
+SIGTERM until the launcher SIGKILLs it 30 s later, saying nothing. See `install_sigterm_report`.
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 PEERS_ENV = "ZT_PEERS"
+SIGTERM_GRACE_S = 10.0  # launchers SIGKILL 30 s after their SIGTERM (DeepSpeed's launch.py, torchrun)
+# process-wide, like the signal it guards: set once the main thread has started its one-line report
+_reporting = threading.Event()
 DIST_ERROR_HINTS = (
     "connection closed by peer",
     "connection reset by peer",
@@ -48,14 +57,58 @@ def record_peers(world_size: int) -> None:
     peers: list = [None] * world_size
     dist.all_gather_object(peers, [socket.gethostname(), os.getpid()])
     os.environ[PEERS_ENV] = json.dumps(peers)
+    install_sigterm_report()
+
+
+def install_sigterm_report() -> None:
+    """SIGTERM raises TerminatedByLauncher in the main thread, or is reported by a watcher if it cannot.
+
+    The C-level handler writes the signal number to a wakeup pipe the moment SIGTERM arrives, whatever the
+    main thread is doing; a daemon thread reads it and, if the main thread has not begun its report
+    (`mark_reporting`) within SIGTERM_GRACE_S, prints the same one line (describe_fault) and ends the
+    process with exit code 1. Nothing of a checkpoint is lost: saves are staged and published by rename.
+    Idempotent; outside the main thread it does nothing (the default SIGTERM just ends the process).
+    """
+    if signal.getsignal(signal.SIGTERM) is _raise_terminated:
+        return
     try:
         signal.signal(signal.SIGTERM, _raise_terminated)
-    except ValueError:  # not the main thread: keep the default (the process just ends)
-        pass
+    except ValueError:  # not the main thread
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=_watch_sigterm, args=(read_fd,), name="zero_train-sigterm", daemon=True).start()
+
+
+def mark_reporting() -> None:
+    """The main thread is printing its report and will exit: a later SIGTERM is ignored, not raised inside
+    the report (it may reach any thread; a per-thread mask cannot hold it), and the watcher stays silent."""
+    _reporting.set()
+    main = threading.current_thread() is threading.main_thread()
+    if (
+        main and signal.getsignal(signal.SIGTERM) is _raise_terminated
+    ):  # a rank; a plain CLI keeps the default
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _raise_terminated(signum, frame) -> None:
     raise TerminatedByLauncher("terminated by the launcher (SIGTERM)")
+
+
+def _watch_sigterm(read_fd: int) -> None:
+    while signal.SIGTERM not in os.read(read_fd, 64):  # one byte per signal that has a Python handler
+        pass
+    if _reporting.wait(SIGTERM_GRACE_S):
+        return
+    from zero_train.runtime.errors import EXIT_FAULT, error_line  # here: errors imports this module lazily
+
+    stuck = TerminatedByLauncher(
+        f"terminated by the launcher (SIGTERM) while blocked for {SIGTERM_GRACE_S:g} s in a call Python "
+        "cannot interrupt"
+    )
+    error_line(describe_fault(stuck))
+    os._exit(EXIT_FAULT)
 
 
 def dead_peers() -> list[int]:
