@@ -93,3 +93,18 @@ def pytest_collection_modifyitems(config, items) -> None:
                 item.add_marker(pytest.mark.slow)
             else:
                 item.add_marker(pytest.mark.quick)
+    _heaviest_files_first(items)
+
+
+def _heaviest_files_first(items) -> None:
+    """Order files: those that launch processes, then those that spawn ranks, then single-process ones.
+
+    scripts/test.sh runs two pytest-xdist workers, each taking whole files in this order (--dist loadfile):
+    started first, the long launcher files overlap each other and the short single-process files fill the
+    gaps at the end, instead of one long file running alone at the tail. Tests keep their order inside a file.
+    """
+    weight: dict[str, int] = {}
+    for item in items:
+        tier = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("multiproc") else 2
+        weight[item.fspath.strpath] = min(weight.get(item.fspath.strpath, 2), tier)
+    items.sort(key=lambda item: weight[item.fspath.strpath])  # stable: file and test order kept within a tier
