@@ -13,7 +13,7 @@ collective timeout init_distributed uses ($ZT_COLLECTIVE_TIMEOUT_S, else 60 s), 
 Children are forked from a forkserver that has imported torch, transformers, zero_train's training loop
 (and DeepSpeed, where DS_ACCELERATOR=cpu) once: each child is still a fresh process with no collective,
 engine or DeepSpeed state of its own, but it starts in milliseconds instead of re-importing ~2-5 s of
-modules (a 2-rank spawn: ~2.5 s -> ~0.3 s on 2 cores). The server holds no thread and no device context
+modules (a 2-rank run_ranks: 2.0-2.5 s -> 0.06 s on 2 cores). The server holds no thread and no device context
 when it forks (it only imports), which is what makes forking safe. ZT_SPAWN=spawn restores plain spawn.
 """
 

@@ -85,10 +85,8 @@ def mark_reporting() -> None:
     """The main thread is printing its report and will exit: a later SIGTERM is ignored, not raised inside
     the report (it may reach any thread; a per-thread mask cannot hold it), and the watcher stays silent."""
     _reporting.set()
-    main = threading.current_thread() is threading.main_thread()
-    if (
-        main and signal.getsignal(signal.SIGTERM) is _raise_terminated
-    ):  # a rank; a plain CLI keeps the default
+    is_rank = signal.getsignal(signal.SIGTERM) is _raise_terminated  # a plain CLI keeps the default SIGTERM
+    if is_rank and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
@@ -101,14 +99,14 @@ def _watch_sigterm(read_fd: int) -> None:
         pass
     if _reporting.wait(SIGTERM_GRACE_S):
         return
-    from zero_train.runtime.errors import EXIT_FAULT, error_line  # here: errors imports this module lazily
-
     stuck = TerminatedByLauncher(
         f"terminated by the launcher (SIGTERM) while blocked for {SIGTERM_GRACE_S:g} s in a call Python "
         "cannot interrupt"
     )
-    error_line(describe_fault(stuck))
-    os._exit(EXIT_FAULT)
+    # straight to fd 2 in one write (errors.error_line's form): the blocked main thread may hold sys.stderr's
+    # lock, and this module may not import errors (errors imports it)
+    os.write(2, f"error: {describe_fault(stuck)}\n".encode())
+    os._exit(1)  # errors.EXIT_FAULT: a runtime fault
 
 
 def dead_peers() -> list[int]:
