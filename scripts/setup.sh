@@ -22,8 +22,9 @@ has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>
 # ~/.cache/torch_extensions), so that neither the first training run nor the test suite waits on a compiler.
 build_deepspeed_cpu_ops() {
   has_gpu && return 0  # GPU machines: DeepSpeed builds its CUDA-side ops when first used
-  local ext=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}
-  if compgen -G "$ext/*/deepspeed_shm_comm/*.so" >/dev/null && compgen -G "$ext/*/cpu_adam/*.so" >/dev/null; then
+  # torch builds in $TORCH_EXTENSIONS_DIR/<op>/ when it is set, else in ~/.cache/torch_extensions/py3XX_cpu/<op>/
+  local ext=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions/*}
+  if compgen -G "$ext/deepspeed_shm_comm/*.so" >/dev/null && compgen -G "$ext/cpu_adam/*.so" >/dev/null; then
     return 0
   fi
   local ops_start
