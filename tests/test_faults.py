@@ -348,3 +348,25 @@ def test_sigterm_while_the_main_thread_is_blocked_in_cpp_still_names_the_dead_ra
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: rank 0: rank 1 died (its process exited);"), stderr
     assert "SIGTERM" in lines[0] and "--resume auto" in lines[0]
+
+
+def test_a_peer_still_exiting_when_its_socket_closed_is_named(monkeypatch):
+    """SIGKILL closes the peer's sockets before its process is gone: the survivor, told "Connection reset by
+    peer" while rank 1 is still exiting (here: a process that ends 0.5 s later), still names rank 1."""
+    import socket
+
+    from zero_train.runtime import faults
+
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    try:
+        host = socket.gethostname()
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv(faults.PEERS_ENV, json.dumps([[host, os.getpid()], [host, dying.pid]]))
+        assert faults.dead_peers() == []  # alive when the fault is noticed
+        started = time.monotonic()
+        line = faults.describe_fault(RuntimeError("[pair.cc:537] Read error: Connection reset by peer"))
+        assert line.startswith("rank 0: rank 1 died (its process exited);"), line
+        assert time.monotonic() - started < faults.PEER_EXIT_WAIT_S
+    finally:
+        dying.kill()
+        dying.wait()

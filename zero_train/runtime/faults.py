@@ -23,9 +23,15 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 PEERS_ENV = "ZT_PEERS"
-SIGTERM_GRACE_S = 10.0  # launchers SIGKILL 30 s after their SIGTERM (DeepSpeed's launch.py, torchrun)
+SIGTERM_GRACE_S = 10.0  # launchers SIGKILL 30 s after their SIGTERM (DeepSpeed's launcher, torchrun)
+PEER_EXIT_WAIT_S = 3.0
+"""How long a survivor waits for the dead peer's process to show as exited. A killed process closes its
+sockets (the survivor's "Connection reset by peer") before it becomes a zombie, and on a loaded 2-core
+machine the survivor looked in between and named no rank (CI of 2026-11-25, tests/test_faults.py, zero1).
+A peer that hangs instead costs its report these seconds."""
 # process-wide, like the signal it guards: set once the main thread has started its one-line report
 _reporting = threading.Event()
 DIST_ERROR_HINTS = (
@@ -153,6 +159,10 @@ def describe_fault(err: BaseException) -> str:
     """One line: this rank, what failed, which rank died (if visible), what to do."""
     rank = os.environ.get("RANK", "0")
     dead = dead_peers()
+    deadline = time.monotonic() + PEER_EXIT_WAIT_S
+    while not dead and os.environ.get(PEERS_ENV) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a peer whose socket closed may still be exiting
+        dead = dead_peers()
     if dead:
         who = ", ".join(f"rank {r}" for r in dead)
         cause = f"{who} died (its process exited)"
