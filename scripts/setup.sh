@@ -24,7 +24,12 @@ build_deepspeed_cpu_ops() {
   has_gpu && return 0  # GPU machines: DeepSpeed builds its CUDA-side ops when first used
   # torch builds in $TORCH_EXTENSIONS_DIR/<op>/ when it is set, else in ~/.cache/torch_extensions/py3XX_cpu/<op>/
   local ext=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions/*}
-  if compgen -G "$ext/deepspeed_shm_comm/*.so" >/dev/null && compgen -G "$ext/cpu_adam/*.so" >/dev/null; then
+  # built for THIS venv: torch's JIT rebuilds an op whose compiler flags changed, and the flags name the venv's
+  # include paths, so a second clone's venv finds the first one's .so files yet rebuilds them in its first
+  # process that loads them (seen: 214 s inside tests/test_ds_configs_shipped.py on a 2-core AVX2 EPYC)
+  local built="$VENV/.deepspeed-cpu-ops-built"
+  if [ -f "$built" ] && compgen -G "$ext/deepspeed_shm_comm/*.so" >/dev/null \
+    && compgen -G "$ext/cpu_adam/*.so" >/dev/null; then
     return 0
   fi
   local ops_start
@@ -40,6 +45,7 @@ for name in ("ShareMemCommBuilder", "CPUAdamBuilder"):
         builder.load()
 PY
   echo "[setup] DeepSpeed's CPU ops built in $(( $(date +%s) - ops_start )) s"
+  touch "$built"
 }
 
 stamp="$VENV/.zero_train-installed"
