@@ -56,3 +56,36 @@ def test_reset_peak_starts_from_the_current_level():
     del temporary
     reset_peak(CPU)
     assert peak_bytes(CPU) - allocated_bytes(CPU) < TOLERANCE
+
+
+@pytest.mark.parametrize("duty", [None, "0.02"])
+def test_a_slow_mallinfo2_is_sampled_less_often_only_under_a_duty_bound(duty, monkeypatch):
+    """mallinfo2 made to cost 2 ms (a fragmented heap costs 0.2 ms): with no bound the sampler reads it back
+    to back (every 1 ms + 2 ms); under ZT_MEM_SAMPLER_DUTY=0.02 it waits 2 ms / 0.02 = 100 ms between reads."""
+    import threading
+
+    from zero_train.memory import measure
+
+    calls = []
+
+    def slow_mallinfo2() -> int:
+        calls.append((threading.get_ident(), time.perf_counter()))
+        time.sleep(0.002)
+        return 0
+
+    if duty is None:
+        monkeypatch.delenv(measure.SAMPLER_DUTY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(measure.SAMPLER_DUTY_ENV, duty)
+    monkeypatch.setattr(measure, "cpu_allocated_bytes", slow_mallinfo2)
+    tracker = measure.CpuPeakTracker()
+    time.sleep(0.6)
+    tracker.stop()
+    calls = [
+        when for thread, when in calls if thread == tracker._thread.ident
+    ]  # not the process's own sampler
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    if duty is None:
+        assert len(calls) > 60 and max(sorted(gaps)[: len(gaps) // 2]) < 0.02
+    else:
+        assert 3 <= len(calls) <= 7 and min(gaps) >= 0.1

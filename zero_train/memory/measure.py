@@ -12,7 +12,8 @@ total: allocating a tensor of N bytes shows +N (+ a few bytes of chunk header), 
 Process RSS is not used: it counts the interpreter and shared libraries and never shrinks.
 
 glibc keeps no peak counter, so the CPU peak comes from two sources:
-- a background thread samples `mallinfo2()` every `SAMPLE_INTERVAL_S` (a call costs < 1 us);
+- a background thread samples `mallinfo2()` every `SAMPLE_INTERVAL_S` (or less often under `$ZT_MEM_SAMPLER_DUTY`,
+  which zero-train bench sets: see `sampler_duty`);
 - every `allocated_bytes()` / `sample()` call (phase boundaries, hooks) also feeds the peak.
 Precision: the CPU peak is a LOWER BOUND of the true peak. A temporary that lives shorter than the
 sampling interval (and is not alive at a snapshot) can be missed. Python's GIL lets the sampler in at
@@ -28,12 +29,34 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
+import time
 
 import torch
 
 SAMPLE_INTERVAL_S = 0.001
-"""How often the CPU sampler thread reads mallinfo2 (seconds)."""
+"""How often the CPU sampler thread reads mallinfo2 (seconds), at most."""
+
+SAMPLER_DUTY_ENV = "ZT_MEM_SAMPLER_DUTY"
+
+
+def sampler_duty() -> float | None:
+    """The share of time the sampler thread may spend inside mallinfo2 ($ZT_MEM_SAMPLER_DUTY; None: no bound).
+
+    mallinfo2 walks every free chunk of every arena while holding that arena's lock, so its cost grows with
+    the heap's fragmentation: measured on 2 CPU ranks (gpt2-25m, 2-core AVX2 EPYC) 7-10 us in a fresh
+    process, 65-110 us after one DDP run, ~200 us after a DeepSpeed ZeRO-1 run. At a fixed 1 ms that is 20% of
+    a core per rank, and malloc waits on the lock: in the benchmark's one launch DDP then stepped ~50%
+    slower after a DeepSpeed run than in its own launch (zero-train bench --launch compare showed it).
+    Under a bound the sampler waits (last call's cost) / duty, at least SAMPLE_INTERVAL_S: with the bench's 0.1,
+    every ~2 ms at 200 us. Measured (zero-train bench --launch compare, ddp / zero1 / ds1, 3 repeats): every
+    run's peak per rank within 2% of its own launch's; with 0.02 (every ~10 ms) 3 of 18 rank-runs missed
+    DeepSpeed's or our step peak by ~90 MB. A tiny model's temporaries live for microseconds, so there is
+    no bound unless asked (profile, the memory checks and the tests keep 1 ms).
+    """
+    value = os.environ.get(SAMPLER_DUTY_ENV)
+    return float(value) if value else None
 
 
 class _MallInfo2(ctypes.Structure):
@@ -95,8 +118,12 @@ class CpuPeakTracker:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        duty, wait = sampler_duty(), self.interval_s
+        while not self._stop.wait(wait):
+            started = time.perf_counter()
             self.sample()
+            if duty:
+                wait = max(self.interval_s, (time.perf_counter() - started) / duty)
 
     def sample(self) -> int:
         """Read the allocator now, fold it into the peak, and return the current bytes."""
