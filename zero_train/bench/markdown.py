@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from zero_train.bench.cells import ENGINE_REGISTRY
+from zero_train.bench.compare import check_table
 from zero_train.bench.machine import CPU_FLAGS
 
 SHORT = {
@@ -136,4 +137,6 @@ def render(result: dict) -> str:
         cells = [c for c in result["cells"] if c["precision"] == precision]
         lines += ["", f"### {precision}", "", *cells_table(cells)]
     lines += ["", "### Targets", "", *targets_table(result["targets"], meta["precisions"])]
+    if "launch_check" in result:
+        lines += ["", "### One launch vs a launch per run", "", *check_table(result["launch_check"])]
     return "\n".join(lines) + "\n"

@@ -60,7 +60,9 @@ def _launch(command: list[str], log_path: pathlib.Path, done_files: list[pathlib
         return proc.returncode
 
 
-def run_all(order: list[tuple[int, Cell]], args, out: pathlib.Path, hidden_size: int | None) -> list[dict]:
+def run_all(
+    order: list[tuple[int, Cell]], args, out: pathlib.Path, hidden_size: int | None, *, label: str = ""
+) -> list[dict]:
     """Run every (repeat, cell) of `order` in as few launches as failures allow; samples in `order`.
 
     Args:
@@ -68,6 +70,8 @@ def run_all(order: list[tuple[int, Cell]], args, out: pathlib.Path, hidden_size:
         args: the bench flags.
         out: the bench directory.
         hidden_size: the model's, for the generated configs' "auto" bucket sizes.
+        label: put in the plan's and the launch log's names (OUT/plan-LABEL0.json), when several
+            benches of one directory each make their own launches (--launch compare: one per repeat).
     """
     from zero_train.ds_config import write_config
     from zero_train.launch.cells import last_error_line
@@ -96,7 +100,10 @@ def run_all(order: list[tuple[int, Cell]], args, out: pathlib.Path, hidden_size:
                  done=str(done_path(paths)))
             for repeat, cell, paths in pending
         ]  # fmt: skip
-        plan_path, log_path = out / f"plan-{launches}.json", out / "logs" / f"launch-{launches}.log"
+        plan_path, log_path = (
+            out / f"plan-{label}{launches}.json",
+            out / "logs" / f"launch-{label}{launches}.log",
+        )
         plan_path.write_text(json.dumps(dict(runs=plan), indent=1) + "\n")
         done_files = [done_path(paths) for _, _, paths in pending]
         code = _launch(worker_command(args, plan_path, free_port()), log_path, done_files, args.timeout)

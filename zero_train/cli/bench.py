@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import sys
 import time
@@ -84,10 +85,11 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--launch",
-        choices=("once", "per-run"),
+        choices=("once", "per-run", "compare"),
         default="once",
         help="once (default): one launch runs every engine in turn, each torn down before the next; "
-        "per-run: a launch per run (~15 s of start-up each)",
+        "per-run: a launch per run (~15 s of start-up each); compare: every repeat both ways, back to back, "
+        "and whether their ratios agree within the step-to-step noise (docs/bench.md)",
     )
     add(
         "--scenario",
@@ -100,6 +102,11 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add("--timeout", type=positive_float, default=300, help="seconds per run (default 300)")
     add("--out", default="runs/bench", help="output directory (default runs/bench)")
 
+
+BENCH_SAMPLER_DUTY = 0.1
+"""The CPU memory sampler's bound in every bench run, either way of launching (memory.measure.sampler_duty).
+Without it runs late in the one launch stepped slower than in their own launches (ddp +86%, zero1 / ddp 0.618
+vs 0.834: --launch compare, 2-core AVX2 EPYC); with 0.1 every verdict agreed and every peak stayed within 2%."""
 
 EMULATED_BF16 = dict(steps=2, warmup=1, repeats=1)
 """A bf16 cell where the CPU emulates bf16 (no AVX512-BF16 / AMX: a gpt2-25m step takes ~6.5-8 s instead of
@@ -220,9 +227,12 @@ def bench_command(args: argparse.Namespace) -> int:
     from zero_train.bench.markdown import render
     from zero_train.bench.run import run_one
     from zero_train.bench.summary import TARGET_ENGINES
+    from zero_train.memory.measure import SAMPLER_DUTY_ENV
 
     resolve_scenario(args)
     _check_args(args)
+    # every run, in either way of launching, bounds its memory sampler the same: see memory.measure.sampler_duty
+    os.environ.setdefault(SAMPLER_DUTY_ENV, str(BENCH_SAMPLER_DUTY))
     meta = bench_meta(args)
     out = pathlib.Path(args.out)
     for sub in ("configs", "runs", "logs"):
@@ -232,11 +242,18 @@ def bench_command(args: argparse.Namespace) -> int:
     cells = [Cell(engine, precision) for precision in args.precisions for engine in args.engines]
     repeats = [_runs_of(cell, args, TARGET_ENGINES) for cell in cells]
     order = interleaved(cells, repeats)
-    if getattr(args, "launch", "once") == "once":
+    launch, check = getattr(args, "launch", "once"), None
+    if launch == "once":
         from zero_train.bench.one_launch import run_all
 
         print(f"bench: {len(order)} runs in one launch (logs: {out / 'logs'})", file=sys.stderr)
         samples = run_all(order, args, out, meta["hidden_size"])
+    elif launch == "compare":
+        from zero_train.bench.compare import launch_check, run_both
+
+        samples, per_run = run_both(order, args, out, meta["hidden_size"])
+        per_run_cells, per_run_targets = summarize(per_run, meta)
+        check = dict(per_run=dict(cells=per_run_cells, targets=per_run_targets, samples=per_run))
     else:
         samples = []
         progress = tqdm(order, desc="bench", unit="run", file=sys.stderr)
@@ -244,6 +261,8 @@ def bench_command(args: argparse.Namespace) -> int:
             progress.set_postfix_str(f"{cell.name} r{repeat}")
             samples.append(run_one(cell, repeat, args, out, meta["hidden_size"]))
     cell_summaries, targets = summarize(samples, meta)
+    if check is not None:  # --launch compare: the tables are the one-launch runs', checked against the others
+        check.update(launch_check(samples, check["per_run"]["samples"], targets, check["per_run"]["targets"]))
     result = dict(
         schema="zero_train.bench/1",
         meta=meta,
@@ -255,6 +274,8 @@ def bench_command(args: argparse.Namespace) -> int:
         targets=targets,
         samples=samples,
     )
+    if check is not None:
+        result["launch_check"] = check
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     markdown = render(result)
     (out / "bench.md").write_text(markdown)
