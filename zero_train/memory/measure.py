@@ -47,8 +47,9 @@ def sampler_duty() -> float | None:
     mallinfo2 walks every free chunk of every arena while holding that arena's lock, so its cost grows with
     the heap's fragmentation: measured on 2 CPU ranks (gpt2-25m, 2-core AVX2 EPYC) 7-10 us in a fresh
     process, 65-110 us after one DDP run, ~200 us after a DeepSpeed ZeRO-1 run. At a fixed 1 ms that is 20% of
-    a core per rank, and malloc waits on the lock: in the benchmark's one launch DDP then stepped ~50%
-    slower after a DeepSpeed run than in its own launch (zero-train bench --launch compare showed it).
+    a core per rank, and malloc waits on the lock: in the benchmark's one launch DDP then stepped 53-86%
+    slower after a DeepSpeed run (907 -> 1392 ms in a hand-made plan, 789 -> 1442 ms in the bench's; zero-train
+    bench --launch compare showed it).
     Under a bound the sampler waits (last call's cost) / duty, at least SAMPLE_INTERVAL_S: with the bench's 0.1,
     every ~2 ms at 200 us. Measured (zero-train bench --launch compare, ddp / zero1 / ds1, 3 repeats): every
     run's peak per rank within 2% of its own launch's; with 0.02 (every ~10 ms) 3 of 18 rank-runs missed
