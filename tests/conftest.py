@@ -61,6 +61,22 @@ def rank_pool():
         pool.close()
 
 
+@pytest.fixture(autouse=True)
+def no_zero3_left_on():
+    """Fail the test that leaves transformers' process-wide ZeRO-3 switch on (a live HfDeepSpeedConfig of
+    stage 3), rather than the later test of the same worker whose from_config then runs deepspeed.zero.Init
+    (seen in CI: tests/test_hf.py failing on mpi4py after tests/test_config_generate.py's --hf-auto test)."""
+    yield
+    import sys
+
+    integration = sys.modules.get("transformers.integrations.deepspeed")
+    if integration is not None and integration.is_deepspeed_zero3_enabled():
+        integration.unset_hf_deepspeed_config()
+        pytest.fail(
+            "this test left a ZeRO-3 HfDeepSpeedConfig alive: unset_hf_deepspeed_config() before it ends"
+        )
+
+
 SPAWNS = ("run_ranks(", "rank_pool(", "RankPool(")
 LAUNCHES = ("subprocess.", "Popen(")
 

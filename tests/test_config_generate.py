@@ -82,15 +82,21 @@ def test_hf_auto_matches_what_the_trainer_fills(capsys):
 def test_hf_auto_config_goes_through_the_hf_integration(capsys):
     """transformers' own HfTrainerDeepSpeedConfig fills our --hf-auto output completely."""
     from transformers import TrainingArguments
-    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
     cfg = generate(capsys, "--stage", "3", "--hf-auto")
+    # a ZeRO-3 HfDeepSpeedConfig switches transformers' process-wide zero3 flag on (a weak reference that
+    # a reference cycle keeps alive until the next gc): every from_config after it, in any later test of
+    # this worker, would go through deepspeed.zero.Init, so it is unset before the test ends
     hf = HfTrainerDeepSpeedConfig(cfg)
-    args = TrainingArguments(output_dir="/tmp/unused", per_device_train_batch_size=2, learning_rate=1e-3,
-                             bf16=True, use_cpu=True, report_to=[])  # fmt: skip
-    hf.trainer_config_process(args)
-    model = type("Model", (), {"config": type("Config", (), {"hidden_size": 16})()})()
-    hf.trainer_config_finalize(args, model, num_training_steps=10)
+    try:
+        args = TrainingArguments(output_dir="/tmp/unused", per_device_train_batch_size=2, learning_rate=1e-3,
+                                 bf16=True, use_cpu=True, report_to=[])  # fmt: skip
+        hf.trainer_config_process(args)
+        model = type("Model", (), {"config": type("Config", (), {"hidden_size": 16})()})()
+        hf.trainer_config_finalize(args, model, num_training_steps=10)
+    finally:
+        unset_hf_deepspeed_config()
     assert "auto" not in json.dumps(hf.config)
     assert (
         hf.config["bf16"]["enabled"] is True and hf.config["zero_optimization"]["reduce_bucket_size"] == 256
