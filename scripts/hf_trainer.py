@@ -12,6 +12,7 @@ The logic lives in zero_train.bench.hf_peer.
 import sys
 
 from zero_train.runtime.errors import run_cli
+from zero_train.runtime.startup import collector_paused
 from zero_train.train.args import parse_args
 
 
@@ -19,9 +20,13 @@ def main() -> None:
     """Parse scripts/train.py's flags and train with transformers.Trainer; user errors: one line, exit 2."""
 
     def entry() -> int:
-        from zero_train.bench.hf_peer import run_peer
+        args = parse_args(sys.argv[1:])
+        with collector_paused():  # faster start-up (zero_train.runtime.startup)
+            from zero_train.bench.hf_peer import run_peer
+            from zero_train.train.setup import import_run_modules
 
-        run_peer(parse_args(sys.argv[1:]))
+            import_run_modules(args)
+        run_peer(args)
         return 0
 
     run_cli(entry)

@@ -19,6 +19,7 @@ Flags and outputs: docs/launch.md (or --help). The logic lives in zero_train.tra
 import sys
 
 from zero_train.runtime.errors import run_cli
+from zero_train.runtime.startup import collector_paused
 from zero_train.train.args import parse_args
 
 
@@ -26,9 +27,13 @@ def main() -> None:
     """Parse the flags and train; errors a user can fix print one line and exit 2."""
 
     def entry() -> int:
-        from zero_train.train.loop import run_training
+        args = parse_args(sys.argv[1:])
+        with collector_paused():  # ~1.4 s less start-up per rank (zero_train.runtime.startup)
+            from zero_train.train.loop import run_training
+            from zero_train.train.setup import import_run_modules
 
-        run_training(parse_args(sys.argv[1:]))
+            import_run_modules(args)
+        run_training(args)
         return 0
 
     run_cli(entry)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
 import os
 import pathlib
 
@@ -148,6 +149,26 @@ def model_config(name_or_path: str, *, vocab_size: int | None = None) -> transfo
             "use the tokenizer the model was trained with (--tokenizer)"
         )
     return config
+
+
+def import_model_module(name_or_path: str) -> None:
+    """Import transformers' modeling module of a preset or shape preset (e.g. modeling_gpt2 for "tiny").
+
+    build_model would import it anyway; an entry point imports it earlier, with its other imports, while the
+    garbage collector is paused (zero_train.runtime.startup). Anything else (a folder, a hub id) is left to
+    build_model: reading its config here could need the network.
+    """
+    if name_or_path in PRESETS:
+        model_type = PRESETS[name_or_path]["model_type"]
+    elif name_or_path in SHAPE_PRESETS:
+        model_type = shape_config(name_or_path).model_type
+    else:
+        return
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    module = model_type_to_module_name(model_type)
+    with contextlib.suppress(ImportError):
+        importlib.import_module(f"transformers.models.{module}.modeling_{module}")
 
 
 def build_model(config: transformers.PretrainedConfig, *, dtype: torch.dtype = torch.float32):

@@ -184,3 +184,17 @@ def num_params(model) -> int:
             seen.add(id(param))
             total += int(getattr(param, "ds_numel", param.numel()))
     return total
+
+
+def import_run_modules(args: argparse.Namespace) -> None:
+    """Import what the run will import (datasets, the model's transformers module, the engine's module and
+    with it DeepSpeed), so that an entry point does it inside zero_train.runtime.startup.collector_paused."""
+    import importlib
+
+    import zero_train.hf.data  # noqa: F401  (datasets)
+    from zero_train.engines.base import ENGINES
+    from zero_train.hf.models import import_model_module
+
+    import_model_module(args.model)
+    if args.engine in ENGINES:
+        importlib.import_module(ENGINES[args.engine][0])
