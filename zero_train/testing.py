@@ -20,6 +20,7 @@ when it forks (it only imports), which is what makes forking safe. ZT_SPAWN=spaw
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import traceback
 from collections.abc import Callable
@@ -72,6 +73,7 @@ def _child(
         ZT_DEVICE="cpu",
     )
     torch.set_num_threads(1)
+    gc.freeze()  # the forkserver's imports: this rank's collections skip them (zero_train.runtime.startup)
     try:
         from zero_train.runtime.dist import collective_timeout_s
 
@@ -148,6 +150,7 @@ def _serve(rank: int, world_size: int, port: int, tasks, results, environ: dict[
         ZT_DEVICE="cpu",
     )
     torch.set_num_threads(1)
+    gc.freeze()  # the forkserver's imports: this rank's collections skip them (zero_train.runtime.startup)
     from zero_train.runtime.dist import collective_timeout_s
 
     timeout = datetime.timedelta(seconds=collective_timeout_s())
