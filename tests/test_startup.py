@@ -41,9 +41,15 @@ print(json.dumps(dict(
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    sys.version_info >= (3, 14),
+    reason="CPython 3.14 collects incrementally: gen-2 counts mean something else",
+)
 def test_a_runs_imports_trigger_full_collections_unless_paused():
     def probe(mode: str) -> dict:
-        proc = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
