@@ -1,4 +1,5 @@
-"""CPU ranks share the machine's cores when the launcher does not say how (DeepSpeed's launcher doesn't)."""
+"""CPU ranks share the machine's cores when the launcher does not say how (DeepSpeed's launcher doesn't); a
+training run releases the default process group it made (PyTorch asks it of a process before it exits)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,31 @@ def test_local_world_size_from_either_launcher(monkeypatch):
     assert local_world_size(8) == 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun
     assert local_world_size(8) == 4
+
+
+def _train_in_a_given_group_then_in_its_own(rank: int, world_size: int, corpus: str, port: int) -> tuple:
+    import torch.distributed as dist
+
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import run_training
+
+    argv = ["--engine", "zero1", "--model", "tiny", "--dataset", corpus, "--block-size", "32", "--max-steps", "1",
+            "--eval-batches", "1", "--no-progress"]  # fmt: skip
+    given = run_training(parse_args(argv))  # in the group run_ranks made: it stays
+    kept = dist.is_initialized()
+    dist.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(port)  # a fresh rendezvous for the group run_training makes itself
+    own = run_training(parse_args(argv))
+    return kept, dist.is_initialized(), given["final_loss"], own["final_loss"]
+
+
+def test_run_training_destroys_the_default_group_it_made_and_keeps_a_given_one(tmp_path):
+    from zero_train.hf.offline import stdlib_files
+    from zero_train.testing import free_port, run_ranks
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(path.read_text(errors="replace") for path in stdlib_files(40_000)))
+    results = run_ranks(_train_in_a_given_group_then_in_its_own, 2, (str(corpus), free_port()))
+    for kept, still_initialized, given_loss, own_loss in results:
+        assert kept is True and still_initialized is False
+        assert own_loss == given_loss  # the same seeded run either way

@@ -97,6 +97,9 @@ def run_plan(plan_path: pathlib.Path) -> int:
             done = dict(name=run["name"], wall_s=wall_s, baseline_bytes=baseline, after_teardown_bytes=after)
             pathlib.Path(run["done"]).write_text(json.dumps(done) + "\n")
         print(f"bench worker: {run['name']} done in {wall_s:.1f} s", flush=True)
+    import torch.distributed as dist
+
+    dist.destroy_process_group()  # as run_training does for the group a launched run makes
     return 0
 
 

@@ -18,6 +18,8 @@ import statistics
 import sys
 import time
 
+import torch.distributed as dist
+
 from zero_train.memory.probe import MemoryProbe
 from zero_train.memory.record import write_record
 from zero_train.runtime.device import synchronize
@@ -47,11 +49,16 @@ def run_training(args: argparse.Namespace) -> dict:
 
     Returns:
         dict with final_loss, eval_loss, perplexity, steps, start_step, tokens_per_s, checkpoint, export.
+        The default process group, if this call made it, is destroyed before it returns; one the caller made
+        stays (the bench worker trains many runs in one).
     """
     _, world_size, _ = read_env()
     plan = plan_run(args, world_size=world_size)  # every UsageError so far: before any collective
     if world_size == 1 and "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(free_port())  # two single-process runs must not collide on 29500
+    owns_group = (
+        not dist.is_initialized()
+    )  # a launched run makes the default group; the bench worker hands its own
     dist_info = init_distributed()
     log = get_logger(dist_info.rank)
     log.info(
@@ -63,9 +70,14 @@ def run_training(args: argparse.Namespace) -> dict:
     )
     trainer = Trainer(args, plan, dist_info)
     try:
-        return trainer.run()
+        summary = trainer.run()
     finally:
         trainer.close()
+    if (
+        owns_group
+    ):  # after a success only: a fault ends the process, and NCCL's destroy would wait on a dead peer
+        dist.destroy_process_group()  # what PyTorch asks of a process before it exits (NCCL warns otherwise)
+    return summary
 
 
 class Trainer:
