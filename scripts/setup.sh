@@ -18,15 +18,17 @@ has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>
 
 # DeepSpeed JIT-compiles its CPU ops the first time a process needs them: the shared-memory collectives
 # every CPU rank of deepspeed.init_distributed loads (~27 s to build on 2 cores) and DeepSpeedCPUAdam for
-# optimizer offload (~43 s). Built here once per machine (cached in $TORCH_EXTENSIONS_DIR, else
-# ~/.cache/torch_extensions), so that neither the first training run nor the test suite waits on a compiler.
+# optimizer offload (~43 s). Built here once per venv (in $TORCH_EXTENSIONS_DIR, which importing zero_train
+# sets to .venv/torch_extensions unless it is set), so that neither the first training run nor the test
+# suite waits on a compiler.
 build_deepspeed_cpu_ops() {
   has_gpu && return 0  # GPU machines: DeepSpeed builds its CUDA-side ops when first used
-  # torch builds in $TORCH_EXTENSIONS_DIR/<op>/ when it is set, else in ~/.cache/torch_extensions/py3XX_cpu/<op>/
-  local ext=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions/*}
-  # built for THIS venv: torch's JIT rebuilds an op whose compiler flags changed, and the flags name the venv's
-  # include paths, so a second clone's venv finds the first one's .so files yet rebuilds them in its first
-  # process that loads them (seen: 214 s inside tests/test_ds_configs_shipped.py on a 2-core AVX2 EPYC)
+  # torch builds in $TORCH_EXTENSIONS_DIR/<op>/ (zero_train/__init__.py: .venv/torch_extensions by default).
+  # Per venv: torch's JIT rebuilds an op whose compiler flags changed, and the flags name the venv's include
+  # paths, so venvs sharing ~/.cache/torch_extensions rebuilt each other's ops inside the tests whenever they
+  # alternated (seen: 214 s in tests/test_ds_configs_shipped.py on a 2-core AVX2 EPYC; 79 s again after a
+  # clean clone's CI on the AVX512 one)
+  local ext=${TORCH_EXTENSIONS_DIR:-$VENV/torch_extensions}
   local built="$VENV/.deepspeed-cpu-ops-built"
   if [ -f "$built" ] && compgen -G "$ext/deepspeed_shm_comm/*.so" >/dev/null \
     && compgen -G "$ext/cpu_adam/*.so" >/dev/null; then
@@ -34,8 +36,9 @@ build_deepspeed_cpu_ops() {
   fi
   local ops_start
   ops_start=$(date +%s)
-  echo "[setup] building DeepSpeed's CPU ops (shared-memory collectives, CPUAdam) once for this machine"
+  echo "[setup] building DeepSpeed's CPU ops (shared-memory collectives, CPUAdam) once for this venv"
   DS_ACCELERATOR=cpu "$VENV/bin/python" - <<'PY' >/dev/null 2>&1 || { echo "[setup] building DeepSpeed's CPU ops failed: run the lines above by hand to see the compiler's error" >&2; exit 1; }
+import zero_train  # noqa: F401  (sets TORCH_EXTENSIONS_DIR to this venv's)
 import deepspeed.ops
 from deepspeed.accelerator import get_accelerator
 

@@ -82,3 +82,26 @@ def test_a_cycle_made_inside_is_freed_and_the_collector_state_is_kept():
     finally:
         gc.enable()
         gc.unfreeze()  # this test's worker keeps collecting what earlier tests left (the block froze it)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="not in a virtual environment")
+def test_deepspeeds_ops_are_built_in_this_venv_unless_told_otherwise(tmp_path):
+    """Importing zero_train points torch's JIT builds (DeepSpeed's ops) at the venv, where set-up built them:
+    venvs that shared ~/.cache/torch_extensions rebuilt each other's ops inside the tests."""
+    import os
+    import pathlib
+
+    show = [sys.executable, "-c", "import os, zero_train; print(os.environ['TORCH_EXTENSIONS_DIR'])"]
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
+    mine = subprocess.run(show, env=env, capture_output=True, text=True, timeout=60)
+    venv_dir = pathlib.Path(sys.prefix) / "torch_extensions"
+    assert mine.returncode == 0 and mine.stdout.strip() == str(venv_dir), mine.stderr
+    told = subprocess.run(show, env=dict(env, TORCH_EXTENSIONS_DIR=str(tmp_path)), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert told.stdout.strip() == str(tmp_path)
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:  # scripts/setup.sh built them there (CPU machines)
+        for op in ("deepspeed_shm_comm", "cpu_adam"):
+            assert list((venv_dir / op).glob("*.so")), (
+                f"{op} was not built in {venv_dir}: run scripts/setup.sh"
+            )

@@ -19,4 +19,15 @@ Module:
     testing       run_ranks: spawn a few gloo ranks for tests and benchmarks.
 """
 
+import os as _os
+import sys as _sys
+
 __version__ = "0.1.0"
+
+# DeepSpeed JIT-compiles its ops (CPU: shared-memory collectives, CPUAdam) with torch.utils.cpp_extension into
+# $TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by every environment of the user. The build
+# records the environment's include paths, so two virtual environments (two clones) rebuild each other's ops
+# whenever they alternate: ~70 s of g++ on 2 cores inside whichever run or test loads one first. In a virtual
+# environment they live in it instead (scripts/setup.sh builds them there once); an explicit setting wins.
+if _sys.prefix != _sys.base_prefix:
+    _os.environ.setdefault("TORCH_EXTENSIONS_DIR", _os.path.join(_sys.prefix, "torch_extensions"))
