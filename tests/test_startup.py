@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import pathlib
 import subprocess
 import sys
 import weakref
@@ -89,9 +91,6 @@ def test_a_cycle_made_inside_is_freed_and_the_collector_state_is_kept():
 def test_deepspeeds_ops_are_built_in_this_venv_unless_told_otherwise(tmp_path):
     """Importing zero_train points torch's JIT builds (DeepSpeed's ops) at the venv, where set-up built them:
     venvs that shared ~/.cache/torch_extensions rebuilt each other's ops inside the tests."""
-    import os
-    import pathlib
-
     show = [sys.executable, "-c", "import os, zero_train; print(os.environ['TORCH_EXTENSIONS_DIR'])"]
     env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
     mine = subprocess.run(show, env=env, capture_output=True, text=True, timeout=60)
