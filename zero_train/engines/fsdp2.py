@@ -28,6 +28,7 @@ from __future__ import annotations
 import pathlib
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -35,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -90,6 +92,15 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
+def device_mesh(device: torch.device, process_group=None) -> DeviceMesh:
+    """A 1-D mesh over the group's ranks (reusing the group and its backend) on this rank's device type.
+
+    fully_shard without a mesh builds one on torch's default accelerator: CUDA on a GPU host even when
+    the run chose CPU + gloo (ZT_DEVICE=cpu).
+    """
+    return DeviceMesh.from_group(process_group or dist.group.WORLD, device_type=device.type)
+
+
 def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
@@ -112,10 +123,14 @@ class FSDP2Engine(LocalEngine):
         self.micro_steps = self.global_steps = self.applied_steps = 0
         self.model = model_fn().to(device=dist_info.device, dtype=torch.float32)  # fp32 shards = masters
         self.reshard_after_forward = RESHARD_AFTER_FORWARD[settings.zero_stage]
-        policy = mixed_precision_policy(settings.precision, ds_config)
+        shard = dict(
+            mesh=device_mesh(dist_info.device, self.process_group),
+            reshard_after_forward=self.reshard_after_forward,
+            mp_policy=mixed_precision_policy(settings.precision, ds_config),
+        )
         for block in transformer_blocks(self.model):
-            fully_shard(block, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
-        fully_shard(self.model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+            fully_shard(block, **shard)
+        fully_shard(self.model, **shard)
         self.loss_scaler = make_loss_scaler(settings)
         self.optimizer = build_optimizer(self.model.parameters(), settings)
 
