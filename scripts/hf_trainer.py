@@ -11,6 +11,7 @@ The logic lives in zero_train.bench.hf_peer.
 
 import sys
 
+from zero_train.runtime.device import pin_deepspeed_accelerator
 from zero_train.runtime.errors import run_cli
 from zero_train.runtime.startup import collector_paused
 from zero_train.train.args import parse_args
@@ -22,6 +23,7 @@ def main() -> None:
     def entry() -> int:
         args = parse_args(sys.argv[1:])
         with collector_paused():  # faster start-up (zero_train.runtime.startup)
+            pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
             from zero_train.bench.hf_peer import run_peer
             from zero_train.train.setup import import_run_modules
 

@@ -18,6 +18,7 @@ Flags and outputs: docs/launch.md (or --help). The logic lives in zero_train.tra
 
 import sys
 
+from zero_train.runtime.device import pin_deepspeed_accelerator
 from zero_train.runtime.errors import run_cli
 from zero_train.runtime.startup import collector_paused
 from zero_train.train.args import parse_args
@@ -29,6 +30,7 @@ def main() -> None:
     def entry() -> int:
         args = parse_args(sys.argv[1:])
         with collector_paused():  # ~1.4 s less start-up per rank (zero_train.runtime.startup)
+            pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
             from zero_train.train.loop import run_training
             from zero_train.train.setup import import_run_modules
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 
 import pytest
 import torch
@@ -62,3 +63,62 @@ def test_fsdp2_shards_on_the_runs_device_not_torchs_default_accelerator(monkeypa
         engine.step()
     assert meshes == {("cpu", "cpu")}
     assert torch.isfinite(loss)
+
+
+FAKE_GPU_TRAIN = """
+import runpy, sys
+import torch
+torch.cuda.is_available = lambda: True  # a GPU node, as DeepSpeed's accelerator detection sees it
+torch.cuda.device_count = lambda: 2
+import zero_train.train.loop as loop
+assert "deepspeed" not in sys.modules, "imported before the entry point ran"
+def report(args):
+    from deepspeed.accelerator import get_accelerator
+    print("deepspeed accelerator:", get_accelerator().device_name())
+loop.run_training = report
+sys.argv = ["train.py", "--engine", "deepspeed", "--model", "tiny"]
+runpy.run_path(sys.argv.pop(), run_name="__main__")
+"""
+
+
+def test_train_py_pins_deepspeed_to_cpu_before_importing_it(repo_root):
+    """ZT_DEVICE=cpu on a GPU node: DeepSpeed, imported by the entry point, caches CPU (was CUDA)."""
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    env["ZT_DEVICE"] = "cpu"
+    code = FAKE_GPU_TRAIN.replace("sys.argv.pop()", repr(str(repo_root / "scripts" / "train.py")))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "deepspeed accelerator: cpu" in proc.stdout.splitlines(), proc.stdout
+
+
+@pytest.mark.parametrize("script", ["train.py", "hf_trainer.py"])
+@pytest.mark.parametrize(("zt_device", "expected"), [("cpu", "cpu"), ("auto", None)])
+def test_entry_points_set_ds_accelerator_before_importing_the_run(
+    repo_root, monkeypatch, script, zt_device, expected
+):
+    """Both entry points decide DS_ACCELERATOR before import_run_modules (which imports DeepSpeed):
+    cpu for a CPU run on a GPU node, unset (DeepSpeed's own CUDA detection) for a GPU run."""
+    import runpy
+    import sys
+
+    import zero_train.bench.hf_peer as hf_peer
+    import zero_train.train.loop as loop
+    import zero_train.train.setup as setup
+
+    _fake_gpu_node(monkeypatch)
+    monkeypatch.setenv("ZT_DEVICE", zt_device)
+    monkeypatch.delenv("DS_ACCELERATOR")
+    seen: list = []
+    monkeypatch.setattr(
+        setup, "import_run_modules", lambda args: seen.append(os.environ.get("DS_ACCELERATOR"))
+    )
+    monkeypatch.setattr(loop, "run_training", lambda args: None)
+    monkeypatch.setattr(hf_peer, "run_peer", lambda args: None)
+    monkeypatch.setattr(sys, "argv", [script, "--engine", "deepspeed", "--model", "tiny"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(repo_root / "scripts" / script), run_name="__main__")
+    assert exited.value.code in (0, None)
+    assert seen == [expected]

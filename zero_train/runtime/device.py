@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: the CLI's --help import
 
 DEVICE_ENV = "ZT_DEVICE"
 DEVICE_CHOICES = ("cpu", "cuda")
+DS_ACCELERATOR_ENV = "DS_ACCELERATOR"
 
 
 def requested_device(force_cpu: bool = False) -> str | None:
@@ -110,6 +111,16 @@ def launched_device_type() -> str:
     if requested is not None:
         return requested
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
+
+
+def pin_deepspeed_accelerator() -> None:
+    """Set DS_ACCELERATOR=cpu when this process will run on CPU; entry points call it before anything
+    imports DeepSpeed, which picks its accelerator once, at import (CUDA wherever torch sees a GPU).
+
+    A DS_ACCELERATOR already set is kept: init_distributed reports one that contradicts the device.
+    """
+    if DS_ACCELERATOR_ENV not in os.environ and launched_device_type() == "cpu":
+        os.environ[DS_ACCELERATOR_ENV] = "cpu"
 
 
 def synchronize(device: torch.device | str) -> None:
