@@ -122,3 +122,28 @@ def test_entry_points_set_ds_accelerator_before_importing_the_run(
         runpy.run_path(str(repo_root / "scripts" / script), run_name="__main__")
     assert exited.value.code in (0, None)
     assert seen == [expected]
+
+
+def test_hf_trainer_peer_runs_on_the_ranks_device(monkeypatch, tmp_path):
+    """The Trainer's use_cpu follows the rank's device: a CPU run on a GPU node trains on CPU (was: on
+    cuda:0 wherever torch sees CUDA), a CUDA rank on CUDA."""
+    import argparse
+    import types
+
+    from accelerate.state import PartialState
+
+    from zero_train.bench.hf_peer import training_arguments
+    from zero_train.ds_config import train_settings
+
+    _fake_gpu_node(monkeypatch)
+    set_devices: list = []
+    monkeypatch.setattr(torch.cuda, "set_device", set_devices.append)
+    args = argparse.Namespace(engine="ddp", max_steps=3, seed=0, no_progress=True)
+    plan = types.SimpleNamespace(settings=train_settings({"train_micro_batch_size_per_gpu": 2}, world_size=1))
+    try:
+        on_cpu = training_arguments(args, plan, str(tmp_path), torch.device("cpu"))
+        assert (on_cpu.use_cpu, on_cpu.device, set_devices) == (True, torch.device("cpu"), [])
+        on_cuda = training_arguments(args, plan, str(tmp_path), torch.device("cuda:0"))
+        assert (on_cuda.use_cpu, on_cuda.device) == (False, torch.device("cuda:0"))
+    finally:
+        PartialState._reset_state()  # accelerate's process-wide state, made by TrainingArguments

@@ -55,8 +55,9 @@ def check_peer_args(args: argparse.Namespace) -> None:
         raise UsageError(f"the HF Trainer peer only benchmarks; drop {', '.join(given)}")
 
 
-def training_arguments(args: argparse.Namespace, plan, output_dir: str):
-    """TrainingArguments that match the resolved settings (the Trainer checks them against the config)."""
+def training_arguments(args: argparse.Namespace, plan, output_dir: str, device: torch.device):
+    """TrainingArguments that match the resolved settings (the Trainer checks them against the config),
+    on this rank's device (a CPU run on a GPU host stays on CPU)."""
 
     settings = plan.settings
     return TrainingArguments(
@@ -74,7 +75,7 @@ def training_arguments(args: argparse.Namespace, plan, output_dir: str):
         bf16=settings.precision == "bf16",
         fp16=settings.precision == "fp16",
         deepspeed=plan.ds_config if args.engine == "deepspeed" else None,
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=device.type == "cpu",
         logging_steps=1,  # a loss line per step, like scripts/train.py
         save_strategy="no",
         report_to=[],
@@ -143,7 +144,8 @@ def run_peer(args: argparse.Namespace) -> None:
             args.dataset, plan.tokenizer, block_size=args.block_size, seed=args.seed, process_group=waiting
         )
     with CommLedger() as ledger, tempfile.TemporaryDirectory() as output_dir:
-        training_args = training_arguments(args, plan, output_dir)  # before the model: ZeRO-3's zero.Init
+        # before the model: ZeRO-3 needs the Trainer's DeepSpeed config at zero.Init
+        training_args = training_arguments(args, plan, output_dir, dist_info.device)
         measure.reset_peak(dist_info.device)
         model = model_builder(args, plan)()
         recorder = StepRecorder(
