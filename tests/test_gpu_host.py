@@ -147,3 +147,59 @@ def test_hf_trainer_peer_runs_on_the_ranks_device(monkeypatch, tmp_path):
         assert (on_cuda.use_cpu, on_cuda.device) == (False, torch.device("cuda:0"))
     finally:
         PartialState._reset_state()  # accelerate's process-wide state, made by TrainingArguments
+
+
+class _FakeCudaAllocator:
+    """torch.cuda's allocator counters: allocated and reserved bytes, their peaks since the last reset."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.allocated = self.reserved = self.peak = self.peak_reserved = 0
+        for name, value in dict(
+            memory_allocated=lambda device=None: self.allocated,
+            max_memory_allocated=lambda device=None: self.peak,
+            memory_reserved=lambda device=None: self.reserved,
+            max_memory_reserved=lambda device=None: self.peak_reserved,
+            reset_peak_memory_stats=lambda device=None: self.reset(),
+            mem_get_info=lambda device=None: (80 << 30, 96 << 30),
+        ).items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+    def use(self, allocated: int, reserved: int) -> None:
+        self.allocated, self.reserved = allocated, reserved
+        self.peak, self.peak_reserved = max(self.peak, allocated), max(self.peak_reserved, reserved)
+
+    def reset(self) -> None:
+        self.peak, self.peak_reserved = self.allocated, self.reserved
+
+
+class _NoStatesEngine:
+    model = torch.nn.Linear(1, 1, device="meta")
+
+    def memory_categories(self, device=None):
+        return dict(params=0)
+
+
+def test_memory_probe_cuda_maxima_cover_the_whole_run(monkeypatch):
+    """Each phase resets CUDA's peak stats; the record's maxima are the run's (were: the last phase's),
+    including what peaked between two phases."""
+    from zero_train.memory.probe import MemoryProbe
+
+    allocator = _FakeCudaAllocator(monkeypatch)
+    allocator.use(100, 1024)
+    info = type("D", (), dict(device=torch.device("cuda:0"), rank=0, world_size=1))()
+    probe = MemoryProbe(info)
+    try:
+        allocator.use(1100, 2048)  # between phases: the highest allocation of the run
+        allocator.use(100, 2048)
+        with probe.phase("forward"):
+            allocator.use(600, 4096)  # the highest reservation of the run, then emptied
+            allocator.use(300, 1024)
+        probe.attach(_NoStatesEngine())
+        with probe.phase("step"):
+            allocator.use(400, 1024)
+        summary = probe.rank_summary(probe.engine)
+    finally:
+        probe.close()
+    assert [phase["peak_bytes"] for phase in summary["phases"]] == [600, 400]
+    assert summary["peak_bytes"] == 1100
+    assert (summary["cuda"]["max_allocated_bytes"], summary["cuda"]["max_reserved_bytes"]) == (1100, 4096)

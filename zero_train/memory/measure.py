@@ -190,6 +190,11 @@ def peak_bytes(device: torch.device | str) -> int:
     return cpu_peak_tracker().peak()
 
 
+def peak_reserved_bytes(device: torch.device | str) -> int:
+    """Highest bytes the CUDA caching allocator reserved on `device` since the last `reset_peak` (0 off CUDA)."""
+    return int(torch.cuda.max_memory_reserved(device)) if _is_cuda(device) else 0
+
+
 def reset_peak(device: torch.device | str) -> None:
     """Start a new peak window at the current allocation level."""
     if _is_cuda(device):

@@ -23,7 +23,8 @@ What is measured, per rank:
   masters and Adam states in pinned host memory on a GPU run, torch's CPU step counters) are not part of
   the device level: they go to off_device_bytes, per category, beside it.
 - cuda (CUDA only, at the end): what the device holds beyond live tensors, measure.cuda_memory_info
-  (max_memory_reserved, mem_get_info and the bytes outside the allocator: context, NCCL buffers).
+  (max_memory_reserved, mem_get_info and the bytes outside the allocator: context, NCCL buffers); its
+  maxima are the whole run's, folded across the phases (each phase resets CUDA's peak stats).
 - activations: the bytes autograd saves for backward during a forward phase (saved-tensor hooks,
   each storage once, parameters excluded), the largest micro-batch's. Exact, without the transient
   temporaries of a forward; those show up in the phase peaks instead.
@@ -97,6 +98,7 @@ class MemoryProbe:
         self.ledger = self._open_ledger()
         measure.reset_peak(self.device)
         self.run_peak_bytes = self.baseline_bytes
+        self.run_peak_reserved_bytes = 0
 
     @staticmethod
     def _open_ledger():
@@ -114,6 +116,7 @@ class MemoryProbe:
         """Measure one phase: level at its end, peak inside it (and activations for forward phases)."""
         if name == ATTRIBUTION_PHASE and self.engine is not None:
             self._attribute(self.engine)
+        self._fold_run_peaks()
         measure.reset_peak(self.device)
         counter = None
         hooks = contextlib.nullcontext()
@@ -129,6 +132,12 @@ class MemoryProbe:
         if name == ATTRIBUTION_PHASE and self.engine is not None:
             held = sum(int(value) for value in self.engine.memory_categories(self.device).values())
             self.other_between_steps = current - held
+
+    def _fold_run_peaks(self) -> None:
+        """Fold the allocator's peaks since its last reset into the run's: every phase resets them."""
+        self.run_peak_bytes = max(self.run_peak_bytes, measure.peak_bytes(self.device))
+        reserved = measure.peak_reserved_bytes(self.device)
+        self.run_peak_reserved_bytes = max(self.run_peak_reserved_bytes, reserved)
 
     def _param_storages(self) -> set[int]:
         if self.engine is None:
@@ -176,17 +185,23 @@ class MemoryProbe:
         categories["other"] = self.attribution["level"] - sum(states.get(name, 0) for name in categories)
         allocator_bytes = self.attribution["level"] + self.activation_bytes
         assert sum(categories[name] for name in CATEGORIES) == allocator_bytes
+        self._fold_run_peaks()
+        cuda = measure.cuda_memory_info(self.device)
+        if cuda is not None:  # its max_* cover only the time since the last phase began
+            cuda.update(
+                max_allocated_bytes=self.run_peak_bytes, max_reserved_bytes=self.run_peak_reserved_bytes
+            )
         return dict(
             rank=self.dist_info.rank,
             phases=list(self.phases.values()),
             categories=categories,
             allocator_bytes=allocator_bytes,
-            peak_bytes=max(self.run_peak_bytes, measure.peak_bytes(self.device)),
+            peak_bytes=self.run_peak_bytes,
             baseline_bytes=self.baseline_bytes,
             comm_bytes_per_step=self.comm_bytes_per_step,
             other_between_steps=self.other_between_steps,
             off_device_bytes=self.attribution["off_device"],
-            cuda=measure.cuda_memory_info(self.device),
+            cuda=cuda,
         )
 
     def finish(self, engine, *, meta: dict, step_times_s: list[float], tokens_per_step: int) -> dict | None:
