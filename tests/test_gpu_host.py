@@ -203,3 +203,64 @@ def test_memory_probe_cuda_maxima_cover_the_whole_run(monkeypatch):
     assert [phase["peak_bytes"] for phase in summary["phases"]] == [600, 400]
     assert summary["peak_bytes"] == 1100
     assert (summary["cuda"]["max_allocated_bytes"], summary["cuda"]["max_reserved_bytes"]) == (1100, 4096)
+
+
+FAKE_LAUNCHER = """
+import signal, subprocess, sys, time
+sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"]
+ranks = [
+    subprocess.Popen(sleep),  # in the launcher's group, as the deepspeed launcher's ranks
+    subprocess.Popen(sleep, start_new_session=True),  # in a session of its own, as torchrun's
+    subprocess.Popen(stubborn),  # SIGTERM ignored: only SIGKILL stops it
+]
+print("rank pids:", *(rank.pid for rank in ranks), flush=True)
+time.sleep(120)
+"""
+
+
+def _run_logged(command, log, timeout):
+    from zero_train.launch.launcher import run_logged
+
+    return run_logged(command, log, timeout=timeout, kill_grace_s=1)
+
+
+def _bench_launch(command, log, timeout):
+    from zero_train.bench import one_launch
+
+    return one_launch._launch(command, log, [log.with_suffix(".done.json")], timeout)  # no run finishes
+
+
+@pytest.mark.parametrize("launch", [_run_logged, _bench_launch], ids=["profile-cell", "bench-launch"])
+def test_a_timed_out_launch_leaves_no_rank_behind(tmp_path, monkeypatch, launch):
+    """The timeout stops the launcher AND its ranks (were: the launcher only, or its group only, which
+    torchrun's ranks are not in; the ranks kept their GPUs)."""
+    import sys
+    import time
+
+    import psutil
+
+    from zero_train.bench import one_launch
+
+    monkeypatch.setattr(one_launch, "KILL_GRACE_S", 1)
+    log = tmp_path / "launch.log"
+    started = time.monotonic()
+    code = launch([sys.executable, "-c", FAKE_LAUNCHER], log, 4)
+    elapsed = time.monotonic() - started
+    rank_line = [line for line in log.read_text().splitlines() if line.startswith("rank pids:")]
+    assert code is None and rank_line, log.read_text()
+    ranks = [int(pid) for pid in rank_line[0].split()[2:]]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_runs(pid, psutil) for pid in ranks):
+        time.sleep(0.1)
+    survivors = [pid for pid in ranks if _runs(pid, psutil)]
+    for pid in survivors:  # leave nothing running on the machine either way
+        psutil.Process(pid).kill()
+    assert survivors == [] and elapsed < 4 + 2 * 1 + 2
+
+
+def _runs(pid: int, psutil) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import time
 
 from zero_train.bench.cells import Cell, cell_run_config, launcher_prefix, run_argv, steps_of
 from zero_train.bench.run import make_sample, run_paths
+from zero_train.launch.launcher import KILL_GRACE_S, stop_process_tree
 
 WORKER_MODULE = "zero_train.bench.worker"
 
@@ -43,20 +43,25 @@ def _launch(command: list[str], log_path: pathlib.Path, done_files: list[pathlib
     with open(log_path, "w") as log:
         log.write(" ".join(command) + "\n")
         log.flush()
-        # its own session: on a stall the launcher AND its ranks (and their compilers) are killed together
+        # its own session: on a stall the launcher AND its ranks (and their compilers) are stopped together
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         finished, last_progress = 0, time.monotonic()
-        while proc.poll() is None:
-            time.sleep(0.5)
-            now_finished = sum(path.exists() for path in done_files)
-            if now_finished > finished:
-                finished, last_progress = now_finished, time.monotonic()
-            elif time.monotonic() - last_progress > timeout:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return None
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                now_finished = sum(path.exists() for path in done_files)
+                if now_finished > finished:
+                    finished, last_progress = now_finished, time.monotonic()
+                elif time.monotonic() - last_progress > timeout:
+                    stop_process_tree(
+                        proc, grace_s=KILL_GRACE_S
+                    )  # torchrun's ranks have sessions of their own
+                    return None
+        except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
+            stop_process_tree(proc, grace_s=KILL_GRACE_S)
+            raise
         return proc.returncode
 
 

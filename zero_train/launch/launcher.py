@@ -5,13 +5,18 @@ Shared by `zero-train profile` and `zero-train bench`, whose cells are each one 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 from zero_train.runtime.errors import UsageError
+
+KILL_GRACE_S = 10.0  # after SIGTERM: torchrun and the deepspeed launcher stop their ranks, then SIGKILL
 
 
 def check_launcher(name: str) -> None:
@@ -44,16 +49,21 @@ def model_meta(model: str, block_size: int) -> dict:
     return dict(model=model, num_params=shape.num_params, hidden_size=shape.hidden_size or None)
 
 
-def run_logged(command: list[str], log_path: pathlib.Path, *, timeout: float) -> int | None:
+def run_logged(
+    command: list[str], log_path: pathlib.Path, *, timeout: float, kill_grace_s: float = KILL_GRACE_S
+) -> int | None:
     """Run `command`, its stdout and stderr into `log_path` (first line: the command itself).
 
     The children get OMP_NUM_THREADS (default 1: ranks sharing a machine must not fight for its cores)
-    and unbuffered Python output, so that a killed run's log still ends where it stopped.
+    and unbuffered Python output, so that a killed run's log still ends where it stopped. The launcher
+    runs in a session of its own; on a timeout (or an interrupt) its whole process tree is stopped, so no
+    rank outlives it holding its GPU memory.
 
     Args:
         command: the full command line.
         log_path: the log file (overwritten).
-        timeout: seconds before the run is killed.
+        timeout: seconds before the run is stopped.
+        kill_grace_s: seconds between SIGTERM and SIGKILL.
 
     Returns:
         The exit code, or None if the run timed out.
@@ -62,9 +72,58 @@ def run_logged(command: list[str], log_path: pathlib.Path, *, timeout: float) ->
     with open(log_path, "w") as log:
         log.write(" ".join(command) + "\n")
         log.flush()
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
-            return subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout
-            ).returncode
+            return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stop_process_tree(proc, grace_s=kill_grace_s)
             return None
+        except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
+            stop_process_tree(proc, grace_s=kill_grace_s)
+            raise
+
+
+def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> None:
+    """SIGTERM `proc`'s process group and every descendant, SIGKILL what is left after `grace_s`; reap `proc`.
+
+    The group holds the launcher and the ranks it forked (deepspeed's); torchrun starts each rank in a
+    session of its own, so descendants are signalled one by one too.
+    """
+    import psutil  # here, not at the top: cli/profile imports this module to build its parser
+
+    tree: dict[int, psutil.Process] = {}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        tree.update((p.pid, p) for p in _process_tree(proc.pid))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)  # start_new_session: the group id is the launcher's pid
+        for process in tree.values():
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(sig)  # psutil checks the pid still names the same process
+        deadline = time.monotonic() + grace_s
+        while (proc.poll() is None or _running(tree.values())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    proc.wait()
+
+
+def _process_tree(pid: int) -> list:
+    """The process `pid` and all its descendants (empty if it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _running(processes) -> bool:
+    """Whether any of `processes` still runs (a zombie waiting for its parent does not)."""
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
