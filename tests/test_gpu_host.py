@@ -264,3 +264,45 @@ def _runs(pid: int, psutil) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _gather_without_plain_p2p(rank: int, world_size: int) -> dict:
+    """gather_tensor and gather_objects_to with dist.send/recv refused and batch_isend_irecv counted."""
+    from zero_train.sharding import gather
+
+    batches: list = []
+    real_batch = dist.batch_isend_irecv
+
+    def counted(ops):
+        batches.append([(op.op.__name__, op.group_peer, op.tensor.numel()) for op in ops])
+        return real_batch(ops)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("plain send/recv: on NCCL a dedicated 2-rank communicator per pair")
+
+    saved = dist.send, dist.recv, dist.batch_isend_irecv
+    dist.send, dist.recv, dist.batch_isend_irecv = refuse, refuse, counted
+    try:
+        weight = torch.arange(6.0).reshape(2, 3) + 10 * rank
+        one = gather.gather_tensor(
+            weight if rank == 1 else None, owner=1, to=0, shape=(2, 3), dtype=torch.float32
+        )
+        everything = gather.gather_objects_to(dict(weight=weight, step=rank, moments=[weight * 2]), to=0)
+    finally:
+        dist.send, dist.recv, dist.batch_isend_irecv = saved
+    return dict(one=one, everything=everything, batches=batches)
+
+
+def test_gather_travels_in_batched_p2p_on_the_groups_communicator(rank_pool):
+    """No plain send/recv (each builds its own 2-rank NCCL communicator): batches of one isend or irecv,
+    the same tensors, on CPU, only on the receiving rank."""
+    receiver, sender = rank_pool(2).run(_gather_without_plain_p2p)
+    weights = [torch.arange(6.0).reshape(2, 3) + 10 * rank for rank in range(2)]
+    assert torch.equal(receiver["one"], weights[1]) and sender["one"] is None
+    assert sender["everything"] is None
+    for rank, gathered in enumerate(receiver["everything"]):
+        assert gathered["step"] == rank and gathered["weight"].device.type == "cpu"
+        assert torch.equal(gathered["weight"], weights[rank])
+        assert torch.equal(gathered["moments"][0], 2 * weights[rank])
+    assert receiver["batches"] == [[("irecv", 1, 6)]] * 3  # gather_tensor's, then rank 1's two tensors
+    assert sender["batches"] == [[("isend", 0, 6)]] * 3

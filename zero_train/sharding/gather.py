@@ -6,10 +6,14 @@ every rank, ~4 Psi extra bytes each in fp32, and `gather_object` unpickles other
 their devices. Here each tensor travels alone, point to point from its owner to the writing rank, and
 lands in CPU memory there:
 
-    owner:      send(the tensor, on the communication device)     one extra tensor at most
-    receiver:   recv into one tensor on the communication device, then copy it to CPU
+    owner:      isend(the tensor, on the communication device)    one extra tensor at most
+    receiver:   irecv into one tensor on the communication device, then copy it to CPU
     others:     nothing
 
+Each message is a batch of one (`batch_isend_irecv`): on NCCL a batched point-to-point runs on the
+group's own communicator, where a plain send/recv builds a dedicated 2-rank communicator per pair
+(seconds each, buffers outside the allocator). The group must have run a collective before (NCCL
+creates its communicator on a call every rank makes); training and gather_objects_to always have.
 The communication device is this rank's CUDA device on NCCL (which moves only device memory) and the CPU
 on every other backend (gloo's point-to-point messages are CPU tensors). Every rank walks the same list in
 the same order, so sends and receives pair up without tags.
@@ -42,16 +46,22 @@ def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", copy=True)
 
 
+def _exchange(op, tensor: torch.Tensor, *, peer: int, process_group) -> None:
+    """One isend or irecv with group rank `peer`, as a batch of one (the group's communicator), waited."""
+    for work in dist.batch_isend_irecv([dist.P2POp(op, tensor, group=process_group, group_peer=peer)]):
+        work.wait()
+
+
 def send_tensor(tensor: torch.Tensor, *, to: int, process_group=None) -> None:
     """Send one tensor to group rank `to` (blocking), through the communication device."""
     travel = tensor.detach().to(comm_device(process_group)).contiguous()
-    dist.send(travel, dst=_global_rank(to, process_group), group=process_group)
+    _exchange(dist.isend, travel, peer=to, process_group=process_group)
 
 
 def receive_tensor(shape, dtype: torch.dtype, *, owner: int, process_group=None) -> torch.Tensor:
     """Receive one tensor of `shape`/`dtype` from group rank `owner`; returned in CPU memory."""
     received = torch.empty(tuple(shape), dtype=dtype, device=comm_device(process_group))
-    dist.recv(received, src=_global_rank(owner, process_group), group=process_group)
+    _exchange(dist.irecv, received, peer=owner, process_group=process_group)
     return received.cpu()
 
 
