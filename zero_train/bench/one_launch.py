@@ -55,9 +55,7 @@ def _launch(command: list[str], log_path: pathlib.Path, done_files: list[pathlib
                 if now_finished > finished:
                     finished, last_progress = now_finished, time.monotonic()
                 elif time.monotonic() - last_progress > timeout:
-                    stop_process_tree(
-                        proc, grace_s=KILL_GRACE_S
-                    )  # torchrun's ranks have sessions of their own
+                    stop_process_tree(proc, grace_s=KILL_GRACE_S)  # the ranks too, not just the group
                     return None
         except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
             stop_process_tree(proc, grace_s=KILL_GRACE_S)
