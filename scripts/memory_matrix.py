@@ -74,48 +74,42 @@ def build_model_folder(architecture: str, out: pathlib.Path) -> pathlib.Path:
     return folder
 
 
-def _cell_args(cell, model: pathlib.Path, args: argparse.Namespace) -> argparse.Namespace:
-    from zero_train.report.matrix import BLOCK_SIZE, MICRO_BATCH_SIZE
-
-    return argparse.Namespace(
-        model=str(model), precision=cell.precision, micro_batch_size=MICRO_BATCH_SIZE, block_size=BLOCK_SIZE,
-        grad_accum=cell.grad_accum, gradient_checkpointing=cell.gradient_checkpointing, steps=args.steps,
-    )  # fmt: skip
-
-
 def _paths(cell, args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]:
     """(its DeepSpeed config, its run record) under OUT/<architecture>/, named as `zero-train profile` does."""
-    from zero_train.launch.cells import args_cell_name
+    from zero_train.launch.cells import cell_name
 
     arch_out = pathlib.Path(args.out) / cell.architecture
-    stem = args_cell_name(cell.engine, cell.world_size, _cell_args(cell, pathlib.Path(), args))
+    stem = cell_name(cell.engine, cell.world_size, cell.precision, grad_accum=cell.grad_accum,
+                     checkpointing=cell.gradient_checkpointing)  # fmt: skip
     return arch_out / "configs" / f"{stem}.json", arch_out / "cells" / f"{stem}.json"
 
 
 def _train_argv(cell, args: argparse.Namespace) -> list[str]:
-    """scripts/train.py's flags for one cell (config generated as `zero-train profile` does)."""
+    """The training run's flags for one cell (config generated as `zero-train profile` does)."""
     from zero_train.ds_config import write_config
-    from zero_train.launch.cells import CELL_ENGINES, cell_config
+    from zero_train.launch.cells import cell_config
     from zero_train.launch.launcher import model_meta
-    from zero_train.report.matrix import BLOCK_SIZE, base_engine
+    from zero_train.report.matrix import BLOCK_SIZE, MICRO_BATCH_SIZE, base_engine
+    from zero_train.train import config as run
+    from zero_train.train.args import run_argv
 
     model = build_model_folder(cell.architecture, pathlib.Path(args.out))
-    cell_args = _cell_args(cell, model, args)
     config_path, record_path = _paths(cell, args)
     for path in (config_path, record_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     hidden = model_meta(str(model), BLOCK_SIZE)["hidden_size"]
     engine = base_engine(cell.engine)
-    write_config(
-        _with_offload(cell_config(engine, cell.world_size, cell_args, hidden), cell.engine), config_path
-    )
-    argv = [
-        "--deepspeed_config", str(config_path), "--engine", CELL_ENGINES[engine][0], "--model", str(model),
-        "--block-size", str(cell_args.block_size), "--micro-batch-size", str(cell_args.micro_batch_size),
-        "--grad-accum", str(cell.grad_accum), "--max-steps", str(args.steps), "--memory-report", str(record_path),
-        "--no-progress", "--eval-batches", "1",
-    ]  # fmt: skip
-    return argv + (["--gradient-checkpointing"] if cell.gradient_checkpointing else [])
+    ds_config = cell_config(engine, cell.world_size, precision=cell.precision, micro_batch_size=MICRO_BATCH_SIZE,
+                            grad_accum=cell.grad_accum, hidden_size=hidden)  # fmt: skip
+    write_config(_with_offload(ds_config, cell.engine), config_path)
+    return run_argv(run.RunConfig(
+        model=run.ModelConfig(model=str(model), gradient_checkpointing=cell.gradient_checkpointing),
+        data=run.DataConfig(block_size=BLOCK_SIZE),
+        training=run.TrainingConfig(max_steps=args.steps, micro_batch_size=MICRO_BATCH_SIZE, grad_accum=cell.grad_accum),
+        engine=run.EngineConfig(engine=engine, deepspeed_config=str(config_path)),
+        evaluation=run.EvalConfig(eval_batches=1),
+        output=run.OutputConfig(memory_report=str(record_path), progress=False),
+    ))  # fmt: skip
 
 
 def _with_offload(config: dict, engine: str) -> dict:
@@ -144,8 +138,8 @@ def _train_cells(rank: int, world_size: int, argvs: list[list[str]]) -> list[str
     errors: list[str | None] = []
     for argv in argvs:
         try:
-            args = parse_args(argv)
-            Trainer(args, plan_run(args, world_size=world_size), init_distributed()).run()
+            config = parse_args(argv)
+            Trainer(config, plan_run(config, world_size=world_size), init_distributed()).run()
             errors.append(None)
         except Exception as err:  # noqa: BLE001 - one cell's failure is recorded, the matrix goes on
             errors.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
@@ -176,9 +170,9 @@ def recorded(cells: list, args: argparse.Namespace) -> dict[str, dict]:
 def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
     """Run the cells (by world size, DeepSpeed ZeRO-3 last: transformers keeps its config global), each rank
     one process for its whole group; returns every cell's run record by name."""
-    from zero_train.launch.cells import CELL_ENGINES
     from zero_train.launch.launcher import model_meta
     from zero_train.memory.record import error_record, load_record, write_record
+    from zero_train.registry import engine_spec
     from zero_train.report.matrix import BLOCK_SIZE, base_engine
     from zero_train.testing import run_ranks
 
@@ -210,7 +204,7 @@ def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
             else:
                 record = load_record(record_path)
             engine = base_engine(cell.engine)  # the offload is in the record's ds_config
-            record.update(meta, engine=engine, zero_stage=CELL_ENGINES[engine][1])
+            record.update(meta, engine=engine, zero_stage=engine_spec(engine).stage)
             write_record(record, record_path)
             records[cell.name] = record
     return records

@@ -169,7 +169,7 @@ def test_bad_flags_are_usage_errors(flags, message, tmp_path):
 def test_bf16_runs_take_few_steps_only_where_the_cpu_emulates_bf16(emulated, expected, runs, monkeypatch):
     from zero_train.bench import machine
     from zero_train.bench.cells import Cell, run_argv, steps_of
-    from zero_train.bench.summary import TARGET_ENGINES
+    from zero_train.bench.targets import TARGET_ENGINES
     from zero_train.cli.bench import _runs_of, resolve_scenario
 
     monkeypatch.setattr(machine, "bf16_emulated_on_cpu", lambda: emulated)

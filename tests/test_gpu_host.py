@@ -134,19 +134,23 @@ def test_entry_points_set_ds_accelerator_before_importing_the_run(
 def test_hf_trainer_peer_runs_on_the_ranks_device(monkeypatch, tmp_path):
     """The Trainer's use_cpu follows the rank's device: a CPU run on a GPU node trains on CPU (was: on
     cuda:0 wherever torch sees CUDA), a CUDA rank on CUDA."""
-    import argparse
     import types
 
     from accelerate.state import PartialState
 
     from zero_train.bench.hf_peer import training_arguments
     from zero_train.ds_config import train_settings
+    from zero_train.registry import engine_spec
+    from zero_train.train.config import OutputConfig, RunConfig, TrainingConfig
 
     _fake_gpu_node(monkeypatch)
     set_devices: list = []
     monkeypatch.setattr(torch.cuda, "set_device", set_devices.append)
-    args = argparse.Namespace(engine="ddp", max_steps=3, seed=0, no_progress=True)
-    plan = types.SimpleNamespace(settings=train_settings({"train_micro_batch_size_per_gpu": 2}, world_size=1))
+    args = RunConfig(training=TrainingConfig(max_steps=3), output=OutputConfig(progress=False))
+    plan = types.SimpleNamespace(
+        settings=train_settings({"train_micro_batch_size_per_gpu": 2}, world_size=1),
+        engine=engine_spec("ddp"),
+    )
     try:
         on_cpu = training_arguments(args, plan, str(tmp_path), torch.device("cpu"))
         assert (on_cpu.use_cpu, on_cpu.device, set_devices) == (True, torch.device("cpu"), [])
@@ -363,13 +367,15 @@ def _check_zero_train_command(argv: list[str]) -> None:
     """Parse with zero-train's own parser and apply the subcommand's checks that need no run."""
     from zero_train.cli.bench import _check_args, resolve_scenario
     from zero_train.cli.main import build_parser
-    from zero_train.launch.cells import CELL_ENGINES, cell_config
+    from zero_train.launch.cells import cell_config
+    from zero_train.registry import engine_names
 
     args = build_parser(argv).parse_args(argv)
     if args.command == "profile":
-        assert set(args.engines) <= set(CELL_ENGINES), args.engines
-        for engine in args.engines:
-            cell_config(engine, 2, args, hidden_size=None)  # a stage/precision it refuses raises
+        assert set(args.engines) <= set(engine_names()), args.engines
+        for engine in args.engines:  # a stage/precision it refuses raises
+            cell_config(engine, 2, precision=args.precision, micro_batch_size=args.micro_batch_size,
+                        grad_accum=args.grad_accum)  # fmt: skip
     elif args.command == "bench":
         resolve_scenario(args)
         _check_args(args)

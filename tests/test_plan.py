@@ -79,7 +79,7 @@ def test_the_plan_for_a_limit_above_a_measured_peak_runs_under_it(tmp_path):
     assert not report.problems, report.problems
     (tmp_path / "plan.json").write_text(json.dumps(config))
     chosen = tmp_path / "chosen.json"
-    argv = [*TRAIN, "--engine", plan.chosen.setup.train_engine, "--deepspeed_config", str(tmp_path / "plan.json"),
+    argv = [*TRAIN, "--engine", plan.chosen.setup.engine, "--deepspeed_config", str(tmp_path / "plan.json"),
             "--memory-report", str(chosen)]  # fmt: skip
     run_ranks(_train, 2, args=(argv,), timeout_s=400)
     assert _peak_without_other(chosen) <= limit, (plan.chosen.setup.name, _peak_without_other(chosen), limit)
@@ -130,7 +130,7 @@ def test_the_plan_predicts_what_zero_train_estimate_predicts_for_the_same_set_up
     plan, _ = _llama_plan(1)
     for candidate in plan.fitting[:3]:
         request, setup = plan.request, candidate.setup
-        if setup.train_engine != "deepspeed":
+        if setup.family != "deepspeed":
             continue  # estimate_setup's stages are DeepSpeed's
         config = setup_config(request, setup, candidate.micro_batch_size, candidate.grad_accum)
         row = estimate_setup(request.config, world_size=8, precision="bf16", micro_batch_size=candidate.micro_batch_size,

@@ -1,7 +1,7 @@
 """`zero-train profile` end to end: a tiny matrix through the real launcher and scripts/train.py.
 
 Two cells at world size 1 in fp16 through the real launcher: ddp (our engine scales the loss) succeeds;
-the DeepSpeed ZeRO-1 cell runs a train script that dies for `--engine deepspeed` (the profile command's own
+the DeepSpeed ZeRO-1 cell runs a train script that dies for `--engine ds1` (the profile command's own
 `--train-script` hook), which must be recorded with its error line, not fatal. (A real fp16 failure would
 depend on the CPU: DeepSpeed runs fp16 on CPUs whose oneDNN has fp16 kernels, e.g. AVX512-FP16.)
 """
@@ -14,15 +14,14 @@ import sys
 
 import pytest
 
-from zero_train.launch.cells import TRAIN_SCRIPT, last_error_line
+from zero_train.launch.cells import last_error_line
 from zero_train.memory.record import CATEGORIES, load_record, load_records
 
-FAILING_FOR_DEEPSPEED = f"""
+FAILING_FOR_DEEPSPEED = """
 import runpy, sys
-if sys.argv[sys.argv.index("--engine") + 1] == "deepspeed":
+if sys.argv[sys.argv.index("--engine") + 1] == "ds1":
     sys.exit("error: deepspeed cell broken on purpose")
-sys.argv[0] = {str(TRAIN_SCRIPT)!r}
-runpy.run_path(sys.argv[0], run_name="__main__")
+runpy.run_module("zero_train.train", run_name="__main__", alter_sys=True)
 """
 
 

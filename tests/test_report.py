@@ -18,7 +18,6 @@ import sys
 import pytest
 import torch
 
-from zero_train.launch.cells import TRAIN_SCRIPT
 from zero_train.memory.record import (
     CATEGORIES,
     MODEL_STATE_CATEGORIES,
@@ -29,13 +28,12 @@ from zero_train.memory.record import (
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DS1_ERROR = "exit code 1: error: ds1 cell broken on purpose"
-FAILING_FOR_DS1 = f"""
+FAILING_FOR_DS1 = """
 import json, runpy, sys
 config = json.load(open(sys.argv[sys.argv.index("--deepspeed_config") + 1]))
-if sys.argv[sys.argv.index("--engine") + 1] == "deepspeed" and config["zero_optimization"]["stage"] == 1:
+if sys.argv[sys.argv.index("--engine") + 1] == "ds1" and config["zero_optimization"]["stage"] == 1:
     sys.exit("error: ds1 cell broken on purpose")
-sys.argv[0] = {str(TRAIN_SCRIPT)!r}
-runpy.run_path(sys.argv[0], run_name="__main__")
+runpy.run_module("zero_train.train", run_name="__main__", alter_sys=True)
 """
 
 

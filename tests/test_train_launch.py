@@ -180,7 +180,7 @@ def _train_runs(rank: int, world_size: int, runs: list[list[str]], probe_batch: 
         args = parse_args(argv)
         trainer = Trainer(args, plan_run(args, world_size=world_size), init_distributed())
         summary = trainer.run()
-        if args.export_hf:
+        if args.checkpoint.export_hf:
             model = trainer.engine.model
             model.eval()
             with torch.no_grad():  # a collective under ZeRO-3: every rank runs it

@@ -5,9 +5,9 @@ contracts hold it):
     cli           `zero-train` subcommands, one module each.
     bench         `zero-train bench`: every engine on the same run, interleaved.
     report        run records -> report.md, PNG plots, summary.json, measured next to theory.
-    train         one training run behind scripts/train.py: args, setup, loop, eval, metrics, numerics, log.
-    launch        starting scripts/train.py under a launcher (profile and bench cells).
-    engines       one protocol over ddp, zero1, torch-zero, fsdp2 and deepspeed.
+    train         one training run, `python -m zero_train.train`: the typed run config, setup, loop, eval, ...
+    launch        launch command lines (deepspeed, torchrun, accelerate, python); profile and bench cells.
+    engines       one protocol over ddp, zero1, zero2, torch-zero, fsdp2 and deepspeed.
     memory        measuring memory, probing runs, run records; memory/model: predicting it (paper, DeepSpeed, ours).
     comm          the communication ledger (bytes per collective per step).
     checkpoint    atomic checkpoints with a manifest, resume state, elastic / universal resume, HF export.
@@ -15,7 +15,8 @@ contracts hold it):
     ds_config     the one place that knows DeepSpeed's JSON keys: one table of keys and defaults, generate, check.
     hf            Hugging Face models, tokenizers and data (offline defaults included).
     runtime       the process: DistInfo, UsageError and faults, output checks, flag parsing, free ports.
-Module:
+Modules:
+    registry      the engines, each defined once (name, label, stage, builder, ...): every list derives from it.
     testing       run_ranks: spawn a few gloo ranks for tests and benchmarks.
 """
 

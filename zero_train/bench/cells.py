@@ -1,10 +1,10 @@
 """The benchmark's engines (one registry), its cells (engine x precision), their order, and a run's flags.
 
-A cell is one engine at one precision. Every engine is a line of ENGINE_REGISTRY: the name in the
-tables, the `--engine` of scripts/train.py it runs, the ZeRO stage of the DeepSpeed config generated for
-it (profile's generator: zero_train.ds_config), its label, and whether it is the Hugging Face Trainer
-peer (scripts/hf_trainer.py, the Trainer with the SAME generated config: hf-ds1 is Trainer + DeepSpeed
-ZeRO-1, hf-ddp the Trainer's own DDP). Adding an engine to the benchmark is adding one line there.
+A cell is one engine at one precision. The benchmark's engines are zero_train.registry's, each run by
+`python -m zero_train.train` with the DeepSpeed config generated for its stage (profile's generator:
+zero_train.ds_config), plus a Hugging Face Trainer peer `hf-NAME` for every engine the registry marks `hf_peer`
+(zero_train.bench.hf_peer, the Trainer with the SAME generated config: hf-ds1 is Trainer + DeepSpeed ZeRO-1,
+hf-ddp the Trainer's own DDP). An engine added to the registry is in the benchmark.
 
 Order: repeat k runs each cell that has more than k repeats once; repeat 0 in the given order, later
 ones in a seeded shuffle, so that no engine always runs first (cold caches) or right after the same
@@ -20,10 +20,24 @@ import pathlib
 import random
 from dataclasses import dataclass
 
+from zero_train.bench.targets import TARGET_ENGINES
 from zero_train.ds_config.keys import PRECISIONS
+from zero_train.launch.cells import cell_config
+from zero_train.launch.command import Launch, launch_command
+from zero_train.registry import ENGINES, EngineSpec
+from zero_train.train import args as train_args
+from zero_train.train.config import (
+    DataConfig,
+    EngineConfig,
+    EvalConfig,
+    ModelConfig,
+    OutputConfig,
+    RunConfig,
+    TrainingConfig,
+)
 
-TRAIN_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "train.py"
-PEER_SCRIPT = TRAIN_SCRIPT.parent / "hf_trainer.py"
+PEER_MODULE = "zero_train.bench.peer_main"
+"""The Hugging Face Trainer peer's entry point (scripts/hf_trainer.py is a shim of it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,42 +46,39 @@ class BenchEngine:
 
     name: str
     """Table key and file stem part, e.g. "zero1", "hf-ds1"."""
-    train_engine: str
-    """The `--engine` of scripts/train.py (or of scripts/hf_trainer.py for a peer)."""
-    zero_stage: int
-    """ZeRO stage of the DeepSpeed config generated for it (0: DDP)."""
-    label: str
-    """How the tables name it."""
+    engine: EngineSpec
+    """The registry's engine it runs (train.py's --engine, or the Trainer peer's)."""
     peer: bool = False
-    """True: the Hugging Face Trainer (scripts/hf_trainer.py) trains, not scripts/train.py."""
-    default: bool = True
-    """In the default `--engines`."""
+    """True: the Hugging Face Trainer (zero_train.bench.hf_peer) trains, not zero_train.train."""
+
+    @property
+    def zero_stage(self) -> int:
+        """ZeRO stage of the DeepSpeed config generated for it (0: DDP)."""
+        return self.engine.stage
+
+    @property
+    def label(self) -> str:
+        """How the tables name it: ours in bold."""
+        if self.peer:
+            return f"{self.name} (HF Trainer + {self.engine.label})"
+        return f"**{self.name} (ours)**" if self.engine.ours else f"{self.name} ({self.engine.label})"
+
+    @property
+    def default(self) -> bool:
+        """In the default `--engines`: the registry's defaults, and a peer only where a target compares it
+        (a Trainer run costs as much as ours)."""
+        return self.name in TARGET_ENGINES if self.peer else self.engine.default
 
 
-ENGINE_REGISTRY: dict[str, BenchEngine] = {
-    engine.name: engine
-    for engine in (
-        BenchEngine("ddp", "ddp", 0, "ddp (torch DDP)"),
-        BenchEngine("zero1", "zero1", 1, "**zero1 (ours)**"),
-        BenchEngine("zero2", "zero2", 2, "**zero2 (ours)**"),
-        BenchEngine("torch-zero", "torch-zero", 1, "torch-zero (ZeroRedundancyOptimizer)"),
-        BenchEngine("ds1", "deepspeed", 1, "ds1 (DeepSpeed ZeRO-1)"),
-        BenchEngine("ds2", "deepspeed", 2, "ds2 (DeepSpeed ZeRO-2)"),
-        BenchEngine("ds3", "deepspeed", 3, "ds3 (DeepSpeed ZeRO-3)"),
-        BenchEngine("fsdp2-z2", "fsdp2", 2, "fsdp2-z2 (torch FSDP2, kept gathered)"),
-        BenchEngine("fsdp2-z3", "fsdp2", 3, "fsdp2-z3 (torch FSDP2, resharded)"),
-        BenchEngine("hf-ddp", "ddp", 0, "hf-ddp (HF Trainer, its DDP)", peer=True, default=False),
-        BenchEngine("hf-ds1", "deepspeed", 1, "hf-ds1 (HF Trainer + DeepSpeed ZeRO-1)", peer=True),
-        BenchEngine(
-            "hf-ds2", "deepspeed", 2, "hf-ds2 (HF Trainer + DeepSpeed ZeRO-2)", peer=True, default=False
-        ),
-        BenchEngine(
-            "hf-ds3", "deepspeed", 3, "hf-ds3 (HF Trainer + DeepSpeed ZeRO-3)", peer=True, default=False
-        ),
+BENCH_REGISTRY: dict[str, BenchEngine] = {
+    bench.name: bench
+    for bench in (
+        *(BenchEngine(spec.name, spec) for spec in ENGINES),
+        *(BenchEngine(f"hf-{spec.name}", spec, peer=True) for spec in ENGINES if spec.hf_peer),
     )
 }
-BENCH_ENGINES = tuple(ENGINE_REGISTRY)
-DEFAULT_ENGINES = tuple(name for name, engine in ENGINE_REGISTRY.items() if engine.default)
+BENCH_ENGINES = tuple(BENCH_REGISTRY)
+DEFAULT_ENGINES = tuple(name for name, bench in BENCH_REGISTRY.items() if bench.default)
 # of ds_config.keys.PRECISIONS: DeepSpeed runs fp16 on a CPU only where oneDNN has fp16 kernels (AVX512-FP16)
 BENCH_PRECISIONS = tuple(p for p in PRECISIONS if p != "fp16")
 
@@ -77,7 +88,7 @@ class Cell:
     """One engine at one precision."""
 
     engine: str
-    """A name in ENGINE_REGISTRY."""
+    """A name in BENCH_REGISTRY."""
     precision: str
     """"fp32" | "bf16"."""
 
@@ -88,8 +99,13 @@ class Cell:
 
     @property
     def spec(self) -> BenchEngine:
-        """The engine's registry entry."""
-        return ENGINE_REGISTRY[self.engine]
+        """The bench's entry of the engine (peers included)."""
+        return BENCH_REGISTRY[self.engine]
+
+    @property
+    def engine_spec(self) -> EngineSpec:
+        """The registry's engine it runs."""
+        return self.spec.engine
 
     @property
     def is_peer(self) -> bool:
@@ -119,24 +135,10 @@ def interleaved(cells: list[Cell], repeats: list[int]) -> list[tuple[int, Cell]]
     return order
 
 
-def cell_run_config(cell: Cell, args: argparse.Namespace, hidden_size: int | None) -> dict:
+def cell_ds_config(cell: Cell, args: argparse.Namespace, hidden_size: int | None) -> dict:
     """The DeepSpeed config of the cell (profile's generator: every engine and the peer read the same)."""
-    from zero_train.ds_config.generate import ConfigRequest, generate_config
-
-    request = ConfigRequest(
-        stage=cell.zero_stage,
-        precision=cell.precision,
-        micro_batch_size=args.micro_batch_size,
-        grad_accum=1,
-        world_size=args.world_size,
-        hidden_size=hidden_size,
-    )
-    return generate_config(request)
-
-
-def run_script(cell: Cell, args: argparse.Namespace) -> pathlib.Path:
-    """The training script of the cell: scripts/train.py (or --train-script), or the Trainer peer's."""
-    return PEER_SCRIPT if cell.is_peer else pathlib.Path(args.train_script)
+    return cell_config(cell.engine_spec.name, args.world_size, precision=cell.precision,
+                       micro_batch_size=args.micro_batch_size, hidden_size=hidden_size)  # fmt: skip
 
 
 def steps_of(cell: Cell, args: argparse.Namespace) -> tuple[int, int]:
@@ -147,39 +149,39 @@ def steps_of(cell: Cell, args: argparse.Namespace) -> tuple[int, int]:
     return args.steps, args.warmup
 
 
-def run_argv(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path]) -> list[str]:
-    """The training script's flags for one run (the same under any launcher and in one-launch mode).
+def run_config(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path]) -> RunConfig:
+    """The training run of one bench run (the same under any launcher and in one-launch mode).
 
     Args:
         cell: the cell.
         args: the bench flags.
         paths: "config", "record", "metrics" of this run.
     """
-    argv = [
-        "--deepspeed_config", str(paths["config"]),
-        "--engine", cell.spec.train_engine,
-        "--model", args.model,
-        "--block-size", str(args.block_size),
-        "--micro-batch-size", str(args.micro_batch_size),
-        "--grad-accum", "1",
-        "--max-steps", str(steps_of(cell, args)[0]),
-        "--memory-report", str(paths["record"]),
-        "--metrics-file", str(paths["metrics"]),
-        "--no-progress",
-    ]  # fmt: skip
-    if args.dataset:
-        argv += ["--dataset", args.dataset]
-    return argv if cell.is_peer else argv + ["--eval-batches", "1"]  # the peer does not evaluate
+    return RunConfig(
+        model=ModelConfig(model=args.model),
+        data=DataConfig(dataset=args.dataset, block_size=args.block_size),
+        training=TrainingConfig(max_steps=steps_of(cell, args)[0], micro_batch_size=args.micro_batch_size,
+                                grad_accum=1),
+        engine=EngineConfig(engine=cell.engine_spec.name, deepspeed_config=str(paths["config"])),
+        evaluation=EvalConfig() if cell.is_peer else EvalConfig(eval_batches=1),  # the peer does not evaluate
+        output=OutputConfig(memory_report=str(paths["record"]), metrics_file=str(paths["metrics"]), progress=False),
+    )  # fmt: skip
 
 
-def launcher_prefix(args: argparse.Namespace, port: int) -> list[str]:
-    """`torchrun --nproc_per_node N --master_port P` (or DeepSpeed's launcher)."""
-    from zero_train.launch.launcher import launcher_path
+def run_argv(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path]) -> list[str]:
+    """The flags of one bench run (run_config's, as train.py and the peer take them)."""
+    return train_args.run_argv(run_config(cell, args, paths))
 
-    ranks_flag = "--num_gpus" if args.launcher == "deepspeed" else "--nproc_per_node"
-    return [launcher_path(args.launcher), ranks_flag, str(args.world_size), "--master_port", str(port)]
+
+def bench_launch(args: argparse.Namespace, port: int) -> Launch:
+    """`torchrun --nproc_per_node N --master_port P` (or DeepSpeed's launcher) for --world-size ranks."""
+    return Launch(launcher=args.launcher, nproc_per_node=args.world_size, master_port=port)
 
 
 def run_command(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path], port: int) -> list[str]:
-    """The launcher command of one run in its own launch (--launch per-cell)."""
-    return [*launcher_prefix(args, port), str(run_script(cell, args)), *run_argv(cell, args, paths)]
+    """The launcher command of one run in its own launch (--launch per-run): the training entry point (or
+    --train-script), or the Trainer peer's module."""
+    launch, argv = bench_launch(args, port), run_argv(cell, args, paths)
+    if cell.is_peer:
+        return launch_command(launch, argv, module=PEER_MODULE)
+    return launch_command(launch, argv, script=args.train_script)

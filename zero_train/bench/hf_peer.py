@@ -1,13 +1,13 @@
 """The peer a user would otherwise pick: the Hugging Face Trainer with the same DeepSpeed config, model, data.
 
-    deepspeed --num_gpus 2 scripts/hf_trainer.py --deepspeed_config cfg.json --engine deepspeed \
+    deepspeed --num_gpus 2 --module zero_train.bench.peer_main --deepspeed_config cfg.json --engine ds1 \
         --model gpt2-25m --max-steps 8 --metrics-file hf.jsonl --memory-report hf.json
 
-It takes scripts/train.py's flags and resolves them the same way (`zero_train.train.setup.plan_run`: the
+It takes train.py's flags and resolves them the same way (`zero_train.train.setup.plan_run`: the
 DeepSpeed config with its "auto" values filled, the batch algebra, tokenizer and model config), then
-maps the resolved settings onto `transformers.TrainingArguments`: `--engine deepspeed` hands the resolved
-config to the Trainer (`TrainingArguments(deepspeed=config)`), `--engine ddp` trains with the Trainer's own
-DDP (no DeepSpeed). Same preset model from the same seed, same packed blocks, same micro-batch size and
+maps the resolved settings onto `transformers.TrainingArguments`: a DeepSpeed engine (`--engine ds1`, ds2, ds3
+or the alias deepspeed) hands the resolved config to the Trainer (`TrainingArguments(deepspeed=config)`),
+`--engine ddp` trains with the Trainer's own DDP (no DeepSpeed). Same preset model from the same seed, same packed blocks, same micro-batch size and
 accumulation; the Trainer's own sampler picks the order, and it applies weight decay to weight matrices
 only (its default parameter groups), which changes the numbers, not the work.
 
@@ -19,7 +19,6 @@ last step (CommLedger, counted from one step end to the next, as the train loop 
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import tempfile
@@ -32,30 +31,33 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from zero_train.comm.ledger import CommLedger
 from zero_train.hf.data import prepare_datasets
 from zero_train.memory import measure
+from zero_train.registry import ENGINES
 from zero_train.runtime.device import synchronize
 from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.errors import UsageError
+from zero_train.train.config import RunConfig
 from zero_train.train.setup import model_builder, plan_run
 from zero_train.train.setup import num_params as count
 
 PEER_SCHEMA = "zero_train.bench_peer/1"
-PEER_ENGINES = ("deepspeed", "ddp")
 UNSUPPORTED_FLAGS = ("save_dir", "resume", "export_hf", "eval_every")
 
 
-def check_peer_args(args: argparse.Namespace) -> None:
-    """UsageError for scripts/train.py flags the peer does not implement (it only benchmarks: no checkpoints,
+def check_peer_config(config: RunConfig) -> None:
+    """UsageError for train.py settings the peer does not implement (it only benchmarks: no checkpoints,
     no export, no evaluation, so --eval-batches has no effect either)."""
-    if args.engine not in PEER_ENGINES:
-        raise UsageError(
-            f"the HF Trainer peer runs --engine {' or '.join(PEER_ENGINES)}, not {args.engine!r}"
-        )
-    given = [f"--{name.replace('_', '-')}" for name in UNSUPPORTED_FLAGS if getattr(args, name)]
+    parts = (config.checkpoint, config.evaluation)
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in UNSUPPORTED_FLAGS
+        for part in parts
+        if getattr(part, name, None)
+    ]
     if given:
         raise UsageError(f"the HF Trainer peer only benchmarks; drop {', '.join(given)}")
 
 
-def training_arguments(args: argparse.Namespace, plan, output_dir: str, device: torch.device):
+def training_arguments(config: RunConfig, plan, output_dir: str, device: torch.device):
     """TrainingArguments that match the resolved settings (the Trainer checks them against the config),
     on this rank's device (a CPU run on a GPU host stays on CPU)."""
 
@@ -64,7 +66,7 @@ def training_arguments(args: argparse.Namespace, plan, output_dir: str, device: 
         output_dir=output_dir,
         per_device_train_batch_size=settings.micro_batch_size,
         gradient_accumulation_steps=settings.grad_accum,
-        max_steps=args.max_steps,
+        max_steps=config.training.max_steps,
         learning_rate=settings.lr,
         weight_decay=settings.weight_decay,
         adam_beta1=settings.betas[0],
@@ -74,14 +76,14 @@ def training_arguments(args: argparse.Namespace, plan, output_dir: str, device: 
         lr_scheduler_type="constant",  # a config "scheduler" still wins: DeepSpeed builds it
         bf16=settings.precision == "bf16",
         fp16=settings.precision == "fp16",
-        deepspeed=plan.ds_config if args.engine == "deepspeed" else None,
+        deepspeed=plan.ds_config if plan.engine.family == "deepspeed" else None,
         use_cpu=device.type == "cpu",
         logging_steps=1,  # a loss line per step, like scripts/train.py
         save_strategy="no",
         report_to=[],
-        seed=args.seed,
+        seed=config.training.seed,
         dataloader_num_workers=0,
-        disable_tqdm=args.no_progress,
+        disable_tqdm=not config.output.progress,
     )
 
 
@@ -133,23 +135,32 @@ class StepRecorder(TrainerCallback):
         ]
 
 
-def run_peer(args: argparse.Namespace) -> None:
-    """Train with transformers.Trainer as the flags say and write the metrics and memory/comm record."""
+def run_peer(config: RunConfig) -> None:
+    """Train with transformers.Trainer as the run config says and write the metrics and memory/comm record."""
 
-    check_peer_args(args)
-    plan = plan_run(args, world_size=read_env()[1])  # every UsageError before any collective
+    check_peer_config(config)
+    plan = plan_run(config, world_size=read_env()[1])  # every UsageError before any collective
+    if not plan.engine.hf_peer:
+        peers = " | ".join(spec.name for spec in ENGINES if spec.hf_peer)
+        raise UsageError(f"the HF Trainer peer runs --engine {peers} (or deepspeed), not {plan.engine.name}")
     dist_info = init_distributed()  # gloo/nccl as in scripts/train.py; DeepSpeed and accelerate reuse it
     with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds the dataset, the others wait long
         data = prepare_datasets(
-            args.dataset, plan.tokenizer, block_size=args.block_size, seed=args.seed, process_group=waiting
+            config.data.dataset,
+            plan.tokenizer,
+            block_size=config.data.block_size,
+            seed=config.training.seed,
+            process_group=waiting,
         )
     with CommLedger() as ledger, tempfile.TemporaryDirectory() as output_dir:
         # before the model: ZeRO-3 needs the Trainer's DeepSpeed config at zero.Init
-        training_args = training_arguments(args, plan, output_dir, dist_info.device)
+        training_args = training_arguments(config, plan, output_dir, dist_info.device)
         measure.reset_peak(dist_info.device)
-        model = model_builder(args, plan)()
+        model = model_builder(config.model, plan, seed=config.training.seed)()
         recorder = StepRecorder(
-            ledger, tokens_per_step=plan.settings.train_batch_size * args.block_size, device=dist_info.device
+            ledger,
+            tokens_per_step=plan.settings.train_batch_size * config.data.block_size,
+            device=dist_info.device,
         )
         trainer = Trainer(
             model=model,
@@ -166,7 +177,7 @@ def run_peer(args: argparse.Namespace) -> None:
         )
         params = num_params(trainer.model)
         release_trainer(trainer)
-    _write_outputs(args, plan, dist_info, recorder, rank_summary, params)
+    _write_outputs(config, plan, dist_info, recorder, rank_summary, params)
 
 
 def release_trainer(trainer) -> None:
@@ -193,7 +204,9 @@ def num_params(model) -> int:
     return count(getattr(model, "module", model))
 
 
-def _write_outputs(args, plan, dist_info, recorder: StepRecorder, rank_summary: dict, params: int) -> None:
+def _write_outputs(
+    config: RunConfig, plan, dist_info, recorder: StepRecorder, rank_summary: dict, params: int
+) -> None:
     """Rank 0: the metrics JSONL and the record with every rank's summary (gathered: collective)."""
 
     ranks = [rank_summary]
@@ -202,26 +215,27 @@ def _write_outputs(args, plan, dist_info, recorder: StepRecorder, rank_summary: 
         dist.gather_object(rank_summary, ranks, dst=0)
     if not dist_info.is_main:
         return
-    if args.metrics_file:
+    output = config.output
+    if output.metrics_file:
         lines = [json.dumps(line) for line in recorder.metrics_lines()]
-        _write_text(args.metrics_file, "\n".join(lines) + "\n")
-    if args.memory_report:
+        _write_text(output.metrics_file, "\n".join(lines) + "\n")
+    if output.memory_report:
         record = dict(
             schema=PEER_SCHEMA,
-            engine=f"hf-{args.engine}",
+            engine=f"hf-{plan.engine.name}",
             framework="transformers.Trainer",
-            model=args.model,
+            model=config.model.model,
             num_params=params,
             precision=plan.settings.precision,
             world_size=dist_info.world_size,
             micro_batch_size=plan.settings.micro_batch_size,
             grad_accum=plan.settings.grad_accum,
-            block_size=args.block_size,
+            block_size=config.data.block_size,
             steps=len(recorder.step_times),
             ranks=ranks,
             error=None,
         )
-        _write_text(args.memory_report, json.dumps(record, indent=2) + "\n")
+        _write_text(output.memory_report, json.dumps(record, indent=2) + "\n")
 
 
 def _write_text(path, text: str) -> None:

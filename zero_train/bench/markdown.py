@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zero_train.bench.cells import ENGINE_REGISTRY
+from zero_train.bench.cells import BENCH_REGISTRY
 from zero_train.bench.compare import check_table
 from zero_train.bench.machine import CPU_FLAGS
 
@@ -30,7 +30,7 @@ def _payload(payload: dict) -> str:
 
 
 def _cell_row(cell: dict) -> str:
-    spec = ENGINE_REGISTRY.get(cell["engine"])
+    spec = BENCH_REGISTRY.get(cell["engine"])
     label = spec.label if spec else cell["engine"]
     if "comm" not in cell:
         return f"| {label} | failed: {cell['errors'][0] if cell['errors'] else '?'} | | | | | | |"

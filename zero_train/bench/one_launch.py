@@ -19,8 +19,9 @@ import pathlib
 import subprocess
 import time
 
-from zero_train.bench.cells import Cell, cell_run_config, launcher_prefix, run_argv, steps_of
+from zero_train.bench.cells import Cell, bench_launch, cell_ds_config, run_argv, steps_of
 from zero_train.bench.run import make_sample, run_paths
+from zero_train.launch.command import launch_command, shell_text
 from zero_train.launch.launcher import KILL_GRACE_S, stop_process_tree
 
 WORKER_MODULE = "zero_train.bench.worker"
@@ -33,15 +34,14 @@ def done_path(paths: dict[str, pathlib.Path]) -> pathlib.Path:
 
 def worker_command(args, plan_path: pathlib.Path, port: int) -> list[str]:
     """The one launch: the launcher starting the worker module on every rank."""
-    module_flag = "--module" if args.launcher == "deepspeed" else "-m"
-    return [*launcher_prefix(args, port), module_flag, WORKER_MODULE, "--plan", str(plan_path)]
+    return launch_command(bench_launch(args, port), ["--plan", str(plan_path)], module=WORKER_MODULE)
 
 
 def _launch(command: list[str], log_path: pathlib.Path, done_files: list[pathlib.Path], timeout: float):
     """Run the launch; kill it when no run finished for `timeout` s. Returns the exit code (None: killed)."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
-        log.write(" ".join(command) + "\n")
+        log.write(shell_text(command) + "\n")
         log.flush()
         # its own session: on a stall the launcher AND its ranks (and their compilers) are stopped together
         proc = subprocess.Popen(
@@ -88,7 +88,7 @@ def run_all(
         for path in (paths["metrics"], paths["record"], done_path(paths)):
             path.unlink(missing_ok=True)
         try:
-            write_config(cell_run_config(cell, args, hidden_size), paths["config"])
+            write_config(cell_ds_config(cell, args, hidden_size), paths["config"])
         except UsageError as err:
             sample = make_sample(
                 cell, repeat, paths, warmup=steps_of(cell, args)[1], wall_s=0.0, error=f"config: {err}"

@@ -4,7 +4,7 @@ Files of repeat k of cell C under the bench directory:
 
     configs/C.json        the generated DeepSpeed config (the same for every repeat)
     runs/C-rK.jsonl       the run's metrics (one line per optimizer step, rank 0)
-    runs/C-rK.json        scripts/train.py's run record (--memory-report), or the peer's record
+    runs/C-rK.json        the training run's record (--memory-report), or the peer's record
     logs/C-rK.log         the launcher's stdout + stderr
 
 A sample keeps what the summary needs: the step times after the warm-up steps and their median, and
@@ -18,7 +18,7 @@ import pathlib
 import statistics
 import time
 
-from zero_train.bench.cells import Cell, cell_run_config, run_command, steps_of
+from zero_train.bench.cells import Cell, cell_ds_config, run_command, steps_of
 from zero_train.ds_config import write_config
 from zero_train.launch.cells import last_error_line
 from zero_train.launch.launcher import run_logged
@@ -87,7 +87,7 @@ def run_one(cell: Cell, repeat: int, args, out: pathlib.Path, hidden_size: int |
     for path in (paths["metrics"], paths["record"]):
         path.unlink(missing_ok=True)
     try:
-        write_config(cell_run_config(cell, args, hidden_size), paths["config"])
+        write_config(cell_ds_config(cell, args, hidden_size), paths["config"])
     except UsageError as err:
         return make_sample(
             cell, repeat, paths, warmup=steps_of(cell, args)[1], wall_s=0.0, error=f"config: {err}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 
+from zero_train.bench.targets import TARGETS
 from zero_train.comm.ledger import paper_volume_bytes, wire_from_payload
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -21,24 +22,6 @@ WIRE_TOLERANCE = 1e-3
 """Relative slack of the wire-bytes target: our sharders all-reduce two floats per tensor (norm, has-gradient
 flag) plus one (fp16 overflow) to agree on the step: 1.0e-4 of Psi on the 0.64M-parameter tiny model, 1.2e-5
 on gpt2-25m."""
-
-# (name, numerator cell engine, denominator cell engine, what, comparison): "step" compares median step
-# times, "tokens" tokens/s (the inverse), "wire" the bytes sent per step; comparison "-": no target, shown.
-TARGETS = (
-    ("zero1 / ddp step time", "zero1", "ddp", "step", "<= 1"),
-    ("zero1 / ds1 step time", "zero1", "ds1", "step", "<= 1"),
-    ("zero1 / torch-zero step time", "zero1", "torch-zero", "step", "<= 1"),
-    ("zero1 / ddp wire bytes per step", "zero1", "ddp", "wire", "<= 1"),
-    ("zero2 / ds2 step time", "zero2", "ds2", "step", "<= 0.8"),
-    ("zero2 / zero1 step time", "zero2", "zero1", "step", "-"),  # measured: the price of sharding gradients
-    ("zero2 / ddp wire bytes per step", "zero2", "ddp", "wire", "<= 1"),
-    ("train.py ds1 / HF Trainer ds1 tokens/s", "ds1", "hf-ds1", "tokens", ">= 1"),
-    ("train.py zero1 / HF Trainer ds1 tokens/s", "zero1", "hf-ds1", "tokens", ">= 1"),
-)
-
-
-TARGET_ENGINES = tuple(dict.fromkeys(e for _, top, bottom, _, _ in TARGETS for e in (top, bottom)))
-"""Engines some target compares (they get --repeats runs; the others --other-repeats)."""
 
 
 def spread(values: list[float]) -> dict[str, float] | None:

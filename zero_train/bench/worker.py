@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 -m zero_train.bench.worker --plan runs/bench/plan.json
 
 `zero-train bench` writes the plan (the runs in their interleaved order, each with the flags its own
-launch would give scripts/train.py or scripts/hf_trainer.py) and starts this once, instead of paying a
+launch would give the training entry point or the Trainer peer) and starts this once, instead of paying a
 launch (~15 s: two ranks importing torch, transformers and DeepSpeed on two cores) for every run. Each run
 is the same code path as its own launch: `zero_train.train.loop.run_training` (or the Trainer peer's
 `run_peer`) on the parsed flags, from a fresh model built from the same seed, on the same data; it
@@ -50,20 +50,20 @@ def preload() -> None:
 
 
 def train_one(run: dict) -> None:
-    """One run, exactly as its own launch would do it (scripts/train.py or scripts/hf_trainer.py)."""
+    """One run, exactly as its own launch would do it (python -m zero_train.train, or the Trainer peer)."""
     from zero_train.train.args import parse_args
 
-    args = parse_args(run["argv"])
+    config = parse_args(run["argv"])
     environment = dict(os.environ)
     try:
         if run["peer"]:
             from zero_train.bench.hf_peer import run_peer
 
-            run_peer(args)
+            run_peer(config)
         else:
             from zero_train.train.loop import run_training
 
-            run_training(args)
+            run_training(config)
     finally:  # the Trainer's accelerate sets ACCELERATE_USE_DEEPSPEED & co.; the next run must not see them
         os.environ.clear()
         os.environ.update(environment)

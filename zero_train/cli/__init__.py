@@ -1,6 +1,7 @@
 """`zero-train` subcommands: one file each, `main.py` only registers them (accelerate's layout).
 
 - ``main``: the entry point; builds the parser from every ``<name>_command_parser``.
+- ``train``: one training run (the run config's flags; ``python -m zero_train.train`` under a launcher).
 - ``config``: generate a DeepSpeed config from flags; ``config check FILE`` validates one.
 - ``plan``: the cheapest set-up that fits a model, a cluster and a batch, as a DeepSpeed JSON.
 - ``estimate``: per-rank memory for ZeRO stages 0-3 before launching, and which stages fit.

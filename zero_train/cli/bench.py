@@ -4,9 +4,9 @@
     zero-train bench --engines ddp,zero1,ds1 --precisions fp32 --repeats 5 --out runs/bench
     python scripts/bench.py ...                        # the same
 
-Each run is a real training run under the launcher: scripts/train.py (ddp, zero1, torch-zero, DeepSpeed
-ZeRO-1/2/3, each with the config `zero-train profile` generates) or scripts/hf_trainer.py (hf-ds1 ...: the
-Hugging Face Trainer with the same config), instrumented by --metrics-file (step times) and
+Each run is a real training run under the launcher: `python -m zero_train.train` (every engine of
+zero_train.registry, each with the config `zero-train profile` generates) or the Hugging Face Trainer peer
+(hf-ds1 ...: `python -m zero_train.bench.hf_peer`, the Trainer with the same config), instrumented by --metrics-file (step times) and
 --memory-report (peak memory, CommLedger bytes). Writes OUT/bench.json (every sample, per-cell numbers,
 target ratios, machine) and OUT/bench.md (the tables), and prints the Markdown.
 """
@@ -21,16 +21,11 @@ import pathlib
 import sys
 import time
 
-from zero_train.bench.cells import (
-    BENCH_ENGINES,
-    BENCH_PRECISIONS,
-    DEFAULT_ENGINES,
-    TRAIN_SCRIPT,
-    Cell,
-    interleaved,
-)
+from zero_train.bench.cells import BENCH_ENGINES, BENCH_PRECISIONS, DEFAULT_ENGINES, Cell, interleaved
 from zero_train.cli.commands import COMMANDS
+from zero_train.launch.command import RANK_LAUNCHERS
 from zero_train.launch.launcher import check_launcher, model_meta
+from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
 from zero_train.runtime.parser import name_list, positive_float, positive_int
@@ -52,7 +47,7 @@ def bench_command_parser(subparsers) -> argparse.ArgumentParser:
 def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of `zero-train bench` (also scripts/bench.py's)."""
     add = parser.add_argument
-    add("--model", default=None, help="a preset or a local HF folder (default gpt2-25m)")
+    add("--model", default=None, help=f"a preset or a local HF folder (default {SCENARIO_DEFAULTS['model']})")
     add("--engines", type=name_list, default=None, help=f"of {','.join(BENCH_ENGINES)}")
     add("--precisions", type=name_list, default=list(BENCH_PRECISIONS), help="comma-separated of fp32,bf16")
     add("--repeats", type=positive_int, default=3, help="runs per cell of the engines the targets compare")
@@ -79,7 +74,7 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add("--dataset", default=None, help="passed to the training scripts (default: theirs)")
     add(
         "--launcher",
-        choices=("deepspeed", "torchrun"),
+        choices=RANK_LAUNCHERS,
         default="torchrun",
         help="torchrun (default: starts ~4 s faster per run than deepspeed's launcher, same training)",
     )
@@ -98,7 +93,7 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         help="optimizer (default): gpt2-25m, 2 x 64 tokens per rank, every engine, 6 steps; compute: gpt2-small's "
         "shape, 8 x 256 tokens per rank, ddp/zero1/ds1, 4 steps (explicit flags win)",
     )
-    add("--train-script", default=str(TRAIN_SCRIPT), help=argparse.SUPPRESS)
+    add("--train-script", default=None, help=argparse.SUPPRESS)  # default: python -m zero_train.train
     add("--timeout", type=positive_float, default=300, help="seconds per run (default 300)")
     add("--out", default="runs/bench", help="output directory (default runs/bench)")
 
@@ -116,7 +111,12 @@ one run per cell, 632 s; 3 steps and 3 repeats ~16 min). Memory and bytes on the
 The Markdown says so."""
 
 SCENARIO_DEFAULTS = dict(
-    model="gpt2-25m", engines=list(DEFAULT_ENGINES), steps=6, warmup=2, micro_batch_size=2, block_size=64
+    model=default_for("model", "bench"),
+    engines=list(DEFAULT_ENGINES),
+    steps=6,
+    warmup=2,
+    micro_batch_size=default_for("micro_batch_size", "bench"),
+    block_size=default_for("block_size", "bench"),
 )
 SCENARIOS = {
     "optimizer": {},
@@ -226,7 +226,7 @@ def bench_command(args: argparse.Namespace) -> int:
     from zero_train.bench.machine import load_average, machine_info
     from zero_train.bench.markdown import render
     from zero_train.bench.run import run_one
-    from zero_train.bench.summary import TARGET_ENGINES
+    from zero_train.bench.targets import TARGET_ENGINES
     from zero_train.memory.measure import SAMPLER_DUTY_ENV
 
     resolve_scenario(args)

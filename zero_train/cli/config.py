@@ -18,6 +18,7 @@ import sys
 
 from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
+from zero_train.registry import FAMILIES
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import (
     OneLineParser,
@@ -122,7 +123,7 @@ def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
 def _add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
     accel = parser.add_argument_group("accelerate (--format accelerate: -o YAML, the JSON beside it)")
     accel.add_argument("--format", choices=("deepspeed", "accelerate"), default="deepspeed")
-    accel.add_argument("--engine", choices=("deepspeed", "fsdp2"), default="deepspeed", help="plugin")
+    accel.add_argument("--engine", choices=FAMILIES, default="deepspeed", help="plugin")
     accel.add_argument("--num-machines", type=positive_int, default=1, help="machines (default 1)")
     accel.add_argument("--machine-rank", type=non_negative_int, default=0)
     accel.add_argument("--main-process-ip", help="machine rank 0's address (several machines)")

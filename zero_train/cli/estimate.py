@@ -20,6 +20,7 @@ import math
 
 from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
+from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import positive_float, positive_int
 
@@ -48,7 +49,10 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--world-size", type=positive_int, required=True, help="data-parallel ranks")
     parser.add_argument("--config", help="a DeepSpeed config (bucket sizes, precision, offload)")
     parser.add_argument(
-        "--precision", choices=PRECISIONS, default=None, help="default: the config's, else bf16"
+        "--precision",
+        choices=PRECISIONS,
+        default=default_for("precision", "estimate"),
+        help="default: the config's, else bf16",
     )
     parser.add_argument(
         "--gpu-memory", type=positive_float, help="device memory per rank in GB: say which fit"
@@ -59,14 +63,22 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpus-per-node", type=positive_int, help="ranks per node (default: min(world size, 8))"
     )
+    micro_batch_size = default_for("micro_batch_size", "estimate")
     parser.add_argument(
-        "--micro-batch-size", type=positive_int, default=1, help="for activations (default 1)"
+        "--micro-batch-size",
+        type=positive_int,
+        default=micro_batch_size,
+        help=f"for activations (default {micro_batch_size})",
     )
     parser.add_argument(
         "--block-size", type=positive_int, help="tokens per sample (default: the model's context)"
     )
+    grad_accum = default_for("grad_accum", "estimate")
     parser.add_argument(
-        "--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)"
+        "--grad-accum",
+        type=positive_int,
+        default=grad_accum,
+        help=f"micro-batches per optimizer step (default {grad_accum})",
     )
     parser.add_argument(
         "--gradient-checkpointing",

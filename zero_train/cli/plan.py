@@ -15,6 +15,8 @@ import pathlib
 import sys
 
 from zero_train.cli.commands import COMMANDS
+from zero_train.ds_config.keys import PRECISIONS
+from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import positive_float, positive_int
 
@@ -37,7 +39,7 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     add("--host-memory", type=positive_float, required=True, metavar="GB", help="CPU memory of one machine")
     add("--global-batch-size", type=positive_int, required=True, help="sequences per optimizer step")
     add("--block-size", type=positive_int, required=True, help="tokens per sequence")
-    add("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
+    add("--precision", choices=PRECISIONS, default=default_for("precision", "plan"))
     add("--headroom", type=float, default=0.0,
         help="extra fraction of GPU memory kept free beyond the estimate's GPU terms (CUDA context, allocator "
         "reserve, NCCL buffers), default 0")  # fmt: skip
@@ -133,9 +135,9 @@ def plan_command(args: argparse.Namespace) -> int:
     sys.stdout.write(render(plan, args))
     setup = plan.chosen.setup
     flags = " --gradient-checkpointing" if setup.checkpointing else ""
-    print(f"run: scripts/train.py --engine {setup.train_engine} --deepspeed_config FILE{flags}")
+    print(f"run: scripts/train.py --engine {setup.engine} --deepspeed_config FILE{flags}")
     if args.output:
-        write_plan(chosen_config(plan, args), args, engine=setup.train_engine)
+        write_plan(chosen_config(plan, args), args, engine=setup.family or setup.engine)
     return 0
 
 

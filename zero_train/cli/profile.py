@@ -3,8 +3,9 @@
 zero-train profile --model tiny --world-sizes 1,2 --engines ddp,zero1,torch-zero,ds1,ds2,ds3 --out runs/profile
 zero-train report runs/profile                       # report.md, plots, summary.json
 
-Each cell is `scripts/train.py` under the deepspeed launcher (`deepspeed --num_gpus N`, or torchrun),
-with a DeepSpeed config generated for the cell (zero_train.ds_config) and `--memory-report`:
+Each cell is the training entry point under the deepspeed launcher (`deepspeed --num_gpus N --module
+zero_train.train`, or torchrun), with a DeepSpeed config generated for the cell (zero_train.ds_config) and
+`--memory-report`:
 
     DIR/configs/<cell>.json     the generated DeepSpeed config
     DIR/cells/<cell>.json       the run record (schema: zero_train.memory.record), "error" set on failure
@@ -21,19 +22,23 @@ import sys
 
 from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
-from zero_train.launch.cells import (
-    CELL_ENGINES,
-    TRAIN_SCRIPT,
-    args_cell_name,
-    cell_config,
-    cell_name,
-    last_error_line,
-    launch_command,
-)
+from zero_train.launch.cells import cell_config, cell_name, last_error_line
+from zero_train.launch.command import RANK_LAUNCHERS, Launch, launch_command
 from zero_train.launch.launcher import check_launcher, model_meta, run_logged
+from zero_train.registry import engine_names, engine_spec
+from zero_train.runtime.defaults import default_for
 from zero_train.runtime.device import launched_device_type
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import int_list, name_list, positive_float, positive_int
+from zero_train.train.args import run_argv
+from zero_train.train.config import (
+    DataConfig,
+    EngineConfig,
+    ModelConfig,
+    OutputConfig,
+    RunConfig,
+    TrainingConfig,
+)
 
 
 def profile_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -41,31 +46,42 @@ def profile_command_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile",
         help=COMMANDS["profile"],
-        description="For every engine and world size, run scripts/train.py under the launcher with "
-        "--memory-report and collect the run records in OUT/cells/ (read them with `zero-train report OUT`).",
+        description="For every engine and world size, run `python -m zero_train.train` under the launcher "
+        "with --memory-report and collect the run records in OUT/cells/ (read them with `zero-train report OUT`).",
     )
-    parser.add_argument("--model", required=True, help="a preset (tiny, gpt2-25m, ...) or a local HF folder")
+    shared = {flag: default_for(flag, "profile") for flag in ("model", "block_size", "micro_batch_size")}
+    parser.add_argument(
+        "--model", default=shared["model"], help=f"a preset or a local HF folder (default {shared['model']})"
+    )
     parser.add_argument("--world-sizes", type=int_list, default=[1, 2], help="comma-separated, e.g. 1,2,4")
     parser.add_argument(
         "--engines",
         type=name_list,
-        default=list(CELL_ENGINES),
-        help=f"comma-separated of {','.join(CELL_ENGINES)}",
+        default=list(engine_names(default_only=True)),
+        help=f"comma-separated of {','.join(engine_names())} (default: all but "
+        f"{','.join(sorted(set(engine_names()) - set(engine_names(default_only=True))))})",
     )
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--precision", choices=PRECISIONS, default=default_for("precision", "profile"))
     parser.add_argument("--steps", type=positive_int, default=3, help="optimizer steps per cell (default 3)")
-    parser.add_argument("--micro-batch-size", type=positive_int, default=2)
-    parser.add_argument("--block-size", type=positive_int, default=64)
-    parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--micro-batch-size", type=positive_int, default=shared["micro_batch_size"])
+    parser.add_argument("--block-size", type=positive_int, default=shared["block_size"])
+    parser.add_argument(
+        "--grad-accum",
+        type=positive_int,
+        default=default_for("grad_accum", "profile"),
+        help="micro-batches per optimizer step",
+    )
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="activation checkpointing in every cell"
     )
-    parser.add_argument("--dataset", default=None, help="passed to scripts/train.py (default: its own)")
-    parser.add_argument("--launcher", choices=("deepspeed", "torchrun"), default="deepspeed")
+    parser.add_argument(
+        "--dataset", default=default_for("dataset", "profile"), help="default: the offline corpus"
+    )
+    parser.add_argument("--launcher", choices=RANK_LAUNCHERS, default="deepspeed")
     parser.add_argument(
         "--train-script",
-        default=str(TRAIN_SCRIPT),
-        help="a script taking scripts/train.py's flags (default: it)",
+        default=None,
+        help="a script taking train.py's flags (default: python -m zero_train.train)",
     )
     parser.add_argument("--timeout", type=positive_float, default=900, help="seconds per cell (default 900)")
     parser.add_argument("--out", required=True, help="output directory")
@@ -87,21 +103,24 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
     from zero_train.memory.record import error_record, load_record, write_record
     from zero_train.runtime.ports import free_port
 
-    name = args_cell_name(engine, world_size, args)
+    name = _cell_name(engine, world_size, args)
     config_path, record_path = out / "configs" / f"{name}.json", out / "cells" / f"{name}.json"
     log_path = out / "logs" / f"{name}.log"
     record_path.unlink(missing_ok=True)
     meta = dict(meta)
     hidden_size = meta.pop("hidden_size", None)
-    cell_meta = dict(meta, engine=engine, zero_stage=CELL_ENGINES[engine][1], world_size=world_size)
+    cell_meta = dict(meta, engine=engine, zero_stage=engine_spec(engine).stage, world_size=world_size)
     try:
-        config = cell_config(engine, world_size, args, hidden_size)
+        config = cell_config(engine, world_size, precision=args.precision, micro_batch_size=args.micro_batch_size,
+                             grad_accum=args.grad_accum, hidden_size=hidden_size)  # fmt: skip
     except UsageError as err:  # e.g. a precision this stage cannot take: the cell fails, the matrix goes on
         record = error_record(f"config: {err}", **cell_meta)
         write_record(record, record_path)
         return record
     write_config(config, config_path)
-    command = launch_command(engine, world_size, config_path, record_path, args, free_port())
+    launch = Launch(launcher=args.launcher, nproc_per_node=world_size, master_port=free_port())
+    command = launch_command(launch, run_argv(cell_run_config(engine, args, config_path, record_path)),
+                             script=args.train_script)  # fmt: skip
     code = run_logged(command, log_path, timeout=args.timeout)
     error = None
     if code is None:
@@ -109,11 +128,28 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
     elif code != 0 or not record_path.exists():
         error = f"exit code {code}: {last_error_line(log_path.read_text())}"
     record = error_record(error, ds_config=config, **cell_meta) if error else load_record(record_path)
-    record["engine"] = engine  # the launcher knows "deepspeed"; the matrix names the stage
-    record["zero_stage"] = CELL_ENGINES[engine][1]
+    record["zero_stage"] = engine_spec(engine).stage
     record["num_params"] = meta["num_params"]  # counted on the full model (ZeRO-3 ranks see partitions)
     write_record(record, record_path)
     return record
+
+
+def _cell_name(engine: str, world_size: int, args: argparse.Namespace) -> str:
+    return cell_name(engine, world_size, args.precision, grad_accum=args.grad_accum,
+                     checkpointing=args.gradient_checkpointing)  # fmt: skip
+
+
+def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_path) -> RunConfig:
+    """The training run of one cell: the profile's model, data and batch, the cell's engine and DeepSpeed config,
+    and its run record."""
+    return RunConfig(
+        model=ModelConfig(model=args.model, gradient_checkpointing=args.gradient_checkpointing),
+        data=DataConfig(dataset=args.dataset, block_size=args.block_size),
+        training=TrainingConfig(max_steps=args.steps, micro_batch_size=args.micro_batch_size,
+                                grad_accum=args.grad_accum),
+        engine=EngineConfig(engine=engine, deepspeed_config=str(config_path)),
+        output=OutputConfig(memory_report=str(record_path)),
+    )  # fmt: skip
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -121,12 +157,12 @@ def _check_args(args: argparse.Namespace) -> None:
     from zero_train.runtime.outputs import check_output_dir
 
     check_output_dir(args.out, flag="--out")  # before any cell runs
-    unknown = [name for name in args.engines if name not in CELL_ENGINES]
+    unknown = [name for name in args.engines if name not in engine_names()]
     if unknown:
-        raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(CELL_ENGINES)}")
-    if not pathlib.Path(args.train_script).exists():
+        raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(engine_names())}")
+    if args.train_script is not None and not pathlib.Path(args.train_script).exists():
         raise UsageError(
-            f"{args.train_script} is missing; run profile from a zero_train checkout or give --train-script"
+            f"--train-script {args.train_script} is missing; give an existing script, or none (python -m zero_train.train)"
         )
     check_launcher(args.launcher)
 
@@ -173,7 +209,7 @@ def profile_command(args: argparse.Namespace) -> int:
     records = []
     progress = tqdm(cells, desc="profile", unit="cell", file=sys.stderr)
     for engine, world_size in progress:
-        progress.set_postfix_str(args_cell_name(engine, world_size, args))
+        progress.set_postfix_str(_cell_name(engine, world_size, args))
         records.append(run_cell(engine, world_size, args, out, meta))
     print(f"{len(records)} cells -> {out / 'cells'} (next: zero-train report {out})")
     for record in records:

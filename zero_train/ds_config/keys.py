@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from zero_train.runtime.defaults import SHARED_DEFAULTS
+
 AUTO = "auto"
 PRECISIONS = ("fp32", "bf16", "fp16")
 """Every precision an engine trains in (fp16.enabled / bf16.enabled; fp32: neither)."""
@@ -67,6 +69,9 @@ class ConfigKey:
     """A concrete value that disagrees with a given one is an error (False: HF's fill_only)."""
 
 
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's default reduce and all-gather bucket, in elements (5e8: 2 GB in fp32, allocated whole at the first
+reduction); every other use reads it from here (deepspeed_default)."""
 RUN_WARMUP = Rule("max(1, --max-steps // 10)")
 RUN_TOTAL = Rule("--max-steps")
 WEIGHT_DECAY_DS = Rule("0.01 with torch_adam AdamW (torch's default), else 0.0 (FusedAdam / CPUAdam)")
@@ -80,7 +85,7 @@ KEYS = (
     # batch
     ConfigKey(path="train_micro_batch_size_per_gpu", field="micro_batch_size", flag="--micro-batch-size",
               fills="micro_batch_size", deepspeed=Rule("train_batch_size / (grad_accum * world_size)"),
-              generated=1, run=2, fill_absent=True),
+              generated=1, run=SHARED_DEFAULTS["micro_batch_size"].value, fill_absent=True),
     ConfigKey(path="gradient_accumulation_steps", field="grad_accum", flag="--grad-accum", fills="grad_accum",
               deepspeed=1, generated=1, hf=1, fill_absent=True),
     ConfigKey(path="train_batch_size", field="train_batch_size", flag="--micro-batch-size and --grad-accum",
@@ -132,15 +137,16 @@ KEYS = (
     ConfigKey(path="zero_optimization.stage", field="zero_stage", flag="", deepspeed=0, generated=2),
     ConfigKey(path="zero_optimization.overlap_comm", field=None, flag="", generated=Rule("true at stage 3")),
     ConfigKey(path="zero_optimization.contiguous_gradients", field=None, flag="", generated=True),
-    ConfigKey(path="zero_optimization.allgather_bucket_size", field=None, flag="", deepspeed=500_000_000,
-              generated=500_000_000),
+    ConfigKey(path="zero_optimization.allgather_bucket_size", field=None, flag="", deepspeed=DEEPSPEED_BUCKET_ELEMENTS,
+              generated=DEEPSPEED_BUCKET_ELEMENTS),
     ConfigKey(path="zero_optimization.stage3_max_live_parameters", field=None, flag="", deepspeed=1_000_000_000,
               generated=1_000_000_000),
     ConfigKey(path="zero_optimization.stage3_gather_16bit_weights_on_model_save", field=None, flag="",
               deepspeed=False, generated=False),
     # ZeRO buckets: "auto" follows the model's hidden size h, as the HF integration does
     ConfigKey(path="zero_optimization.reduce_bucket_size", field=None, flag=BUCKET_FLAG,
-              fills="reduce_bucket_size", deepspeed=500_000_000, generated=Rule("h * h, else 500_000_000"),
+              fills="reduce_bucket_size", deepspeed=DEEPSPEED_BUCKET_ELEMENTS,
+              generated=Rule(f"h * h, else {DEEPSPEED_BUCKET_ELEMENTS:_}"),
               compared=False),
     ConfigKey(path="zero_optimization.stage3_prefetch_bucket_size", field=None, flag=BUCKET_FLAG,
               fills="stage3_prefetch_bucket_size", deepspeed=50_000_000,

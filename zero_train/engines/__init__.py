@@ -1,4 +1,6 @@
-"""Engines: one protocol (base.Engine) over DDP, our ZeRO-1, torch's ZeroRedundancyOptimizer, FSDP2 and DeepSpeed.
+"""Engines: one protocol (base.Engine) over DDP, our ZeRO-1/2, torch's ZeroRedundancyOptimizer, FSDP2 and DeepSpeed.
+
+Which engines exist, their names and what each is built from: zero_train.registry.
 
 - ``base``: the Engine protocol, StepResult, ``build_engine``.
 - ``local``: what the engines that drive a torch optimizer themselves share (ddp, zero1, torch-zero).
@@ -13,6 +15,6 @@
 - ``precision``: fp32 master weights for a bf16/fp16 model and fp16 dynamic loss scaling, as DeepSpeed keeps them.
 """
 
-from zero_train.engines.base import ENGINES, MEMORY_CATEGORIES, Engine, StepResult, build_engine
+from zero_train.engines.base import MEMORY_CATEGORIES, Engine, StepResult, build_engine
 
-__all__ = ["ENGINES", "MEMORY_CATEGORIES", "Engine", "StepResult", "build_engine"]
+__all__ = ["MEMORY_CATEGORIES", "Engine", "StepResult", "build_engine"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from zero_train.registry import resolve_engine
 from zero_train.runtime.errors import UsageError
 
 if TYPE_CHECKING:
@@ -30,17 +31,6 @@ if TYPE_CHECKING:
     from zero_train.runtime.dist import DistInfo
 
 MEMORY_CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "comm_buffers")
-
-# engine name -> (module, class); imported lazily so that `import zero_train.engines` stays light and
-# only the deepspeed engine imports deepspeed.
-ENGINES: dict[str, tuple[str, str]] = {
-    "ddp": ("zero_train.engines.ddp", "DDPEngine"),
-    "zero1": ("zero_train.engines.zero1", "Zero1Engine"),
-    "zero2": ("zero_train.engines.zero2", "Zero2Engine"),
-    "torch-zero": ("zero_train.engines.torch_zero", "TorchZeroEngine"),
-    "deepspeed": ("zero_train.engines.deepspeed_engine", "DeepSpeedEngine"),
-    "fsdp2": ("zero_train.engines.fsdp2", "FSDP2Engine"),
-}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -61,7 +51,7 @@ class Engine(Protocol):
     """A model plus its optimizer, gradient reduction, precision and checkpoint format."""
 
     name: str
-    """"deepspeed" | "zero1" | "zero2" | "ddp" | "torch-zero" | "fsdp2"."""
+    """The engine's name in zero_train.registry (build_engine sets it: "ds2", "fsdp2-z3", "zero1", ...)."""
     model: torch.nn.Module
     """The unwrapped Hugging Face model (for ZeRO-3: with partitioned parameters)."""
     settings: TrainSettings
@@ -112,7 +102,8 @@ def build_engine(
     """Build the named engine around a freshly built model.
 
     Args:
-        name: one of ENGINES ("ddp", "zero1", "zero2", "torch-zero", "deepspeed").
+        name: an engine of zero_train.registry.ENGINES, or a family alias ("deepspeed", "fsdp2": that library
+            at settings.zero_stage).
         model_fn: builds the HF model in fp32 (called once; the deepspeed engine calls it inside
             transformers' ZeRO-3 integration so that the model is created partitioned).
         settings: from `zero_train.ds_config.train_settings` (its world_size must match dist_info).
@@ -122,16 +113,19 @@ def build_engine(
     Returns:
         The engine, with the model on dist_info.device in the settings' precision.
     """
-    if name not in ENGINES:
-        raise UsageError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+    spec = resolve_engine(name, settings.zero_stage)
     if settings.world_size != dist_info.world_size:
         raise UsageError(
             f"settings were resolved for world size {settings.world_size} but {dist_info.world_size} "
             "ranks are running; resolve the config with the launcher's world size"
         )
-    module_name, class_name = ENGINES[name]
-    engine_class: Any = getattr(importlib.import_module(module_name), class_name)
-    return engine_class(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
+    module_name, class_name = spec.builder.split(":")
+    engine_class: Any = getattr(
+        importlib.import_module(module_name), class_name
+    )  # lazily: only deepspeed*.py import DeepSpeed
+    engine = engine_class(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
+    engine.name = spec.name
+    return engine
 
 
 def tensor_bytes(tensors, seen: set | None = None, *, device: torch.device | str | None = None) -> int:

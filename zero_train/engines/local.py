@@ -16,6 +16,7 @@ import torch
 from zero_train.engines.base import StepResult
 from zero_train.engines.optim import scheduled_lr
 from zero_train.engines.precision import PRECISION_DTYPES
+from zero_train.registry import ENGINES, find_engine
 
 if TYPE_CHECKING:
     from zero_train.ds_config import TrainSettings
@@ -105,19 +106,24 @@ class LocalEngine:
 
 
 def warn_unsupported(settings: TrainSettings, *, engine: str) -> None:
-    """Warn about settings only the deepspeed engine implements (never ignore a setting silently)."""
+    """Warn about settings this engine does not implement (never ignore a setting silently).
+
+    Only DeepSpeed offloads. A local engine (ddp, zero1, zero2, torch-zero) reads any config of its stage or
+    below (stage 1 too for DDP: the JSON of a ZeRO-1 run trains DDP with the same batch and optimizer).
+    """
     for field in ("offload_optimizer", "offload_param"):
         value = getattr(settings, field)
         if value != "none":
             warnings.warn(
-                f"engine {engine!r} ignores {field}={value!r} (only the deepspeed engine offloads); "
+                f"engine {engine!r} ignores {field}={value!r} (only the deepspeed engines offload); "
                 "use --engine deepspeed to offload",
                 stacklevel=3,
             )
-    implemented = (0, 1, 2) if engine == "zero2" else (0, 1)
-    if settings.zero_stage not in implemented and engine not in ("deepspeed", "fsdp2"):
+    spec = find_engine(engine)
+    if spec is not None and spec.family is None and settings.zero_stage > max(spec.stage, 1):
+        others = [other.name for other in ENGINES if other.stage == settings.zero_stage]
         warnings.warn(
             f"engine {engine!r} ignores zero_stage={settings.zero_stage} from the config; "
-            "use --engine zero2 for ZeRO-2 or --engine deepspeed for ZeRO-2/3",
+            f"use an engine of that stage: --engine {' | '.join(others)}",
             stacklevel=3,
         )

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 
+from zero_train.ds_config.keys import deepspeed_default
 from zero_train.engines.zero1 import Zero1Engine
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import Zero2Optimizer
-from zero_train.sharding.zero2 import DEFAULT_BUCKET_ELEMENTS
 
 
 def reduce_bucket_size(ds_config: dict) -> int:
-    """zero_optimization.reduce_bucket_size of a resolved config (DeepSpeed's 5e8 default when absent)."""
-    value = (ds_config.get("zero_optimization") or {}).get("reduce_bucket_size", DEFAULT_BUCKET_ELEMENTS)
+    """zero_optimization.reduce_bucket_size of a resolved config (DeepSpeed's default when absent)."""
+    key = "zero_optimization.reduce_bucket_size"
+    value = (ds_config.get("zero_optimization") or {}).get("reduce_bucket_size", deepspeed_default(key))
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
         raise UsageError(
             f"zero_optimization.reduce_bucket_size is {value!r}; set it to a positive number of elements "

@@ -1,5 +1,6 @@
-"""Starting ``scripts/train.py`` under a launcher (deepspeed, torchrun) from ``profile`` and ``bench``.
+"""Starting training runs under a launcher (deepspeed, torchrun, accelerate) for ``profile``, ``bench`` and ``plan``.
 
-- ``cells``: one cell of a matrix (an engine at a world size): its generated config and launcher command.
-- ``launcher``: finding the launcher, the model facts every cell shares, running one command into a log.
+- ``command``: the one builder of launch command lines (launcher, ranks, machines -> argv; shell-quoted text).
+- ``cells``: one cell of a comparison matrix (an engine at a world size): its name and generated DeepSpeed config.
+- ``launcher``: checking the launcher, the model facts every cell shares, running one command into a log.
 """

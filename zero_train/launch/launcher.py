@@ -1,4 +1,4 @@
-"""Run one launcher command (deepspeed / torchrun + a training script) with its output in a log file.
+"""Run one launcher command (zero_train.launch.command) with its output in a log file.
 
 Shared by `zero-train profile` and `zero-train bench`, whose cells are each one such run.
 """
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+from zero_train.launch.command import shell_text
 from zero_train.runtime.errors import UsageError
 
 KILL_GRACE_S = 10.0  # after SIGTERM: torchrun and the deepspeed launcher stop their ranks, then SIGKILL
@@ -25,12 +26,6 @@ def check_launcher(name: str) -> None:
         raise UsageError(
             f"launcher {name!r} not found next to {sys.executable}; install it or use --launcher"
         )
-
-
-def launcher_path(name: str) -> str:
-    """The launcher executable: the one next to this Python if present, else the one on PATH."""
-    local = pathlib.Path(sys.executable).parent / name
-    return str(local) if local.exists() else str(shutil.which(name) or name)
 
 
 def model_meta(model: str, block_size: int) -> dict:
@@ -70,7 +65,7 @@ def run_logged(
     """
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
-        log.write(" ".join(command) + "\n")
+        log.write(shell_text(command) + "\n")
         log.flush()
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -29,7 +29,6 @@ import tempfile
 from zero_train.runtime.errors import UsageError
 
 SCHEMA = "zero_train.run_record/1"
-ENGINE_NAMES = ("ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "ds3", "fsdp2-z2", "fsdp2-z3")
 PHASES = ("model_built", "engine_initialized", "forward", "backward", "step")
 MODEL_STATE_CATEGORIES = ("params", "grads", "master_params", "optimizer_states")
 CATEGORIES = (*MODEL_STATE_CATEGORIES, "comm_buffers", "activations", "other")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from zero_train.memory.model.peak import backend_for
 from zero_train.memory.model.theory import DEFAULT_REDUCE_BUCKET_SIZE, precision_bytes
+from zero_train.registry import find_engine
 from zero_train.report import units
 from zero_train.report.compare import is_large
 from zero_train.report.models import ModelFacts
@@ -116,8 +117,8 @@ def buffer_sentence(
         ours: our model's comm_buffers (None: n/a).
         footprint: the measured footprint without "other", for the size of a residual worth naming.
     """
-    engine = row["engine"]
-    if engine in ("ddp", "torch-zero"):
+    engine, spec = row["engine"], find_engine(row["engine"])
+    if spec is not None and spec.peak_model == "ddp_phases":  # torch DDP's reducer (torch-zero wraps DDP)
         words, predicted = _ddp_words(row, measured)
     elif engine == "zero1":
         words, predicted = _zero1_words(row, facts)

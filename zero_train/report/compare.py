@@ -28,8 +28,16 @@ from __future__ import annotations
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.memory.model import theory
 from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
-from zero_train.memory.model.peak import MEASURED_PHASE, STATE_CATEGORIES, PeakModel, backend_for, engine_peak
+from zero_train.memory.model.peak import (
+    MEASURED_PHASE,
+    STATE_CATEGORIES,
+    PeakModel,
+    backend_for,
+    engine_peak,
+    modelled_engine,
+)
 from zero_train.memory.record import CATEGORIES, MODEL_STATE_CATEGORIES
+from zero_train.registry import engine_names, find_engine
 from zero_train.report.models import FactsLookup
 from zero_train.report.traffic import comm_comparison
 from zero_train.runtime.errors import UsageError
@@ -42,18 +50,23 @@ GAP_FRACTION = 0.02
 MIN_GAP_BYTES = 64 * 1024
 """... and at least 64 KiB (smaller gaps are allocator noise)."""
 
-ENGINE_ORDER = ("ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "fsdp2-z2", "ds3", "fsdp2-z3")
-ENGINE_LABELS = {
-    "ddp": "torch DDP",
-    "zero1": "our ZeRO-1",
-    "zero2": "our ZeRO-2",
-    "torch-zero": "torch ZeroRedundancyOptimizer",
-    "ds1": "DeepSpeed ZeRO-1",
-    "ds2": "DeepSpeed ZeRO-2",
-    "ds3": "DeepSpeed ZeRO-3",
-    "fsdp2-z2": "torch FSDP2, parameters kept gathered (stage 2 config)",
-    "fsdp2-z3": "torch FSDP2, resharded after forward (stage 3 config)",
-}
+
+def engine_label(engine: str) -> str:
+    """The registry's words for `engine` (the name itself for an engine it does not know)."""
+    spec = find_engine(engine)
+    return spec.label if spec is not None else engine
+
+
+def whole_tensor_sharded(engine: str) -> bool:
+    """Whether `engine` gives whole tensors to owners (our ZeRO-1/2, torch's ZeRO): ranks hold unequal shares."""
+    spec = find_engine(engine)
+    return spec is not None and spec.sharding == "whole-tensor"
+
+
+def engine_index(engine: str | None) -> int:
+    """The engine's place in tables (the registry's order; unknown engines last)."""
+    names = engine_names()
+    return names.index(engine) if engine in names else len(names)
 
 
 def cell_name(record: dict) -> str:
@@ -68,15 +81,14 @@ def cell_name(record: dict) -> str:
 
 def cell_sort_key(record: dict) -> tuple:
     """Model, precision (fp32 first, as PRECISIONS), world size, then the engines by ZeRO stage."""
-    engine, precision = record.get("engine"), record.get("precision")
-    engine_index = ENGINE_ORDER.index(engine) if engine in ENGINE_ORDER else len(ENGINE_ORDER)
+    precision = record.get("precision")
     precision_index = PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS)
     return (
         str(record.get("model")),
         precision_index,
         str(precision),
         record.get("world_size") or 0,
-        engine_index,
+        engine_index(record.get("engine")),
     )
 
 
@@ -138,7 +150,7 @@ def our_model(record: dict, lookup: FactsLookup, rank: int | None = None) -> Pea
         lookup: its model's facts.
         rank: the rank to model (None: the rank our model gives the highest peak).
     """
-    if lookup.facts is None or record["engine"] not in theory.ENGINE_STAGES:
+    if lookup.facts is None or modelled_engine(record["engine"]) is None:
         return None
     return engine_peak(
         record["engine"],

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from zero_train.memory.model.peak import TERM_WORDS
 from zero_train.memory.record import MODEL_STATE_CATEGORIES
+from zero_train.registry import find_engine
 from zero_train.report import units
 from zero_train.report.buffers import buffer_sentence
-from zero_train.report.compare import is_large
+from zero_train.report.compare import is_large, whole_tensor_sharded
 from zero_train.report.explain_peak import peak_sentences
 from zero_train.report.explain_runtime import comm_sentences, other_sentences
 from zero_train.report.models import ModelFacts
@@ -29,7 +30,13 @@ def _paper_to_ours(row: dict, category: str) -> str | None:
     """Why our model departs from the paper for `category` (a rule of zero_train.memory.model.peak_engines)."""
     engine, world_size = row["engine"], row["world_size"]
     ours = row["ours_categories"][category]
-    if engine.startswith("ds") and category == "master_params" and row["precision"] == "fp32":
+    spec = find_engine(engine)
+    if (
+        spec is not None
+        and spec.family == "deepspeed"
+        and category == "master_params"
+        and row["precision"] == "fp32"
+    ):
         return (
             f"DeepSpeed keeps an fp32 master partition even in an fp32 run ({units.mb(ours)} = 4 bytes/param "
             f"/ {units.ranks(world_size)}, stage_1_and_2.py / stage3.py clone the partition); the paper's pure-fp32 "
@@ -59,7 +66,7 @@ def _owned_elements(facts: ModelFacts | None, world_size: int, rank: int) -> int
 
 def _imbalance(row: dict, category: str, facts: ModelFacts | None, residual: float) -> str | None:
     """Whole-tensor sharding explains a rank holding more (or less) than 1/N of the optimizer state."""
-    if row["engine"] not in ("zero1", "zero2", "torch-zero") or category not in (
+    if not whole_tensor_sharded(row["engine"]) or category not in (
         "optimizer_states",
         "master_params",
     ):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from zero_train.memory.model.peak import TERM_WORDS
 from zero_train.report import units
-from zero_train.report.compare import PEAK_GOAL, is_large
+from zero_train.report.compare import PEAK_GOAL, is_large, whole_tensor_sharded
 from zero_train.report.explain_runtime import phase_rise
 
 PROBE_PHASE_WORDS = {"forward": "forward+backward", "step": "optimizer step"}
@@ -52,7 +52,7 @@ def _ours_sentence(row: dict) -> str:
     ours, peak = row["ours_peak"], row["peak"]
     phase = ours["peak_phase"]
     verdict = "within" if peak["within_goal"] else "OUTSIDE"
-    whole_tensors = row["engine"] in ("zero1", "zero2", "torch-zero")
+    whole_tensors = whole_tensor_sharded(row["engine"])
     whose = "" if ours["rank"] == row["reported_rank"] or not whole_tensors else (
         f" (for rank {ours['rank']}, which whole-tensor sharding gives the highest peak)"
     )  # fmt: skip

@@ -7,6 +7,7 @@ sentences are in zero_train.report.explain_peak).
 from __future__ import annotations
 
 from zero_train.memory.model.peak import backend_for
+from zero_train.registry import find_engine
 from zero_train.report import units
 from zero_train.report.compare import is_large
 from zero_train.report.models import ModelFacts
@@ -82,6 +83,8 @@ def phase_rise(row: dict, name: str) -> int | None:
 
 def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> str | None:
     engine, world_size = row["engine"], row["world_size"]
+    spec = find_engine(engine)
+    ours = spec is not None and spec.ours
     zero = (row.get("ds_config") or {}).get("zero_optimization", {})
     if engine == "ddp":
         return "DDP all-reduces every gradient bucket: the paper's 2 Psi"
@@ -91,12 +94,14 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
             "ZeroRedundancyOptimizer wraps DDP: gradients are all-reduced whole (2 Psi, not reduce-scattered), "
             f"then every owner broadcasts its updated parameters{masters}: {psi.get('broadcast', 0):.2f} Psi"
         )
-    if engine in ("zero1", "zero2") and world_size == 1:
-        return f"our ZeRO-{engine[-1]} skips every collective on 1 rank"
-    if engine in ("zero1", "zero2") and facts is not None:
+    if ours and world_size == 1:
+        return f"our ZeRO-{spec.stage} skips every collective on 1 rank"
+    if ours and facts is not None:
         return _zero1_comm_cause(row, facts)
     if (
-        engine in ("ds1", "ds2")
+        spec is not None
+        and spec.family == "deepspeed"
+        and spec.stage in (1, 2)
         and psi.get("all_reduce")
         and zero.get("use_multi_rank_bucket_allreduce", True)
     ):
@@ -114,24 +119,26 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
     return None
 
 
-GRADIENT_RINGS = {"zero1": "one reduce-scatter", "zero2": "each bucket to its owners during backward"}
+GRADIENT_RINGS = {1: "one reduce-scatter", 2: "each bucket to its owners during backward"}
+"""How our ZeRO-1 and ZeRO-2 (by stage) send the gradients to their owners on gloo."""
 
 
 def _zero1_comm_cause(row: dict, facts: ModelFacts) -> str:
     """Our ZeRO-1's (and ZeRO-2's: its bucket reductions send what ZeRO-1's reduce-scatter does) bytes from
     the sharders' own accounting (zero_train.sharding.accounting), per backend."""
     world_size, backend = row["world_size"], backend_for(row.get("device"))
+    stage = find_engine(row["engine"]).stage
     layout = accounting.owner_layout(facts.param_numels, world_size)
     sent = accounting.comm_bytes_per_step(layout, row["reported_rank"], 1, backend)
     rings = (sent["reduce_scatter"] + sent["all_gather"]) / row["num_params"]
     if backend != "gloo":
         padded = world_size * layout.region_size / row["num_params"]
         return (
-            f"our ZeRO-{row['engine'][-1]} reduces the gradients and all-gathers the parameters with torch's collectives "
+            f"our ZeRO-{stage} reduces the gradients and all-gathers the parameters with torch's collectives "
             f"over regions padded to the largest ({world_size} x region = {padded:.3f} Psi): {rings:.2f} Psi sent"
         )
     return (
-        f"our ZeRO-{row['engine'][-1]} runs point-to-point rings on gloo ({GRADIENT_RINGS[row['engine']]}, then an "
+        f"our ZeRO-{stage} runs point-to-point rings on gloo ({GRADIENT_RINGS[stage]}, then an "
         "all-gather) that send every region's "
         f"data but one and never the padding: rank {row['reported_rank']} sends {rings:.2f} Psi, which the "
         f"ledger counts on both ends ({2 * rings:.2f} Psi)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from zero_train.memory.record import CATEGORIES
 from zero_train.report import units
-from zero_train.report.compare import ENGINE_LABELS, PEAK_GOAL
+from zero_train.report.compare import PEAK_GOAL, engine_label
 from zero_train.report.markdown_text import PREAMBLE, theory_note
 
 STAGE_FORMULAS = {0: "DDP", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
@@ -63,7 +63,7 @@ def _bytes_per_param_section(group: dict) -> str:
     for engine in group["engines"]:
         states = table_data["model_states"].get(engine, {})
         peaks = table_data["peak"].get(engine, {})
-        row = [f"{engine} ({ENGINE_LABELS.get(engine, engine)})"]
+        row = [f"{engine} ({engine_label(engine)})"]
         row += [f"{states[w]:.2f}" if w in states else "-" for w in sizes]
         row += [f"{peaks[w]:.2f}" if w in peaks else "-" for w in sizes]
         rows.append(row)
@@ -222,7 +222,7 @@ def _explanations_section(cells: list[dict]) -> str:
     parts = ["## Gap explanations\n\nGenerated from the categories; whatever no rule accounts for is "
              "called unexplained, with its size."]  # fmt: skip
     for cell in cells:
-        label = ENGINE_LABELS.get(cell["engine"], cell["engine"])
+        label = engine_label(cell["engine"])
         bullets = "\n".join(f"- {sentence}" for sentence in cell["explanations"] + cell["notes"])
         title = f"{cell['cell']} ({label}, {units.ranks(cell['world_size'])}, reported rank {cell['reported_rank']})"
         parts.append(f"### {title}\n\n{bullets}")

@@ -17,7 +17,10 @@ import itertools
 import statistics
 from dataclasses import dataclass
 
-MATRIX_ENGINES = ("ddp", "zero1", "torch-zero", "ds1", "ds2", "ds3")
+from zero_train.registry import ENGINES
+
+MATRIX_ENGINES = tuple(spec.name for spec in ENGINES if spec.matrix)
+"""The design's six engines (zero_train.registry: `matrix`): the engines added since are checked elsewhere."""
 OFFLOAD_ENGINES = ("ds2-offload", "ds3-offload")
 """DeepSpeed ZeRO-2 with offload_optimizer cpu, ZeRO-3 with offload_optimizer and offload_param cpu."""
 OFFLOAD_SUFFIX = "-offload"

@@ -15,10 +15,11 @@ import re
 
 from zero_train.memory.model import theory
 from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
-from zero_train.memory.model.peak import backend_for, engine_peak
+from zero_train.memory.model.peak import backend_for, engine_peak, modelled_engine
 from zero_train.memory.record import CATEGORIES
+from zero_train.registry import find_engine
 from zero_train.report import units
-from zero_train.report.compare import ENGINE_ORDER
+from zero_train.report.compare import engine_index
 from zero_train.report.models import model_facts
 from zero_train.report.summary import groups_of
 
@@ -27,17 +28,6 @@ CATEGORY_COLORS = {
     "comm_buffers": "#c44e52", "activations": "#8172b3", "other": "#d9d9d9",
 }  # fmt: skip
 STAGE_COLORS = {0: "#4c72b0", 1: "#55a868", 2: "#dd8452", 3: "#c44e52"}
-ENGINE_MARKERS = {
-    "ddp": "o",
-    "zero1": "s",
-    "zero2": "X",
-    "torch-zero": "D",
-    "ds1": "^",
-    "ds2": "v",
-    "ds3": "P",
-    "fsdp2-z2": "p",
-    "fsdp2-z3": "*",
-}
 DPI = 110
 
 
@@ -51,9 +41,13 @@ def _pyplot():
     return plt
 
 
+def _marker(engine: str) -> str:
+    spec = find_engine(engine)
+    return spec.marker if spec is not None else "o"
+
+
 def _engines(rows: list[dict]) -> list[str]:
-    present = {row["engine"] for row in rows}
-    return [e for e in ENGINE_ORDER if e in present] + sorted(present - set(ENGINE_ORDER))
+    return sorted({row["engine"] for row in rows}, key=lambda e: (engine_index(e), e))
 
 
 def plot_categories(rows: list[dict], path: pathlib.Path, title: str) -> None:
@@ -109,7 +103,7 @@ def _measured_points(axis, rows: list[dict], value) -> None:
         cells = sorted((r for r in rows if r["engine"] == engine), key=lambda r: r["world_size"])
         offset = 1 + 0.03 * (index - (len(engines) - 1) / 2)  # a small multiplicative jitter on the log axis
         axis.scatter([c["world_size"] * offset for c in cells], [value(c) for c in cells], zorder=3, s=36,
-                     marker=ENGINE_MARKERS.get(engine, "o"), color=STAGE_COLORS.get(cells[0]["zero_stage"], "k"),
+                     marker=_marker(engine), color=STAGE_COLORS.get(cells[0]["zero_stage"], "k"),
                      edgecolor="black", linewidth=0.5, label=f"measured {engine}")  # fmt: skip
 
 
@@ -118,14 +112,15 @@ def _ours_curves(axis, rows: list[dict], x_values: list[int], facts) -> None:
     settings = dict(precision=first["precision"], micro_batch_size=first["micro_batch_size"],
                     block_size=first["block_size"], backend=backend_for(first.get("device")))  # fmt: skip
     for engine in _engines(rows):
-        if engine not in theory.ENGINE_STAGES:
+        spec = modelled_engine(engine)
+        if spec is None:
             continue
         config = next(r for r in rows if r["engine"] == engine).get("ds_config")
         values = [
             engine_peak(engine, facts.shape, n, ds_config=config, **settings).peak_bytes / first["num_params"]
             for n in x_values
         ]
-        axis.plot(x_values, values, color=STAGE_COLORS[theory.ENGINE_STAGES[engine]], linewidth=1,
+        axis.plot(x_values, values, color=STAGE_COLORS[spec.stage], linewidth=1,
                   linestyle=(0, (1 + _engines(rows).index(engine), 1)), label=f"ours, {engine}")  # fmt: skip
 
 

@@ -19,7 +19,7 @@ import json
 import pathlib
 
 from zero_train.memory.model import theory
-from zero_train.report.compare import ENGINE_ORDER, PEAK_GOAL
+from zero_train.report.compare import PEAK_GOAL, engine_index
 
 SCHEMA = "zero_train.report_summary/1"
 RATIO_CONVENTION = (
@@ -54,9 +54,7 @@ def bytes_per_param_table(rows: list[dict]) -> dict:
 
 
 def _group_summary(key: tuple[str, str], rows: list[dict]) -> dict:
-    engines = sorted(
-        {row["engine"] for row in rows}, key=lambda e: ENGINE_ORDER.index(e) if e in ENGINE_ORDER else 99
-    )
+    engines = sorted({row["engine"] for row in rows}, key=lambda e: (engine_index(e), e))
     return dict(
         model=key[0],
         precision=key[1],

@@ -1,5 +1,6 @@
 """What every part of zero_train stands on: the process and its failures.
 
+- ``defaults``: the defaults of the flags several commands share, one table, with the reason where one differs.
 - ``dist``: ``init_distributed()`` -> a frozen ``DistInfo`` (rank, world size, device, backend), read once.
 - ``device``: which device this rank computes on (``ZT_DEVICE``), chosen once; the synchronisation a timing needs.
 - ``errors``: ``UsageError`` and ``run_cli`` (one ``error:`` line, exit 2 for usage errors, 1 for faults).

@@ -32,16 +32,14 @@ from zero_train.sharding.grad_buckets import GradientBuckets
 from zero_train.sharding.partition import Bucket
 from zero_train.sharding.sharded import ShardedOptimizer
 
-DEFAULT_BUCKET_ELEMENTS = 500_000_000
-"""DeepSpeed's default zero_optimization.reduce_bucket_size (5e8 elements)."""
-
 
 class Zero2Optimizer(ShardedOptimizer):
     """ZeRO-2: gradients reduced to their owners bucket by bucket during backward; owned gradients only.
 
     Args:
         params, optimizer_class: as for ShardedOptimizer.
-        bucket_elements: the largest bucket in elements (the DeepSpeed config's reduce_bucket_size).
+        bucket_elements: the largest bucket in elements (the DeepSpeed config's reduce_bucket_size; the engine
+            passes DeepSpeed's default when the config has none).
         **kwargs: process_group, master_dtype, loss_scaler and the inner optimizer's defaults, as for
             ShardedOptimizer.
 
@@ -51,7 +49,7 @@ class Zero2Optimizer(ShardedOptimizer):
 
     _buckets: GradientBuckets | None = None
 
-    def __init__(self, params, optimizer_class, *, bucket_elements: int = DEFAULT_BUCKET_ELEMENTS, **kwargs):
+    def __init__(self, params, optimizer_class, *, bucket_elements: int, **kwargs):
         if int(bucket_elements) < 1:
             raise ValueError(f"bucket_elements must be at least 1, got {bucket_elements}")
         self.bucket_elements = int(bucket_elements)

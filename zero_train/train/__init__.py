@@ -1,7 +1,11 @@
-"""The training run behind ``scripts/train.py``: one path for real training and for profiling.
+"""One training run (``python -m zero_train.train``): one path for real training and for profiling.
 
-- ``args``: the command line and its defaults.
-- ``setup``: ``plan_run`` (config + flags -> a checked ``RunPlan``) and the model builder.
+- ``config``: the typed run config, in parts (model, data, training, optimizer, engine, checkpoint, evaluation,
+  output); every field is a flag.
+- ``args``: the command line derived from it (and ``--config run.toml``), and ``run_argv``: a config back to flags.
+- ``main``: the entry point (``__main__``; scripts/train.py and ``zero-train train`` call it).
+- ``setup``: ``plan_run`` (run config -> a checked ``RunPlan``: DeepSpeed config, engine, tokenizer) and the model
+  builder.
 - ``loop``: ``run_training``: data, engine, steps, evaluation, export, run record.
 - ``checkpoints``: the run's saves (every --save-every steps, at the end, in the background) and its resume.
 - ``eval``: held-out loss and perplexity.

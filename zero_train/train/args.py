@@ -1,153 +1,173 @@
-"""The flags of scripts/train.py (see docs/launch.md for what each one does and the launch commands).
+"""train.py's command line, derived from the run config's fields (zero_train.train.config), and back to argv.
 
-Batch sizes, lr, warmup, clipping and precision flags default to None: with a `--deepspeed_config` they
-only fill its "auto" values (a concrete config value that disagrees with a given flag is an error, as
-in the Hugging Face Trainer); without a config, a default config is generated with every value "auto", and
-what no flag fills takes scripts/train.py's default, else the HF Trainer's (zero_train.ds_config.keys: the
-`run` and `hf` columns).
+    config = parse_args(["--config", "run.toml", "--max-steps", "50"])   # flags override the file's values
+    run_argv(config)                                                     # ["--max-steps", "50", ...]: the flags
+                                                                         # that differ from the defaults
+
+One table: each field of a part is one flag, its type, default and help (the docstring under the field). A
+run.toml holds the same names by part:
+
+    [model]
+    model = "gpt2-25m"
+    [training]
+    max_steps = 50
+    micro_batch_size = 4
+
+Bad values give argparse's one-line errors (zero_train.runtime.parser types) from the command line, and the
+same types' errors, naming the file and the field, from a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
+import os
+import pathlib
+import sys
+from dataclasses import fields
+from typing import Any
 
-from zero_train.ds_config.keys import PRECISIONS
-from zero_train.runtime.parser import (
-    OneLineParser,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
+from zero_train.runtime.errors import UsageError
+from zero_train.runtime.parser import OneLineParser
+from zero_train.train import config as run_config
+from zero_train.train.config import PARTS, RunConfig, field_default, flag_names
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, published as tomli before it joined the standard library (pyproject: python < 3.11)
+    import tomli as tomllib
+
+DESCRIPTION = (
+    "Train a Hugging Face causal LM with DeepSpeed ZeRO 0-3, our ZeRO-1/2, torch's ZeroRedundancyOptimizer, "
+    "FSDP2 or plain DDP, all configured by one DeepSpeed JSON."
 )
-from zero_train.train.numerics import NONFINITE_POLICIES
-
-ENGINE_CHOICES = ("deepspeed", "zero1", "zero2", "ddp", "torch-zero", "fsdp2")
 
 
 def build_parser(prog: str = "train.py") -> OneLineParser:
-    """The argument parser of scripts/train.py (errors raise UsageError: one line, exit 2)."""
-    parser = OneLineParser(
-        prog=prog,
-        description="Train a Hugging Face causal LM with DeepSpeed ZeRO 1/2/3, our ZeRO-1, torch's "
-        "ZeroRedundancyOptimizer or plain DDP, all configured by one DeepSpeed JSON.",
-    )
-    _add_setup_flags(parser)
-    _add_optimization_flags(parser)
-    _add_output_flags(parser)
+    """train.py's parser (errors raise UsageError: one line, exit 2); absent flags are absent from its result."""
+    parser = OneLineParser(prog=prog, description=DESCRIPTION, argument_default=argparse.SUPPRESS)
+    add_run_flags(parser)
     return parser
 
 
-def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
-        "--deepspeed_config",
-        "--deepspeed-config",
-        dest="deepspeed_config",
-        default=None,
-        metavar="FILE",
-        help="DeepSpeed JSON (batch sizes, precision, optimizer, schedule, clipping, ZeRO stage) read by "
-        "every engine; 'auto' values are filled from the flags (default: a generated config)",
-    )
-    add(
-        "--engine",
-        choices=ENGINE_CHOICES,
-        default="deepspeed",
-        help="deepspeed: ZeRO at the config's stage; zero1: our ZeRO-1 sharder; zero2: our ZeRO-2 sharder; "
-        "ddp: plain DDP; torch-zero: torch ZeroRedundancyOptimizer; fsdp2: torch fully_shard, stage 3 = "
-        "reshard after forward, stage 2 = keep gathered (default: deepspeed)",
-    )
-    add(
-        "--model",
-        default="tiny",
-        help="a preset (tiny, gpt2-25m, gpt2-small, llama-tiny, llama-60m), a "
-        "save_pretrained folder, or a hub id (default: tiny)",
-    )
-    add(
-        "--dataset",
-        default=None,
-        help="'stdlib' (offline default), a local file/folder "
-        "(txt, json, jsonl, csv, parquet), or a hub id[:config]",
-    )
-    add("--tokenizer", default=None, help="a tokenizer folder or hub id (default: the offline stdlib-bpe)")
-    add("--block-size", type=positive_int, default=64, help="tokens per training sequence (default 64)")
-    add("--seed", type=non_negative_int, default=0, help="model init, data order (default 0)")
-    add(
-        "--local_rank", "--local-rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS
-    )  # passed by the deepspeed launcher; LOCAL_RANK in the environment wins
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every run-config field as a flag (dest "part.field"), --config, and the launchers' --local_rank.
 
-
-def _add_optimization_flags(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--micro-batch-size", type=positive_int, default=None, help="sequences per rank per micro-step")
-    add("--grad-accum", type=positive_int, default=None, help="micro-steps per optimizer step")
-    add("--lr", type=positive_float, default=None, help="peak learning rate")
-    add("--weight-decay", type=non_negative_float, default=None)
-    add("--warmup-steps", type=positive_int, default=None, help="linear warmup steps of the schedule")
-    add("--max-steps", type=positive_int, default=100, help="optimizer steps to train (default 100)")
-    add("--grad-clip", type=non_negative_float, default=None, help="max global grad norm, 0 = off")
-    add("--precision", choices=PRECISIONS, default=None, help="override the config's precision")
-    add(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="activation checkpointing: keep each block's input only and recompute the block in backward "
-        "(Hugging Face's, non-reentrant; less memory, ~1/3 more compute)",
+    The parser must have argument_default=argparse.SUPPRESS: the file's values are overridden only by the
+    flags actually given.
+    """
+    parser.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="the settings of these flags as a TOML file, by part ([model], [data], [training], ...); "
+        "flags given here override it",
     )
-    add(
-        "--on-nonfinite",
-        choices=NONFINITE_POLICIES,
-        default="stop",
-        help="a NaN/inf loss or grad norm: stop the run (default) or skip the step",
+    docs = field_docs()
+    for part_name, part in PARTS.items():
+        group = parser.add_argument_group(part_name, part.__doc__.split(": ", 1)[-1])
+        for spec in fields(part):
+            words = docs.get(f"{part.__name__}.{spec.name}", "")
+            group.add_argument(*flag_names(spec), dest=f"{part_name}.{spec.name}", **_argument(spec, words))
+    parser.add_argument(  # passed by the deepspeed launcher; LOCAL_RANK in the environment wins
+        "--local_rank", "--local-rank", dest="local_rank", type=int, help=argparse.SUPPRESS
     )
 
 
-def _add_output_flags(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
-        "--eval-every",
-        type=non_negative_int,
-        default=0,
-        help="eval loss + perplexity on the held-out split every K steps and at the end (0 = end only)",
-    )
-    add("--eval-batches", type=positive_int, default=8, help="micro-batches per rank per evaluation")
-    add("--log-every", type=positive_int, default=1, help="print the step line every K steps (default 1)")
-    add("--metrics-file", default=None, metavar="FILE", help="JSONL: one object per step (rank 0 writes)")
-    add("--memory-report", default=None, metavar="FILE", help="write the per-rank memory run record (JSON)")
-    add("--save-dir", default=None, metavar="DIR", help="checkpoint directory")
-    add(
-        "--save-every",
-        type=non_negative_int,
-        default=0,
-        help="checkpoint every K steps and at the end (needs --save-dir; 0 = only at the end)",
-    )
-    add(
-        "--save-total-limit",
-        type=positive_int,
-        default=None,
-        metavar="K",
-        help="keep only the last K complete checkpoints (older ones are deleted once a new one is complete; "
-        "never the one `latest` names, nor one being read)",
-    )
-    add(
-        "--async-save",
-        action="store_true",
-        help="write checkpoints in a background thread (state copied to host memory first); training goes "
-        "on meanwhile, `latest` moves when the write is complete",
-    )
-    add(
-        "--resume",
-        default=None,
-        metavar="PATH|auto",
-        help="a checkpoint dir, a save dir (follows its `latest`), or 'auto' (--save-dir's latest, if any)",
-    )
-    add(
-        "--export-hf",
-        default=None,
-        metavar="DIR",
-        help="at the end, write a Hugging Face folder (config, safetensors, tokenizer)",
-    )
-    add("--no-progress", action="store_true", help="no progress bar (the step lines stay)")
+def _argument(spec, words: str) -> dict[str, Any]:
+    """argparse keywords of one field: its type, choices, metavar and help (its docstring + default)."""
+    meta, default = spec.metadata, field_default(spec)
+    if meta.get("describe") is not None:
+        words += f" ({meta['describe']()})"
+    if isinstance(default, bool):
+        return dict(action="store_false" if meta.get("negated") else "store_true", help=words)
+    if default is not None:
+        words += f" (default {default})"
+    metavar = meta.get("metavar") or (None if meta.get("choices") else spec.name.upper())
+    keywords = dict(help=words, type=meta.get("parse"), choices=meta.get("choices"), metavar=metavar)
+    return {key: value for key, value in keywords.items() if value is not None}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse scripts/train.py's command line (UsageError on a bad flag)."""
-    return build_parser().parse_args(argv)
+@functools.cache
+def field_docs() -> dict[str, str]:
+    """ "Class.field" -> the docstring under the field in zero_train.train.config."""
+    tree = ast.parse(pathlib.Path(run_config.__file__).read_text())
+    docs = {}
+    for part in (node for node in tree.body if isinstance(node, ast.ClassDef)):
+        for statement, following in zip(part.body, part.body[1:], strict=False):
+            if isinstance(statement, ast.AnnAssign) and isinstance(following, ast.Expr):
+                text = following.value.value if isinstance(following.value, ast.Constant) else ""
+                docs[f"{part.name}.{statement.target.id}"] = " ".join(str(text).split())
+    return docs
+
+
+def parse_args(argv: list[str] | None = None, *, prog: str = "train.py") -> RunConfig:
+    """Parse train.py's command line (and its --config file) into the run config; UsageError on a bad value."""
+    return config_from_flags(vars(build_parser(prog).parse_args(argv)))
+
+
+def config_from_flags(given: dict[str, Any]) -> RunConfig:
+    """The run config of parsed flags (dest "part.field" -> value; other keys ignored), over --config's file."""
+    local_rank = given.get("local_rank")
+    if local_rank is not None and "LOCAL_RANK" not in os.environ:
+        os.environ["LOCAL_RANK"] = str(local_rank)
+    values: dict[str, dict[str, Any]] = {}
+    if given.get("config"):
+        values = load_config_file(given["config"])
+    for key, value in given.items():
+        if "." in key:
+            part, name = key.split(".", 1)
+            values.setdefault(part, {})[name] = value
+    return build_config(values)
+
+
+def load_config_file(path: str) -> dict[str, dict[str, Any]]:
+    """A run.toml's tables, checked (UsageError naming the file: missing, not TOML, an unknown or bad value)."""
+    try:
+        with open(os.path.expanduser(path), "rb") as file:
+            values = tomllib.load(file)
+    except OSError as err:
+        raise UsageError(f"--config {path}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"--config {path}: not TOML ({err})") from None
+    try:
+        build_config(values)
+    except UsageError as err:
+        raise UsageError(f"--config {path}: {err}") from None
+    return values
+
+
+def build_config(values: dict[str, Any]) -> RunConfig:
+    """RunConfig from {part: {field: value}} (UsageError for an unknown part or field, or a bad value)."""
+    unknown = [name for name in values if name not in PARTS]
+    if unknown:
+        raise UsageError(f"unknown table [{unknown[0]}]; the tables are {', '.join(f'[{p}]' for p in PARTS)}")
+    parts = {}
+    for name, part in PARTS.items():
+        given = values.get(name, {})
+        if not isinstance(given, dict):
+            raise UsageError(f"{name} must be a table ([{name}]), got {given!r}")
+        known = [spec.name for spec in fields(part)]
+        strange = [key for key in given if key not in known]
+        if strange:
+            raise UsageError(f"[{name}] has no setting {strange[0]!r}; it has {', '.join(known)}")
+        parts[name] = part(**given)
+    return RunConfig(**parts)
+
+
+def run_argv(config: RunConfig) -> list[str]:
+    """The flags that give `config` (those that differ from the defaults): parse_args(run_argv(c)) == c."""
+    argv = []
+    for part_name in PARTS:
+        part = getattr(config, part_name)
+        for spec in fields(part):
+            value, default = getattr(part, spec.name), field_default(spec)
+            if value == default:
+                continue
+            if isinstance(default, bool):
+                argv.append(
+                    flag_names(spec)[0]
+                )  # the flag turns the default over (--async-save, --no-progress)
+            else:
+                argv += [flag_names(spec)[0], str(value)]
+    return argv

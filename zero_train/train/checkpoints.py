@@ -1,6 +1,6 @@
 """A run's checkpoints: resume at the start, a save every --save-every steps and at the end.
 
-    checkpoints = RunCheckpoints(args, plan, dist_info)
+    checkpoints = RunCheckpoints(config.checkpoint, plan, dist_info, max_steps=100, run_info={"model": "tiny"})
     step, micro_steps = checkpoints.resume(engine)   # (0, 0) for a fresh start
     checkpoints.save(engine, step)                    # every rank; at once, or in the background (--async-save)
     checkpoints.check_background(failed_anywhere)     # after each step's all-gather: a failed save stops all
@@ -12,31 +12,45 @@ the step, the micro-steps consumed (the data position), the global micro-batch a
 
 from __future__ import annotations
 
-import argparse
-
 from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng
 from zero_train.checkpoint.rotation import reading
 from zero_train.checkpoint.save import CheckpointSaver, SaveOptions, estimate_checkpoint_bytes
 from zero_train.runtime.dist import rank0_work_group
 from zero_train.runtime.errors import UsageError
+from zero_train.train.config import CheckpointConfig
 from zero_train.train.log import get_logger
 from zero_train.train.setup import RunPlan, num_params
 
 
 class RunCheckpoints:
-    """Saving and resuming for one run; without --save-dir, saving does nothing (resume still works)."""
+    """Saving and resuming for one run; without --save-dir, saving does nothing (resume still works).
 
-    def __init__(self, args: argparse.Namespace, plan: RunPlan, dist_info) -> None:
-        self.args, self.plan, self.dist_info, self.settings = args, plan, dist_info, plan.settings
+    Args:
+        config: the run config's checkpoint part.
+        plan: the planned run (settings, engine, the checkpoint to resume, verified).
+        dist_info: this process's DistInfo.
+        max_steps: the run's last step (a checkpoint at or past it cannot be resumed).
+        run_info: what run.json records of the run besides the engine and settings (model, data, seed).
+    """
+
+    def __init__(
+        self, config: CheckpointConfig, plan: RunPlan, dist_info, *, max_steps: int, run_info: dict
+    ) -> None:
+        self.config, self.plan, self.dist_info, self.settings = config, plan, dist_info, plan.settings
+        self.max_steps, self.run_info = max_steps, run_info
         self.log = get_logger(dist_info.rank)
         self.latest = None  # the folder of this run's last complete checkpoint
         self.estimated_bytes: int | None = None
         self.saver = None
-        if args.save_dir:
+        if config.save_dir:
             options = SaveOptions(
-                save_dir=args.save_dir, keep_last=args.save_total_limit, background=args.async_save
+                save_dir=config.save_dir, keep_last=config.save_total_limit, background=config.async_save
             )
             self.saver = CheckpointSaver(options, dist_info=dist_info)
+
+    def due(self, step: int) -> bool:
+        """Whether --save-every asks for a checkpoint after `step`."""
+        return bool(self.config.save_every) and step % self.config.save_every == 0
 
     def failed_in_background(self) -> bool:
         """Whether this rank's background save failed (the step's all-gather tells every rank)."""
@@ -60,13 +74,9 @@ class RunCheckpoints:
             rng=capture_rng(self.dist_info.device),
         )
         run_info = dict(
-            engine=self.args.engine,
-            model=self.args.model,
+            engine=self.plan.engine.name,
+            **self.run_info,
             model_config=engine.model.config.to_dict(),
-            tokenizer=self.args.tokenizer,
-            dataset=self.args.dataset,
-            block_size=self.args.block_size,
-            seed=self.args.seed,
             world_size=self.dist_info.world_size,
             settings={name: getattr(self.settings, name) for name in self.settings.__slots__},
         )
@@ -107,8 +117,8 @@ class RunCheckpoints:
         """(steps done, micro-steps consumed) from --resume, (0, 0) for a fresh start."""
         ckpt = self.plan.resume_checkpoint  # resolved and verified by plan_run, before any collective
         if ckpt is None:
-            if self.args.resume == "auto":
-                self.log.info(f"resume auto: no checkpoint in {self.args.save_dir} yet, starting fresh")
+            if self.config.resume == "auto":
+                self.log.info(f"resume auto: no checkpoint in {self.config.save_dir} yet, starting fresh")
             return 0, 0
         with reading(ckpt):  # --save-total-limit never deletes a checkpoint while it is read
             client_state = engine.load_checkpoint(ckpt)
@@ -121,10 +131,10 @@ class RunCheckpoints:
                 f"resume: the global micro-batch changed ({client_state['global_micro_batch']} -> "
                 f"{global_batch} sequences); continuing at the nearest data position"
             )
-        if step >= self.args.max_steps:
+        if step >= self.max_steps:
             raise UsageError(
                 f"checkpoint {ckpt} is at step {step}, not before --max-steps "
-                f"{self.args.max_steps}; raise --max-steps to train further"
+                f"{self.max_steps}; raise --max-steps to train further"
             )
         saved_horizon = read_run_info(ckpt).get("settings", {}).get("total_steps")
         if saved_horizon != self.settings.total_steps:

@@ -1,6 +1,9 @@
-"""The engine-agnostic training loop behind scripts/train.py.
+"""The engine-agnostic training loop behind train.py (`python -m zero_train.train`).
 
     summary = run_training(parse_args(argv))    # {"final_loss", "steps", "tokens_per_s", ...}
+
+The Trainer reads the run config's parts it owns (data, training, evaluation, output) and hands the others on:
+the model's to the model builder, the checkpoint's to RunCheckpoints.
 
 One optimizer step = settings.grad_accum micro-batches through engine.forward_backward, then engine.step().
 Each rank reads its own rows of a seeded, per-epoch shuffle (zero_train.hf.data.rank_batches), so the data
@@ -10,7 +13,6 @@ and a resumed fp32 run repeats the uninterrupted run's losses exactly.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
@@ -27,6 +29,7 @@ from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.ports import free_port
 from zero_train.train.checkpoints import RunCheckpoints
+from zero_train.train.config import RunConfig
 from zero_train.train.eval import evaluate
 from zero_train.train.log import get_logger
 from zero_train.train.metrics import (
@@ -41,11 +44,11 @@ from zero_train.train.numerics import NonFiniteGuard
 from zero_train.train.setup import RunPlan, model_builder, num_params, plan_run
 
 
-def run_training(args: argparse.Namespace) -> dict:
-    """Train as the flags say; returns a summary (on every rank).
+def run_training(config: RunConfig) -> dict:
+    """Train as the run config says; returns a summary (on every rank).
 
     Args:
-        args: from zero_train.train.args.parse_args.
+        config: from zero_train.train.args.parse_args (or built in code).
 
     Returns:
         dict with final_loss, eval_loss, perplexity, steps, start_step, tokens_per_s, checkpoint, export.
@@ -53,7 +56,7 @@ def run_training(args: argparse.Namespace) -> dict:
         stays (the bench worker trains many runs in one).
     """
     _, world_size, _ = read_env()
-    plan = plan_run(args, world_size=world_size)  # every UsageError so far: before any collective
+    plan = plan_run(config, world_size=world_size)  # every UsageError so far: before any collective
     if world_size == 1 and "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(free_port())  # two single-process runs must not collide on 29500
     owns_group = (
@@ -62,13 +65,13 @@ def run_training(args: argparse.Namespace) -> dict:
     dist_info = init_distributed()
     log = get_logger(dist_info.rank)
     log.info(
-        f"zero_train: engine {args.engine} | model {args.model} | world size {dist_info.world_size} | "
+        f"zero_train: engine {plan.engine.name} | model {config.model.model} | world size {dist_info.world_size} | "
         f"config {plan.config_source} | stage {plan.settings.zero_stage} | {plan.settings.precision} | "
         f"micro batch {plan.settings.micro_batch_size} x accum {plan.settings.grad_accum} x world "
-        f"{dist_info.world_size} = {plan.settings.train_batch_size} sequences of {args.block_size}"
-        + (" | gradient checkpointing" if args.gradient_checkpointing else "")
+        f"{dist_info.world_size} = {plan.settings.train_batch_size} sequences of {config.data.block_size}"
+        + (" | gradient checkpointing" if config.model.gradient_checkpointing else "")
     )
-    trainer = Trainer(args, plan, dist_info)
+    trainer = Trainer(config, plan, dist_info)
     try:
         summary = trainer.run()
     finally:
@@ -83,18 +86,20 @@ def run_training(args: argparse.Namespace) -> dict:
 class Trainer:
     """One run: data, engine, loop, evaluation, checkpoints, export and memory report."""
 
-    def __init__(self, args: argparse.Namespace, plan: RunPlan, dist_info) -> None:
+    def __init__(self, config: RunConfig, plan: RunPlan, dist_info) -> None:
         # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.hf.data import prepare_datasets, steps_per_epoch
 
-        self.args, self.plan, self.dist_info, self.settings = args, plan, dist_info, plan.settings
+        self.config, self.plan, self.dist_info, self.settings = config, plan, dist_info, plan.settings
+        self.training, self.output, self.evaluation = config.training, config.output, config.evaluation
+        block_size = config.data.block_size
         self.log = get_logger(dist_info.rank)
         with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds, the others wait long
             self.data = prepare_datasets(
-                args.dataset,
+                config.data.dataset,
                 plan.tokenizer,
-                block_size=args.block_size,
-                seed=args.seed,
+                block_size=block_size,
+                seed=self.training.seed,
                 process_group=waiting,
             )
         if (
@@ -106,20 +111,22 @@ class Trainer:
             == 0
         ):
             raise UsageError(
-                f"the training split has {len(self.data['train'])} blocks of {args.block_size} tokens, fewer "
+                f"the training split has {len(self.data['train'])} blocks of {block_size} tokens, fewer "
                 f"than one global micro-batch ({self.settings.micro_batch_size} x {dist_info.world_size} "
                 "ranks); use more data, a smaller --block-size or --micro-batch-size"
             )
         self.probe = self._make_probe()
         self.engine = self._build_engine()
-        self.guard = NonFiniteGuard(args.on_nonfinite, precision=self.settings.precision)
+        self.guard = NonFiniteGuard(self.training.on_nonfinite, precision=self.settings.precision)
         self.tokens_per_step = (
-            self.settings.micro_batch_size * self.settings.grad_accum * dist_info.world_size * args.block_size
+            self.settings.micro_batch_size * self.settings.grad_accum * dist_info.world_size * block_size
         )
         self.step_times: list[float] = []
         self.last_loss = math.nan
         self.last_eval: dict | None = None
-        self.checkpoints = RunCheckpoints(args, plan, dist_info)
+        self.checkpoints = RunCheckpoints(
+            config.checkpoint, plan, dist_info, max_steps=self.training.max_steps, run_info=_run_info(config)
+        )
 
     def close(self) -> None:
         """Release the engine (its `close()`, if it has one: DeepSpeed's engine and buffers), data and probe.
@@ -135,7 +142,7 @@ class Trainer:
         self.engine = self.probe = self.data = None
 
     def _make_probe(self):
-        if not self.args.memory_report:
+        if not self.output.memory_report:
             return None
         return MemoryProbe(self.dist_info)
 
@@ -148,8 +155,10 @@ class Trainer:
 
         with self._phase("engine_initialized"):
             engine = build_engine(
-                self.args.engine,
-                model_fn=model_builder(self.args, self.plan, self.probe),
+                self.plan.engine.name,
+                model_fn=model_builder(
+                    self.config.model, self.plan, seed=self.training.seed, probe=self.probe
+                ),
                 settings=self.settings,
                 ds_config=self.plan.ds_config,
                 dist_info=self.dist_info,
@@ -162,19 +171,20 @@ class Trainer:
         """Resume if asked, train to --max-steps, evaluate, checkpoint, export; returns the summary."""
         start_step, micro_steps = self.checkpoints.resume(self.engine)
         batches = self._batches(micro_steps)
-        writer = MetricsWriter(self.args.metrics_file, enabled=self.dist_info.is_main, append=start_step > 0)
+        max_steps = self.training.max_steps
+        writer = MetricsWriter(
+            self.output.metrics_file, enabled=self.dist_info.is_main, append=start_step > 0
+        )
         bar = progress_bar(
-            total=self.args.max_steps,
-            initial=start_step,
-            enabled=self.dist_info.is_main and not self.args.no_progress,
+            total=max_steps, initial=start_step, enabled=self.dist_info.is_main and self.output.progress
         )
         try:
-            for step in range(start_step + 1, self.args.max_steps + 1):
+            for step in range(start_step + 1, max_steps + 1):
                 record = self._train_step(step, batches)
                 writer.write(record)
                 self._report(record, bar)
                 self._after_step(step, writer)
-            self._evaluate(self.args.max_steps, writer)  # the final evaluation, in the metrics file too
+            self._evaluate(max_steps, writer)  # the final evaluation, in the metrics file too
         finally:
             writer.close()
             if bar is not None:
@@ -190,7 +200,7 @@ class Trainer:
             rank=self.dist_info.rank,
             world_size=self.dist_info.world_size,
             micro_batch_size=self.settings.micro_batch_size,
-            seed=self.args.seed,
+            seed=self.training.seed,
             start_step=micro_steps,
         )
 
@@ -230,8 +240,9 @@ class Trainer:
     def _report(self, record: dict, bar) -> None:
         if not self.dist_info.is_main:
             return
-        if record["step"] % self.args.log_every == 0 or record["step"] == self.args.max_steps:
-            line = format_step_line(record, self.args.max_steps)
+        max_steps = self.training.max_steps
+        if record["step"] % self.output.log_every == 0 or record["step"] == max_steps:
+            line = format_step_line(record, max_steps)
             writing = (
                 bar.external_write_mode(file=sys.stdout) if bar is not None else contextlib.nullcontext()
             )
@@ -241,9 +252,10 @@ class Trainer:
             bar.update(1)
 
     def _after_step(self, step: int, writer: MetricsWriter) -> None:
-        if self.args.eval_every and step % self.args.eval_every == 0 and step != self.args.max_steps:
+        last = step == self.training.max_steps
+        if self.evaluation.eval_every and step % self.evaluation.eval_every == 0 and not last:
             self._evaluate(step, writer)
-        if self.args.save_every and step % self.args.save_every == 0 and step != self.args.max_steps:
+        if self.checkpoints.due(step) and not last:
             self.checkpoints.save(self.engine, step)
 
     def _evaluate(self, step: int, writer: MetricsWriter | None = None) -> None:
@@ -252,7 +264,7 @@ class Trainer:
             self.data["validation"],
             dist_info=self.dist_info,
             micro_batch_size=self.settings.micro_batch_size,
-            max_batches=self.args.eval_batches,
+            max_batches=self.evaluation.eval_batches,
         )
         if eval_loss is None:
             return
@@ -262,7 +274,7 @@ class Trainer:
             writer.write(self.last_eval)
 
     def _finish(self, start_step: int) -> dict:
-        steps_done = self.args.max_steps
+        steps_done = self.training.max_steps
         self.checkpoints.finish(self.engine, steps_done)
         export = self._export()
         self._write_memory_report()
@@ -284,7 +296,8 @@ class Trainer:
         return summary
 
     def _export(self) -> str | None:
-        if not self.args.export_hf:
+        export_dir = self.config.checkpoint.export_hf
+        if not export_dir:
             return None
         # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.checkpoint.atomic import on_rank0
@@ -294,30 +307,28 @@ class Trainer:
         with rank0_work_group(self.dist_info.world_size) as waiting:  # rank 0 writes alone, maybe for minutes
             on_rank0(  # the others wait in the long-timeout group and raise rank 0's UsageError, if any
                 lambda: str(
-                    export_model(
-                        state_dict, self.engine.model.config, self.plan.tokenizer, self.args.export_hf
-                    )
+                    export_model(state_dict, self.engine.model.config, self.plan.tokenizer, export_dir)
                 ),
                 dist_info=self.dist_info,
                 process_group=waiting,
             )
-        self.log.info(f"exported Hugging Face model to {self.args.export_hf}")
-        return self.args.export_hf
+        self.log.info(f"exported Hugging Face model to {export_dir}")
+        return export_dir
 
     def _write_memory_report(self) -> None:
         if self.probe is None:
             return
         meta = dict(
-            engine=_profile_engine_name(self.args.engine, self.settings.zero_stage),
+            engine=self.plan.engine.name,
             zero_stage=self.settings.zero_stage,
-            model=self.args.model,
+            model=self.config.model.model,
             num_params=num_params(self.engine.model),
             precision=self.settings.precision,
             world_size=self.dist_info.world_size,
             micro_batch_size=self.settings.micro_batch_size,
             grad_accum=self.settings.grad_accum,
-            gradient_checkpointing=self.args.gradient_checkpointing,
-            block_size=self.args.block_size,
+            gradient_checkpointing=self.config.model.gradient_checkpointing,
+            block_size=self.config.data.block_size,
             device=self.dist_info.device.type,
             ds_config=self.plan.ds_config,
         )
@@ -325,15 +336,19 @@ class Trainer:
             self.engine, meta=meta, step_times_s=self.step_times, tokens_per_step=self.tokens_per_step
         )
         if record is not None:
-            write_record(record, self.args.memory_report)
-            self.log.info(f"memory report: {self.args.memory_report}")
+            write_record(record, self.output.memory_report)
+            self.log.info(f"memory report: {self.output.memory_report}")
 
 
-def _profile_engine_name(engine: str, zero_stage: int) -> str:
-    """The run record's engine name: ddp, zero1, torch-zero, ds0..ds3 (DeepSpeed), fsdp2-z2/-z3 (FSDP2)."""
-    if engine == "fsdp2":
-        return f"fsdp2-z{zero_stage}"
-    return f"ds{zero_stage}" if engine == "deepspeed" else engine
+def _run_info(config: RunConfig) -> dict:
+    """What a checkpoint records of the run besides its engine's state (run.json)."""
+    return dict(
+        model=config.model.model,
+        tokenizer=config.model.tokenizer,
+        dataset=config.data.dataset,
+        block_size=config.data.block_size,
+        seed=config.training.seed,
+    )
 
 
 def _gather_loss_and_memory(

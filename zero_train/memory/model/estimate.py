@@ -17,8 +17,12 @@ from dataclasses import asdict, dataclass, field
 
 from zero_train.memory.model import offload, theory
 from zero_train.memory.model.gpu_terms import GpuHeadroom
+from zero_train.registry import engine_spec, family_engines
 
-STAGE_ENGINES = {0: "ddp", 1: "ds1", 2: "ds2", 3: "ds3"}
+STAGE_ENGINES = {
+    0: "ddp",
+    **{spec.stage: spec.name for spec in family_engines("deepspeed") if spec.stage > 0},
+}
 """The engine our peak model uses for each stage: torch DDP, DeepSpeed ZeRO-1/2/3."""
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -211,7 +215,7 @@ def estimate_engine(
     from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
     from zero_train.memory.model.peak import backend_for, engine_peak
 
-    stage = theory.ENGINE_STAGES[engine]
+    stage = engine_spec(engine).stage
     model = engine_peak(engine, shape, world_size, backend=backend_for(device), activation_count=count,
                         host_in_phases=False, **run)  # fmt: skip
     phases, host, nvme = model.phases, {}, 0  # engine_peak moved the offloaded terms off the device

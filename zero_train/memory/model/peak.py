@@ -58,8 +58,9 @@ from zero_train.memory.model.peak_terms import (
     flat_partitions,
     whole_tensor_shares,
 )
-from zero_train.memory.model.theory import ENGINE_STAGES, ModelShape
+from zero_train.memory.model.theory import ModelShape
 from zero_train.memory.model.versions import warn_if_versions_differ
+from zero_train.registry import ENGINES, EngineSpec, find_engine
 
 warn_if_versions_differ()  # the terms below were measured with one torch and one DeepSpeed (README.md here)
 
@@ -94,6 +95,9 @@ TERM_WORDS = {
     "pending_grads": "gradients waiting for their bucket (our ZeRO-2)",
 }
 """Words for every term of a phase (report sentences, estimate notes)."""
+PHASE_MODELS = {model.__name__: model for model in (ddp_phases, zero1_phases, zero2_phases, deepspeed_phases,
+                                                    fsdp2_phases)}  # fmt: skip
+"""The per-phase models an engine's `peak_model` (zero_train.registry) names."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -101,7 +105,7 @@ class PeakModel:
     """Our model of one engine on one run: what the rank with the highest peak holds, phase by phase."""
 
     engine: str
-    """Engine of the profile matrix (theory.ENGINE_STAGES)."""
+    """An engine of zero_train.registry that has a per-phase model (modelled_engine)."""
     rank: int
     """The rank modelled (by default the one with the highest peak)."""
     phases: dict[str, dict[str, int]]
@@ -140,29 +144,35 @@ def _state(terms: dict[str, int]) -> dict[str, int]:
     return {name: terms.get(name, 0) for name in STATE_CATEGORIES}
 
 
-def _rank_models(engine: str, run: Run) -> list[PeakModel]:
+def modelled_engine(engine: str | None) -> EngineSpec | None:
+    """The registry entry of `engine` if our peak model has a per-phase model of it, else None."""
+    spec = find_engine(engine)
+    return spec if spec is not None and spec.peak_model is not None else None
+
+
+def _rank_models(spec: EngineSpec, run: Run) -> list[PeakModel]:
     """Our model of every rank that differs: whole-tensor shares (zero1, zero2, torch-zero), DeepSpeed's partitions
-    (the tensors each slice touches), one rank for DDP."""
-    stage = ENGINE_STAGES[engine]
-    if engine.startswith("fsdp2"):  # every rank holds an even shard of every tensor: one model
+    (the tensors each slice touches), one rank for DDP and FSDP2."""
+    phases_of, engine = PHASE_MODELS[spec.peak_model], spec.name
+    if spec.sharding == "per-tensor":  # FSDP2: every rank holds an even shard of every tensor: one model
         return [
             PeakModel(
-                engine=engine, rank=0, phases=fsdp2_phases(run, stage), boundary=_state(fsdp2_boundary(run))
+                engine=engine, rank=0, phases=phases_of(run, spec.stage), boundary=_state(fsdp2_boundary(run))
             )
         ]
-    if engine.startswith("ds"):
+    if spec.sharding == "flat":  # DeepSpeed's slices of one flat buffer
         return [
-            PeakModel(engine=engine, rank=part.rank, phases=deepspeed_phases(run, stage, part),
-                      boundary=_state(deepspeed_boundary(run, stage, part)))
+            PeakModel(engine=engine, rank=part.rank, phases=phases_of(run, spec.stage, part),
+                      boundary=_state(deepspeed_boundary(run, spec.stage, part)))
             for part in flat_partitions(run)
         ]  # fmt: skip
-    if engine == "ddp":
+    if spec.sharding == "replicated":
         shares = [Share(rank=0, owned=run.shape.num_params, largest=run.largest_tensor)]
     else:
         shares = whole_tensor_shares(run)
     models = []
     for share in shares:
-        phases = {"zero1": zero1_phases, "zero2": zero2_phases}.get(engine, ddp_phases)(run, share)
+        phases = phases_of(run, share)
         boundary = _state(phases["step"])  # the step's transients are not categories
         models.append(PeakModel(engine=engine, rank=share.rank, phases=phases, boundary=boundary))
     return models
@@ -187,7 +197,7 @@ def engine_peak(
     """Our per-phase model of one engine (the rank with the highest peak, or `rank`).
 
     Args:
-        engine: "ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "ds3", "fsdp2-z2" or "fsdp2-z3".
+        engine: an engine of zero_train.registry with a per-phase model (its `peak_model`).
         shape: the model (theory.model_shape; a bare parameter count gives no activations).
         world_size: N, the data-parallel ranks.
         precision: "fp32", "bf16" or "fp16".
@@ -209,11 +219,13 @@ def engine_peak(
         The PeakModel; .boundary["activations"] holds the activations of one micro-batch.
 
     Raises:
-        ValueError: an unknown engine.
+        ValueError: an unknown engine, or one without a per-phase model.
     """
-    if engine not in ENGINE_STAGES:
-        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINE_STAGES)}")
-    settings = DeepSpeedSettings.from_config(ds_config, ENGINE_STAGES[engine])
+    spec = modelled_engine(engine)
+    if spec is None:
+        known = ", ".join(spec.name for spec in ENGINES if spec.peak_model)
+        raise ValueError(f"unknown engine {engine!r} to the peak model; one of {known}")
+    settings = DeepSpeedSettings.from_config(ds_config, spec.stage)
     if activation_count is not None:
         activation_count = ActivationTerms(saved_bytes=activation_count.saved_bytes,
                                            loss_bytes=activation_count.loss_bytes,
@@ -221,9 +233,9 @@ def engine_peak(
     run = Run(shape=shape, world_size=world_size, precision=precision, micro_batch_size=micro_batch_size,
               block_size=block_size, deepspeed=settings, backend=backend, grad_accum=grad_accum,
               gradient_checkpointing=gradient_checkpointing, activation_count=activation_count)  # fmt: skip
-    models = _rank_models(engine, run)
+    models = _rank_models(spec, run)
     settings_offload = offload.OffloadSettings.from_config(ds_config)
-    if engine.startswith("ds") and settings_offload.active:
+    if spec.family == "deepspeed" and settings_offload.active:
         one = run.backend == "gloo" if host_in_phases is None else host_in_phases
         models = [_offloaded(model, run, settings_offload, one=one) for model in models]
     chosen = [model for model in models if model.rank == rank]
@@ -236,7 +248,7 @@ def engine_peak(
 def _offloaded(model: PeakModel, run: Run, settings: offload.OffloadSettings, *, one: bool) -> PeakModel:
     """`model` with DeepSpeed's offload: the device's phases without what moved (offload.device_phases) and,
     on a CPU run (gloo: one memory), the host's terms beside them in every phase."""
-    stage = ENGINE_STAGES[model.engine]
+    stage = find_engine(model.engine).stage
     part = next(p for p in flat_partitions(run) if p.rank == model.rank)
     inputs = offload.rank_inputs(stage, run, part)
     phases = offload.device_phases(model.phases, inputs, settings)

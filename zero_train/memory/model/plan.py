@@ -28,6 +28,7 @@ from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.memory.model import offload
 from zero_train.memory.model.estimate import StageEstimate, counted_activations, estimate_engine
 from zero_train.memory.model.theory import ModelShape
+from zero_train.registry import ENGINES, engine_spec
 
 GB = 1e9
 
@@ -37,7 +38,7 @@ class Setup:
     """One way to train: an engine of the peak model, recomputation, offload."""
 
     engine: str
-    """ddp, ds1, ds2, ds3, fsdp2-z2 or fsdp2-z3 (zero_train.memory.model.theory.ENGINE_STAGES)."""
+    """An engine `zero-train plan` may choose (zero_train.registry: `planned`), e.g. "ds3"; also train.py's --engine."""
     checkpointing: bool = False
     """Activation (gradient) checkpointing: recompute each block in backward."""
     offload_optimizer: bool = False
@@ -48,20 +49,17 @@ class Setup:
     @property
     def stage(self) -> int:
         """The ZeRO stage of the JSON."""
-        return {"ddp": 0, "ds1": 1, "ds2": 2, "ds3": 3, "fsdp2-z2": 2, "fsdp2-z3": 3}[self.engine]
+        return engine_spec(self.engine).stage
 
     @property
-    def train_engine(self) -> str:
-        """scripts/train.py --engine."""
-        if self.engine == "ddp":
-            return "ddp"  # torch DDP reading the same JSON (what the peak model describes at stage 0)
-        return "fsdp2" if self.engine.startswith("fsdp2") else "deepspeed"
+    def family(self) -> str | None:
+        """The library ("deepspeed", "fsdp2"; None: torch DDP), e.g. for accelerate's plugin."""
+        return engine_spec(self.engine).family
 
     @property
     def name(self) -> str:
         """Words, e.g. "DeepSpeed ZeRO-3 + checkpointing + optimizer offload"."""
-        base = {"ddp": "DDP (torch)", "fsdp2-z2": "FSDP2, kept gathered",
-                "fsdp2-z3": "FSDP2, resharded"}.get(self.engine, f"DeepSpeed ZeRO-{self.stage}")  # fmt: skip
+        base = engine_spec(self.engine).label
         extras = [
             word
             for flag, word in ((self.checkpointing, "checkpointing"), (self.offload_optimizer, "optimizer offload"),
@@ -71,8 +69,11 @@ class Setup:
         return " + ".join([base, *extras])
 
 
-TRAFFIC_ORDER = ("ddp", "ds1", "ds2", "fsdp2-z2", "ds3", "fsdp2-z3")
-"""2 Psi per step (all-reduce, or reduce-scatter + all-gather) before 3 Psi (ZeRO-3: parameters gathered twice)."""
+TRAFFIC_ORDER = tuple(
+    spec.name for spec in sorted((s for s in ENGINES if s.planned), key=lambda s: s.stage == 3)
+)
+"""2 Psi per step (all-reduce, or reduce-scatter + all-gather) before 3 Psi (ZeRO-3: parameters gathered twice);
+lower stages first among equals (the registry's order)."""
 
 
 def setup_order() -> list[Setup]:
@@ -81,11 +82,11 @@ def setup_order() -> list[Setup]:
     for moved in ("none", "optimizer", "param"):
         for checkpointing in (False, True):
             for engine in TRAFFIC_ORDER:
-                if moved != "none" and engine.startswith("fsdp2"):
-                    continue  # the fsdp2 engine does not offload (DeepSpeed's offload is what we model)
-                if moved == "optimizer" and engine == "ddp":
-                    continue  # offload needs ZeRO
-                if moved == "param" and engine != "ds3":
+                spec = engine_spec(engine)
+                offloads = (
+                    spec.family == "deepspeed" and spec.stage > 0
+                )  # DeepSpeed's offload (what we model) needs ZeRO
+                if (moved != "none" and not offloads) or (moved == "param" and spec.stage != 3):
                     continue
                 order.append(Setup(engine=engine, checkpointing=checkpointing,
                                    offload_optimizer=moved != "none", offload_param=moved == "param"))  # fmt: skip

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zero_train.ds_config.keys import DEEPSPEED_BUCKET_ELEMENTS
+
 STAGES = (0, 1, 2, 3)
 GB = 1e9  # the paper's GB
 ADAM_K = 12  # fp32 master params + momentum + variance, bytes per parameter (paper section 3.1)
-DEFAULT_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default, in elements
+DEFAULT_REDUCE_BUCKET_SIZE = DEEPSPEED_BUCKET_ELEMENTS  # DeepSpeed's default, in elements
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -146,18 +148,3 @@ def model_shape(config) -> ModelShape:
         param_numels=numels,
         tied_embedding_params=embedding.weight.numel() if tied else 0,
     )
-
-
-ENGINE_STAGES = {
-    "ddp": 0,
-    "zero1": 1,
-    "zero2": 2,
-    "torch-zero": 1,
-    "ds1": 1,
-    "ds2": 2,
-    "ds3": 3,
-    "fsdp2-z2": 2,
-    "fsdp2-z3": 3,
-}
-"""The ZeRO stage each engine of the profile matrix implements (the paper's row it is compared with; FSDP2's
-modes are named by the config stage that picks them, though both shard parameters at rest)."""

@@ -1,0 +1,172 @@
+"""The engines, each defined once: name, label, ZeRO stage, builder, and what the rest of the code derives.
+
+    engine_spec("ds2").builder            # "zero_train.engines.deepspeed_engine:DeepSpeedEngine"
+    resolve_engine("deepspeed", stage=3)  # the ds3 entry: `--engine deepspeed` follows the config's stage
+    engine_names()                        # every engine, in the report's order
+
+One naming scheme everywhere a user looks: `--engine ds2` (train.py), `--engines ddp,ds2` (profile, bench), the
+run record's "engine", the report's rows and plots, the peak model. `--engine deepspeed` and `--engine fsdp2`
+stay accepted as aliases (FAMILIES): that library at the config's ZeRO stage, resolved to the engine's name once,
+when the run is planned. Every other list of engines (train.py's choices, profile's and bench's defaults, the
+report's order, labels and markers, the memory matrix, the paper's stage of each engine, the peak model's
+dispatch, plan's candidates) is derived from ENGINES; tests/test_registry.py fails on a hand-written one.
+
+Adding an engine is one EngineSpec here plus its builder module (and, for the memory report, the per-phase model
+its `peak_model` names in zero_train.memory.model). Pure data that imports nothing heavy: memory, engines,
+train, report, bench and cli all read it (the bottom of the import layers, above runtime's errors only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zero_train.runtime.errors import UsageError
+
+SHARDINGS = ("replicated", "whole-tensor", "flat", "per-tensor")
+"""How an engine splits the optimizer states over ranks: not at all; whole tensors to owners (sorted greedy,
+zero_train.sharding.partition); one flat buffer cut into equal slices (DeepSpeed); every tensor cut evenly on
+dim 0 (FSDP2)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineSpec:
+    """One engine: what a user calls it and everything the code derives from it."""
+
+    name: str
+    """The one name users see: `--engine NAME`, profile's and bench's `--engines`, run records, the report."""
+    label: str
+    """Words for tables and plots, e.g. "DeepSpeed ZeRO-2"."""
+    stage: int
+    """ZeRO stage: the paper's row it is compared with and the stage of the DeepSpeed config generated for it
+    (FSDP2's two modes are named by the config stage that picks them, though both shard parameters at rest)."""
+    builder: str
+    """"module:Class" of its zero_train.engines.base.Engine (imported only when a run builds it)."""
+    family: str | None = None
+    """`--engine FAMILY` (an alias) picks this engine when the config's ZeRO stage is `stage`; None: no alias."""
+    family_default: bool = False
+    """The engine `--engine FAMILY` runs without a --deepspeed_config (the generated config's stage is `stage`)."""
+    ours: bool = False
+    """Our hand-written sharder (zero_train.sharding), not a library's."""
+    sharding: str
+    """How it splits the optimizer states over ranks (one of SHARDINGS)."""
+    peak_model: str | None
+    """The function of zero_train.memory.model that gives its per-phase peak (e.g. "zero1_phases"); None: none
+    (the report then compares it with the paper only)."""
+    marker: str
+    """Its matplotlib marker in the report's plots."""
+    default: bool = True
+    """In the default `--engines` of `zero-train profile` and `zero-train bench`."""
+    matrix: bool = False
+    """In the out-of-sample memory matrix (zero_train.report.matrix): its design fixes six engines."""
+    planned: bool = False
+    """A set-up `zero-train plan` may choose (it writes a DeepSpeed JSON for DDP, DeepSpeed or FSDP2)."""
+    hf_peer: bool = False
+    """`zero-train bench` also runs the Hugging Face Trainer on its config (cell `hf-NAME`)."""
+
+    def __post_init__(self) -> None:
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"{self.name}: sharding {self.sharding!r} is not one of {', '.join(SHARDINGS)}")
+        if ":" not in self.builder:
+            raise ValueError(f"{self.name}: builder {self.builder!r} is not 'module:Class'")
+
+
+_DEEPSPEED = "zero_train.engines.deepspeed_engine:DeepSpeedEngine"
+_FSDP2 = "zero_train.engines.fsdp2:FSDP2Engine"
+
+ENGINES: tuple[EngineSpec, ...] = (
+    EngineSpec(name="ddp", label="torch DDP", stage=0, builder="zero_train.engines.ddp:DDPEngine",
+               sharding="replicated", peak_model="ddp_phases", marker="o", matrix=True, planned=True,
+               hf_peer=True),
+    EngineSpec(name="zero1", label="our ZeRO-1", stage=1, builder="zero_train.engines.zero1:Zero1Engine", ours=True,
+               sharding="whole-tensor", peak_model="zero1_phases", marker="s", matrix=True),
+    EngineSpec(name="zero2", label="our ZeRO-2", stage=2, builder="zero_train.engines.zero2:Zero2Engine", ours=True,
+               sharding="whole-tensor", peak_model="zero2_phases", marker="X"),
+    EngineSpec(name="torch-zero", label="torch ZeroRedundancyOptimizer", stage=1,
+               builder="zero_train.engines.torch_zero:TorchZeroEngine", sharding="whole-tensor",
+               peak_model="ddp_phases", marker="D", matrix=True),
+    EngineSpec(name="ds0", label="DeepSpeed, ZeRO off (stage 0)", stage=0, builder=_DEEPSPEED, family="deepspeed",
+               sharding="replicated", peak_model=None, marker="h", default=False),
+    EngineSpec(name="ds1", label="DeepSpeed ZeRO-1", stage=1, builder=_DEEPSPEED, family="deepspeed",
+               sharding="flat", peak_model="deepspeed_phases", marker="^", matrix=True, planned=True, hf_peer=True),
+    EngineSpec(name="ds2", label="DeepSpeed ZeRO-2", stage=2, builder=_DEEPSPEED, family="deepspeed",
+               family_default=True, sharding="flat", peak_model="deepspeed_phases", marker="v", matrix=True,
+               planned=True, hf_peer=True),
+    EngineSpec(name="fsdp2-z2", label="torch FSDP2, parameters kept gathered (stage 2 config)", stage=2,
+               builder=_FSDP2, family="fsdp2", sharding="per-tensor", peak_model="fsdp2_phases", marker="p",
+               planned=True),
+    EngineSpec(name="ds3", label="DeepSpeed ZeRO-3", stage=3, builder=_DEEPSPEED, family="deepspeed",
+               sharding="flat", peak_model="deepspeed_phases", marker="P", matrix=True, planned=True, hf_peer=True),
+    EngineSpec(name="fsdp2-z3", label="torch FSDP2, resharded after forward (stage 3 config)", stage=3,
+               builder=_FSDP2, family="fsdp2", family_default=True, sharding="per-tensor",
+               peak_model="fsdp2_phases", marker="*", planned=True),
+)  # fmt: skip
+"""Every engine, in the order tables and plots list them (by stage; a library's after ours at a stage)."""
+
+_BY_NAME = {spec.name: spec for spec in ENGINES}
+FAMILIES = tuple(dict.fromkeys(spec.family for spec in ENGINES if spec.family))
+"""The aliases `--engine` also accepts ("deepspeed", "fsdp2"): that library at the config's ZeRO stage."""
+
+
+def engine_names(*, default_only: bool = False) -> tuple[str, ...]:
+    """Every engine's name in table order (default_only: those in profile's and bench's default --engines)."""
+    return tuple(spec.name for spec in ENGINES if spec.default or not default_only)
+
+
+def find_engine(name: str | None) -> EngineSpec | None:
+    """The engine called `name`, None if there is none (an old record, a bench peer)."""
+    return _BY_NAME.get(name) if name else None
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The engine called `name` (UsageError naming the choices if there is none)."""
+    spec = find_engine(name)
+    if spec is None:
+        raise UsageError(f"unknown engine {name!r}; choose one of {', '.join(_BY_NAME)}")
+    return spec
+
+
+def family_engines(family: str) -> tuple[EngineSpec, ...]:
+    """The engines `--engine family` can resolve to, by stage."""
+    return tuple(spec for spec in ENGINES if spec.family == family)
+
+
+def resolve_engine(name: str, stage: int | None = None) -> EngineSpec:
+    """The engine `--engine name` runs on a config of ZeRO stage `stage`.
+
+    Args:
+        name: an engine's name or a family alias (FAMILIES).
+        stage: the config's zero_optimization.stage; None: no config given (a family runs its default engine,
+            whose stage the generated config then takes).
+
+    Returns:
+        The engine; UsageError for an unknown name, a family without an engine at that stage, or an engine of
+        a library whose name fixes a stage other than the config's.
+    """
+    if name in FAMILIES:
+        engines = family_engines(name)
+        if stage is None:
+            return next(spec for spec in engines if spec.family_default)
+        chosen = [spec for spec in engines if spec.stage == stage]
+        if not chosen:
+            stages = " or ".join(str(spec.stage) for spec in engines)
+            raise UsageError(f"--engine {name} needs a config of ZeRO stage {stages} (got stage {stage})")
+        return chosen[0]
+    spec = engine_spec(name)
+    if stage is not None and spec.family is not None and stage != spec.stage:
+        same = [other.name for other in family_engines(spec.family) if other.stage == stage]
+        fix = f"--engine {same[0]}" if same else f"a stage {spec.stage} config"
+        raise UsageError(
+            f"--engine {name} runs ZeRO stage {spec.stage} but the config sets stage {stage}; use {fix} "
+            f"(or --engine {spec.family}: the config's stage)"
+        )
+    return spec
+
+
+def engine_help() -> str:
+    """Every engine and alias in words (train.py's --engine help)."""
+    engines = "; ".join(f"{spec.name}: {spec.label}" for spec in ENGINES)
+    aliases = "; ".join(
+        f"{family}: {' / '.join(spec.name for spec in family_engines(family))} by the config's ZeRO stage"
+        for family in FAMILIES
+    )
+    return f"{engines}; or an alias, {aliases}"

@@ -1,0 +1,41 @@
+"""The training entry point: `python -m zero_train.train` (what scripts/train.py, `zero-train train` and every
+launcher run).
+
+    # one process, no launcher
+    python -m zero_train.train --engine ddp --model tiny --max-steps 5
+    # 2 ranks (CPU ranks + gloo here, GPUs elsewhere): each launcher starts the module as `python -m` would
+    torchrun --nproc_per_node 2 -m zero_train.train --engine zero2 --max-steps 30
+    deepspeed --num_gpus 2 --module zero_train.train --deepspeed_config ds_configs/zero2.json --engine ds2
+    accelerate launch --config_file accel.yaml -m zero_train.train --engine deepspeed
+    # the settings from a file, flags overriding it
+    zero-train train --config run.toml --max-steps 50
+
+Flags and outputs: docs/launch.md (or --help). The steps: zero_train.train.loop.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from zero_train.runtime.device import pin_deepspeed_accelerator
+from zero_train.runtime.errors import run_cli
+from zero_train.runtime.startup import collector_paused
+from zero_train.train.args import parse_args
+from zero_train.train.config import RunConfig
+
+
+def train(config: RunConfig) -> int:
+    """Import what the run needs with the collector paused (faster start-up), then train; returns 0."""
+    with collector_paused():  # less start-up per rank (zero_train.runtime.startup)
+        pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
+        from zero_train.train.loop import run_training
+        from zero_train.train.setup import import_run_modules
+
+        import_run_modules(config)
+    run_training(config)
+    return 0
+
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m zero_train.train") -> None:
+    """Parse the flags (and --config file) and train; errors a user can fix print one line and exit 2."""
+    run_cli(lambda: train(parse_args(sys.argv[1:] if argv is None else argv, prog=prog)))
