@@ -96,7 +96,7 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
         )
     if ours and world_size == 1:
         return f"our ZeRO-{spec.stage} skips every collective on 1 rank"
-    if ours and facts is not None:
+    if ours and spec.stage in GRADIENT_RINGS and facts is not None:
         return _zero1_comm_cause(row, facts)
     if (
         spec is not None
@@ -120,7 +120,8 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
 
 
 GRADIENT_RINGS = {1: "one reduce-scatter", 2: "each bucket to its owners during backward"}
-"""How our ZeRO-1 and ZeRO-2 (by stage) send the gradients to their owners on gloo."""
+"""How our ZeRO-1 and ZeRO-2 (by stage) send the gradients to their owners on gloo (the sharders' accounting
+describes these two)."""
 
 
 def _zero1_comm_cause(row: dict, facts: ModelFacts) -> str:
