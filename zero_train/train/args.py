@@ -90,8 +90,11 @@ def _argument(spec, words: str) -> dict[str, Any]:
 
 @functools.cache
 def field_docs() -> dict[str, str]:
-    """ "Class.field" -> the docstring under the field in zero_train.train.config."""
-    tree = ast.parse(pathlib.Path(run_config.__file__).read_text())
+    """Part.field -> the docstring under the field in zero_train.train.config (none without its source)."""
+    try:
+        tree = ast.parse(pathlib.Path(run_config.__file__).read_text())
+    except OSError:  # installed without sources (.pyc only): the flags still work, without help
+        return {}
     docs = {}
     for part in (node for node in tree.body if isinstance(node, ast.ClassDef)):
         for statement, following in zip(part.body, part.body[1:], strict=False):
