@@ -73,7 +73,12 @@ def test_hf_auto_matches_what_the_trainer_fills(capsys):
 
     cfg = generate(capsys, "--stage", "3", "--hf-auto")
     autos = set(auto_keys(cfg))
-    assert autos == set(AUTO_KEYS)  # every key the HF Trainer fills, nothing it does not
+    # every key the HF Trainer fills, nothing it does not; no scheduler block: the Trainer's own scheduler
+    assert autos == {key for key in AUTO_KEYS if not key.startswith("scheduler.")} and "scheduler" not in cfg
+    # save_model() writes the weights
+    assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    scheduled = generate(capsys, "--stage", "3", "--hf-auto", "--scheduler", "warmup_linear")
+    assert set(auto_keys(scheduled)) == set(AUTO_KEYS)  # a scheduler asked for: DeepSpeed's, HF-filled
     given = generate(capsys, "--stage", "2", "--hf-auto", "--lr", "1e-4", "--micro-batch-size", "2")
     assert given["optimizer"]["params"]["lr"] == 1e-4 and given["train_micro_batch_size_per_gpu"] == 2
     assert given["zero_optimization"]["reduce_bucket_size"] == "auto"
@@ -116,6 +121,9 @@ def test_optimizer_and_schedule_flags(capsys):
     assert "warmup_max_lr" not in cosine["scheduler"]["params"]  # WarmupCosineLR has no such parameter
     fp16 = generate(capsys, "--precision", "fp16", "--initial-scale-power", "12")
     assert fp16["fp16"]["initial_scale_power"] == 12 and fp16["fp16"]["loss_scale"] == 0
+    assert "scheduler" not in generate(capsys, "--warmup-steps", "0")  # no warmup, no decay: a constant lr
+    no_warmup = generate(capsys, "--scheduler", "warmup_linear", "--warmup-steps", "0", "--max-steps", "10")
+    assert no_warmup["scheduler"]["params"]["warmup_num_steps"] == 1  # DeepSpeed's least, as HF fills it
 
 
 def test_generated_schedule_is_what_train_settings_reads(capsys):

@@ -54,8 +54,6 @@ def _request(limit_bytes: float):
 
 @pytest.mark.multiproc
 def test_the_plan_for_a_limit_above_a_measured_peak_runs_under_it(tmp_path):
-    import argparse
-
     from zero_train.cli.plan import chosen_config
     from zero_train.ds_config.check import check_config
     from zero_train.memory.model.plan import make_plan
@@ -74,7 +72,7 @@ def test_the_plan_for_a_limit_above_a_measured_peak_runs_under_it(tmp_path):
         ""
     ] * 0  # the cheapest set-up (DDP) fits at a smaller micro-batch
     assert (plan.chosen.setup.engine, plan.chosen.micro_batch_size, plan.chosen.grad_accum) == ("ddp", 1, 2)
-    config = chosen_config(plan, argparse.Namespace())
+    config = chosen_config(plan)
     report = check_config(config, world_size=2)
     assert not report.problems, report.problems
     (tmp_path / "plan.json").write_text(json.dumps(config))

@@ -105,7 +105,9 @@ def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
     optim.add_argument(
         "--scheduler", choices=("constant", "warmup_constant", "warmup_linear", "warmup_cosine")
     )
-    optim.add_argument("--warmup-steps", type=positive_int)
+    optim.add_argument(
+        "--warmup-steps", type=non_negative_int, help="0: none (DeepSpeed's warmup schedulers take >= 1)"
+    )
     optim.add_argument("--warmup-type", choices=("linear", "log"), default="linear")
     optim.add_argument("--max-steps", type=positive_int, help="total optimizer steps (decay horizon)")
     optim.add_argument("--min-lr-ratio", type=non_negative_float, help="cosine floor as a fraction of lr")
@@ -115,7 +117,9 @@ def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
     _add_comm_and_fp16_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--model", help="a preset or an HF config folder: bucket sizes from its hidden size")
-    out.add_argument("--hf-auto", action="store_true", help='"auto" where the HF Trainer fills values')
+    out.add_argument("--hf-auto", action="store_true",
+                     help='for the HF Trainer: "auto" where it fills values, its own lr scheduler (no scheduler '
+                     "block unless --scheduler/--warmup-steps/--max-steps), ZeRO-3 weights gathered on save")  # fmt: skip
     out.add_argument("-o", "--output", help="write the JSON here (default stdout)")
     _add_accelerate_flags(parser)
 

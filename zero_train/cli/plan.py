@@ -3,6 +3,8 @@
     zero-train plan --model llama-3-8b --nodes 2 --gpus-per-node 8 --gpu-memory 80 --host-memory 1000 \\
         --global-batch-size 512 --block-size 4096 -o ds.json
     zero-train plan ... --format accelerate -o accel.yaml          # + accel.json beside it
+    zero-train plan ... --hf-auto -o ds.json    # for TrainingArguments(deepspeed="ds.json", ...): DeepSpeed set-ups,
+                                                # "auto" where the Trainer's arguments rule, its own lr scheduler
 
 Prints the set-ups that fit, cheapest (expected fastest) first, each with its predicted peak per rank and
 host use, and why every cheaper one does not fit; writes the first one (zero_train.memory.model.plan).
@@ -16,11 +18,14 @@ import sys
 
 from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
+from zero_train.registry import ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import positive_float, positive_int
 
 GB = 1e9
+HF_TRAINER_ENGINES = tuple(spec.name for spec in ENGINES if spec.planned and spec.family == "deepspeed")
+"""Set-ups a DeepSpeed JSON gives the HF Trainer (torch DDP and FSDP2 are its own options, not a JSON)."""
 
 
 def plan_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -45,6 +50,9 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
         "reserve, NCCL buffers), default 0")  # fmt: skip
     add("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: CPU ranks with gloo (tests here)")
     add("--format", choices=("deepspeed", "accelerate"), default="deepspeed")
+    add("--hf-auto", action="store_true",
+        help="for the HF Trainer: DeepSpeed set-ups only, \"auto\" for lr, betas, eps, weight decay and clipping "
+        "(its arguments), no scheduler block (its lr_scheduler_type); prints the TrainingArguments to pass")  # fmt: skip
     add("-o", "--output", help="write the chosen set-up here (JSON; .yaml with --format accelerate)")
     parser.set_defaults(func=plan_command)
     return parser
@@ -83,13 +91,30 @@ def request_from_args(args: argparse.Namespace):
         raise UsageError(str(err)) from err
 
 
-def chosen_config(plan, args: argparse.Namespace) -> dict:
-    """The DeepSpeed JSON of the chosen set-up: the one its estimate read."""
+def chosen_config(plan, *, hf_auto: bool = False) -> dict:
+    """The DeepSpeed JSON of the chosen set-up: the one its estimate read (hf_auto: with HF's "auto")."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.plan import setup_config
 
     chosen = plan.chosen
-    return setup_config(plan.request, chosen.setup, chosen.micro_batch_size, chosen.grad_accum)
+    return setup_config(
+        plan.request, chosen.setup, chosen.micro_batch_size, chosen.grad_accum, hf_auto=hf_auto
+    )
+
+
+def trainer_arguments(plan, output: str | None) -> str:
+    """The TrainingArguments that match the chosen set-up (the HF Trainer checks them against the JSON)."""
+    chosen = plan.chosen
+    arguments = [
+        f'deepspeed="{output or "ds.json"}"',
+        f"per_device_train_batch_size={chosen.micro_batch_size}",
+        f"gradient_accumulation_steps={chosen.grad_accum}",
+    ]
+    if plan.request.precision in ("bf16", "fp16"):
+        arguments.append(f"{plan.request.precision}=True")
+    if chosen.setup.checkpointing:
+        arguments.append("gradient_checkpointing=True")
+    return f"TrainingArguments({', '.join(arguments)}, ...)"
 
 
 def _count(num_params: int) -> str:
@@ -129,15 +154,17 @@ def plan_command(args: argparse.Namespace) -> int:
         check_output_file(args.output, flag="-o")
     request = request_from_args(args)
     try:
-        plan = make_plan(request)
+        plan = make_plan(request, engines=HF_TRAINER_ENGINES if args.hf_auto else None)
     except ValueError as err:
         raise UsageError(str(err)) from err
     sys.stdout.write(render(plan, args))
     setup = plan.chosen.setup
     flags = " --gradient-checkpointing" if setup.checkpointing else ""
     print(f"run: scripts/train.py --engine {setup.engine} --deepspeed_config FILE{flags}")
+    if args.hf_auto:
+        print(f"HF Trainer: {trainer_arguments(plan, args.output)}")
     if args.output:
-        write_plan(chosen_config(plan, args), args, engine=setup.family or setup.engine)
+        write_plan(chosen_config(plan, hf_auto=args.hf_auto), args, engine=setup.family or setup.engine)
     return 0
 
 

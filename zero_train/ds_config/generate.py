@@ -70,9 +70,9 @@ class ConfigRequest:
     torch_adam: bool = True
     """Use torch.optim.AdamW/Adam (no kernel build); cpu optimizer offload always uses DeepSpeedCPUAdam."""
     scheduler: str | None = None
-    """constant, warmup_constant, warmup_linear, warmup_cosine (default: from warmup/total steps)."""
+    """constant, warmup_constant, warmup_linear, warmup_cosine (default: resolved_scheduler)."""
     warmup_steps: int | None = None
-    """Warmup optimizer steps."""
+    """Warmup optimizer steps (0: none; DeepSpeed's schedulers take at least 1, as the HF integration writes)."""
     warmup_type: str = "linear"
     """linear or log."""
     total_steps: int | None = None
@@ -98,7 +98,7 @@ class ConfigRequest:
     max_live_parameters: int | None = None
     """stage3_max_live_parameters."""
     gather_16bit_weights: bool | None = None
-    """stage3_gather_16bit_weights_on_model_save."""
+    """stage3_gather_16bit_weights_on_model_save (default false; hf_auto: true, or save_model() writes none)."""
     loss_scale: float | None = None
     """fp16 static loss scale, 0 = dynamic."""
     initial_scale_power: int | None = None
@@ -194,10 +194,18 @@ def _check_schedule(req: ConfigRequest) -> None:
         raise UsageError(f"--warmup-steps {req.warmup_steps} exceeds --max-steps {req.total_steps}")
 
 
+def hf_owns_schedule(req: ConfigRequest) -> bool:
+    """hf_auto without a schedule flag: no scheduler block, so that the HF Trainer's lr_scheduler_type and
+    warmup apply (transformers/integrations/deepspeed.py `deepspeed_optim_sched`: a block replaces them)."""
+    return req.hf_auto and req.scheduler is None and not req.warmup_steps and req.total_steps is None
+
+
 def resolved_scheduler(req: ConfigRequest) -> str:
-    """The scheduler to write: explicit, else from which of warmup/total steps were given."""
+    """The scheduler to write: explicit, else from which of warmup/total steps were given ("constant": none)."""
     if req.scheduler is not None:
         return req.scheduler
+    if hf_owns_schedule(req):
+        return "constant"
     if req.total_steps is not None or req.hf_auto:
         return "warmup_linear"
     return "warmup_constant" if req.warmup_steps else "constant"
@@ -287,10 +295,8 @@ def scheduler_section(req: ConfigRequest) -> dict | None:
     else:
         params["warmup_min_ratio"] = generated_default("scheduler.params.warmup_min_ratio")
         params["cos_min_ratio"] = _or(req.min_lr_ratio, generated_default("scheduler.params.cos_min_ratio"))
-    # DeepSpeed needs >= 1 warmup step (it clamps to 2)
-    params["warmup_num_steps"] = _value(
-        req, "warmup_steps", generated_default("scheduler.params.warmup_num_steps")
-    )
+    warmup = _value(req, "warmup_steps", generated_default("scheduler.params.warmup_num_steps"))
+    params["warmup_num_steps"] = warmup if warmup == AUTO else max(1, warmup)  # DeepSpeed rejects 0
     if kind != "warmup_constant":
         params["total_num_steps"] = _value(req, "total_steps", None)
     params["warmup_type"] = req.warmup_type
@@ -361,7 +367,8 @@ def zero_section(req: ConfigRequest) -> dict:
             req.max_live_parameters, generated_default(f"{ZERO}.stage3_max_live_parameters")
         )
         zero["stage3_gather_16bit_weights_on_model_save"] = _or(
-            req.gather_16bit_weights, generated_default(f"{ZERO}.stage3_gather_16bit_weights_on_model_save")
+            req.gather_16bit_weights,
+            req.hf_auto or generated_default(f"{ZERO}.stage3_gather_16bit_weights_on_model_save"),
         )
     return zero
 

@@ -156,15 +156,18 @@ class Candidate:
         return not self.reason
 
 
-def setup_config(request: PlanRequest, setup: Setup, micro_batch_size: int, grad_accum: int) -> dict:
+def setup_config(
+    request: PlanRequest, setup: Setup, micro_batch_size: int, grad_accum: int, *, hf_auto: bool = False
+) -> dict:
     """The DeepSpeed JSON of a set-up (zero_train.ds_config's generator, buckets from the model's width):
-    what the plan writes, and what its estimate reads."""
+    what the plan writes, and what its estimate reads. hf_auto: the same memory, with "auto" for what the HF
+    Trainer's arguments own (lr, betas, eps, weight decay, clipping) and no scheduler block (its own)."""
     return generate_config(ConfigRequest(
         stage=setup.stage, precision=request.precision,
         offload_optimizer="cpu" if setup.offload_optimizer else "none",
         offload_param="cpu" if setup.offload_param else "none",
         micro_batch_size=micro_batch_size, grad_accum=grad_accum, world_size=request.world_size,
-        hidden_size=request.shape.hidden_size or None,
+        hidden_size=request.shape.hidden_size or None, hf_auto=hf_auto,
     ))  # fmt: skip
 
 
@@ -256,8 +259,11 @@ class Plan:
         return self.fitting[0]
 
 
-def make_plan(request: PlanRequest, *, keep: int = 5) -> Plan:
+def make_plan(request: PlanRequest, *, keep: int = 5, engines: tuple[str, ...] | None = None) -> Plan:
     """Try the set-ups cheapest first; stop after `keep` that fit.
+
+    Args:
+        engines: only set-ups of these engines (Setup.engine), e.g. DeepSpeed's for the HF Trainer; None: all.
 
     Raises:
         ValueError: nothing fits (the message names the most economical set-up's shortfall).
@@ -265,6 +271,8 @@ def make_plan(request: PlanRequest, *, keep: int = 5) -> Plan:
     fitting, rejected = [], []
     counts = ActivationCounts(request)
     for setup in setup_order():
+        if engines is not None and setup.engine not in engines:
+            continue
         candidate = evaluate(request, setup, counts)
         (fitting if candidate.fits else rejected if not fitting else []).append(candidate)
         if len(fitting) >= keep:
