@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export ZT_OFFLINE=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1
+export PATH="$PWD/.venv/bin:$PATH"  # as an activated venv: its ninja, which built DeepSpeed's ops (setup.sh)
 model=${ZT_DEMO_MODEL:-gpt2-25m}
 precision=${ZT_DEMO_PRECISION:-fp32}
 steps=${ZT_DEMO_STEPS:-3}

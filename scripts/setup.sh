@@ -15,6 +15,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+# The venv's tools first, as in an activated venv: torch builds DeepSpeed's ops with the first `ninja` on PATH,
+# and the ops must be built with the ninja every zero_train process loads them with, the venv's (pip's ninja
+# 1.13 and a system ninja 1.11 each discard the other's build log and rebuild everything, ~2 min on 2 cores;
+# zero_train/__init__.py puts the venv's first in every process, zero_train/runtime/extensions.py explains).
+export PATH="$PWD/$VENV/bin:$PATH"
 
 # DeepSpeed JIT-compiles its CPU ops the first time a process needs them: the shared-memory collectives
 # every CPU rank of deepspeed.init_distributed loads (~27 s to build on 2 cores) and DeepSpeedCPUAdam for
@@ -28,13 +33,20 @@ build_deepspeed_cpu_ops() {
   # paths, so venvs sharing ~/.cache/torch_extensions rebuilt each other's ops inside the tests whenever they
   # alternated (seen: 214 s in tests/test_ds_configs_shipped.py on a 2-core AVX2 EPYC; 79 s again after a
   # clean clone's CI on the AVX512 one)
-  local ext=${TORCH_EXTENSIONS_DIR:-$VENV/torch_extensions}
-  if compgen -G "$ext/deepspeed_shm_comm/*.so" >/dev/null && compgen -G "$ext/cpu_adam/*.so" >/dev/null; then
-    return 0
-  fi
+  # built, and up to date for the venv's ninja (ops built by another ninja would rebuild at their first load)
+  "$VENV/bin/python" - <<'PY' && return 0
+import sys
+
+import zero_train  # noqa: F401  (sets TORCH_EXTENSIONS_DIR to this venv's)
+from zero_train.runtime.extensions import built_ops, venv_ninja, would_rebuild
+
+ops, ninja = built_ops(), venv_ninja()
+fresh = ninja is not None and not any(would_rebuild(folder, ninja) for folder in ops.values())
+sys.exit(0 if fresh and {"deepspeed_shm_comm", "cpu_adam"} <= set(ops) else 1)
+PY
   local ops_start
   ops_start=$(date +%s)
-  echo "[setup] building DeepSpeed's CPU ops (shared-memory collectives, CPUAdam) once for this venv"
+  echo "[setup] building DeepSpeed's CPU ops (shared-memory collectives, CPUAdam) once for this venv, with its ninja"
   DS_ACCELERATOR=cpu "$VENV/bin/python" - <<'PY' >/dev/null 2>&1 || { echo "[setup] building DeepSpeed's CPU ops failed: run the lines above by hand to see the compiler's error" >&2; exit 1; }
 import zero_train  # noqa: F401  (sets TORCH_EXTENSIONS_DIR to this venv's)
 import deepspeed.ops

@@ -11,4 +11,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export ZT_OFFLINE=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PATH="$PWD/.venv/bin:$PATH"  # as an activated venv: its ninja, which built DeepSpeed's ops (setup.sh)
 exec .venv/bin/python -m pytest -q -n "${ZT_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=15 tests "$@"

@@ -30,5 +30,21 @@ __version__ = "0.1.0"
 # records the environment's include paths, so two virtual environments (two clones) rebuild each other's ops
 # whenever they alternate: ~70 s of g++ on 2 cores inside whichever run or test loads one first. In a virtual
 # environment they live in it instead (scripts/setup.sh builds them there once); an explicit setting wins.
+# They are built and loaded with the venv's own ninja (torch runs the first `ninja` on PATH, and ninja 1.11 and
+# 1.13 each discard the other's build log and rebuild everything): an activated venv, scripts/test.sh and a bare
+# `.venv/bin/python` then agree (zero_train.runtime.extensions; scripts/setup.sh builds with it).
+
+
+def _venv_ninja_first(venv_bin: str) -> None:
+    """Put `venv_bin` first on PATH when it holds a ninja and PATH would find another one first."""
+    path = _os.environ.get("PATH", "")
+    if not _os.path.isfile(_os.path.join(venv_bin, "ninja")):
+        return
+    first = next((d for d in path.split(_os.pathsep) if _os.path.isfile(_os.path.join(d, "ninja"))), None)
+    if first is None or _os.path.realpath(first) != _os.path.realpath(venv_bin):
+        _os.environ["PATH"] = venv_bin + _os.pathsep + path
+
+
 if _sys.prefix != _sys.base_prefix:
     _os.environ.setdefault("TORCH_EXTENSIONS_DIR", _os.path.join(_sys.prefix, "torch_extensions"))
+    _venv_ninja_first(_os.path.join(_sys.prefix, "bin"))
