@@ -3,7 +3,8 @@
 
 For our zero1 and for DeepSpeed ZeRO-1, fp32, 2 CPU ranks, the tiny preset:
 1. `deepspeed --num_gpus 2 scripts/train.py ... --save-every 3`; once step 5 is logged, rank 1 gets SIGKILL;
-   the launcher must exit non-zero within 60 s, rank 0 printing one `error:` line naming rank 1;
+   the launcher must exit non-zero within 60 s, rank 0 printing one `error:` line saying rank 1 was killed
+   (SIGKILL) and the memory it held;
 2. the same command with `--resume auto` finishes from `latest` (step 3);
 3. its exported weights equal, bit for bit, those of the same run never interrupted (spawned ranks).
 """
@@ -24,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from zero_train.runtime import vitals
 from zero_train.testing import free_port, run_ranks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -61,7 +63,7 @@ def _flags(workdir: pathlib.Path, engine: str, out: pathlib.Path, *extra: str) -
     ]  # fmt: skip
 
 
-def _launch(flags: list[str]) -> subprocess.Popen:
+def _launch(flags: list[str], env: dict | None = None) -> subprocess.Popen:
     cmd = [
         str(BIN / "deepspeed"),
         "--num_gpus",
@@ -72,7 +74,7 @@ def _launch(flags: list[str]) -> subprocess.Popen:
         *flags,
     ]
     return subprocess.Popen(
-        cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=REPO, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -137,7 +139,8 @@ def test_sigkilled_rank_fails_fast_naming_it_and_resume_matches_uninterrupted(wo
         "--metrics-file",
         str(out / "metrics.jsonl"),
     ]
-    launcher = _launch(_flags(workdir, engine, out, *save))
+    run_dir = out / "run"  # the ranks' heartbeats (zero_train.runtime.vitals)
+    launcher = _launch(_flags(workdir, engine, out, *save), env=dict(ENV, ZT_RUN_DIR=str(run_dir)))
     killed_at = _kill_rank_after(launcher, out / "metrics.jsonl", rank=1, step=KILL_AFTER_STEP)
     try:
         output = launcher.communicate(timeout=60)[0]  # a hang fails here
@@ -147,8 +150,12 @@ def test_sigkilled_rank_fails_fast_naming_it_and_resume_matches_uninterrupted(wo
     assert time.monotonic() - killed_at < 60
     assert launcher.returncode != 0
     errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert errors and all("rank 1 died" in line for line in errors), output[-3000:]
+    assert errors and all("rank 1 was killed (SIGKILL)" in line for line in errors), output[-3000:]
     assert "Traceback" not in output, output[-3000:]
+    left = json.loads((run_dir / "rank-1.json").read_text())  # the killed rank's last heartbeat
+    assert left["estimate"] == (f"zero-train estimate --model tiny --world-size 2 --config {workdir / 'zero1.json'} "
+                                "--micro-batch-size 2 --grad-accum 1 --block-size 32 --device cpu")  # fmt: skip
+    assert f"it held {vitals.amount(left['rss_bytes'])}" in errors[0]
     latest = (out / "ckpt" / "latest").read_text().strip()
     assert latest in ("step-00000003", "step-00000006")  # the last complete save before the kill
     assert not (out / "hf").exists()

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from zero_train.launch.command import shell_text
@@ -49,10 +50,12 @@ def run_logged(
 ) -> int | None:
     """Run `command`, its stdout and stderr into `log_path` (first line: the command itself).
 
-    The children get OMP_NUM_THREADS (default 1: ranks sharing a machine must not fight for its cores)
-    and unbuffered Python output, so that a killed run's log still ends where it stopped. The launcher
-    runs in a session of its own; on a timeout (or an interrupt) its whole process tree is stopped, so no
-    rank outlives it holding its GPU memory.
+    The children get OMP_NUM_THREADS (default 1: ranks sharing a machine must not fight for its cores),
+    unbuffered Python output, so that a killed run's log still ends where it stopped, and a run directory
+    (ZT_RUN_DIR) for their heartbeats: after a failed run, a rank the kernel killed (which printed nothing) is
+    named at the end of the log, "error: rank 1 was killed (SIGKILL), ...: it held 10.3 GB; ..."
+    (zero_train.runtime.vitals). The launcher runs in a session of its own; on a timeout (or an interrupt) its
+    whole process tree is stopped, so no rank outlives it holding its GPU memory.
 
     Args:
         command: the full command line.
@@ -63,21 +66,28 @@ def run_logged(
     Returns:
         The exit code, or None if the run timed out.
     """
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
+    # here, not at the top: the CLI's --help imports this module
+    from zero_train.runtime.vitals import RUN_DIR_ENV, launcher_report
+
+    with tempfile.TemporaryDirectory(prefix="zero_train-run-") as run_dir, open(log_path, "w") as log:
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
+                   **{RUN_DIR_ENV: run_dir})  # fmt: skip
         log.write(shell_text(command) + "\n")
         log.flush()
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         try:
-            return proc.wait(timeout=timeout)
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop_process_tree(proc, grace_s=kill_grace_s)
             return None
         except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
             stop_process_tree(proc, grace_s=kill_grace_s)
             raise
+        if code != 0:
+            log.writelines(f"error: {line}\n" for line in launcher_report(pathlib.Path(run_dir)))
+        return code
 
 
 def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> None:

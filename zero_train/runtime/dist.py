@@ -17,6 +17,7 @@ import torch.distributed as dist
 from zero_train.runtime.device import choose_device, requested_device
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.faults import record_peers
+from zero_train.runtime.vitals import start_heartbeat
 
 TIMEOUT_ENV = "ZT_COLLECTIVE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0  # not torch's 30 minutes: a dead rank must be noticed quickly
@@ -141,7 +142,10 @@ def init_distributed(*, timeout_s: float | None = None, force_cpu: bool = False)
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s or collective_timeout_s()),
         )
-        record_peers(world_size)  # lets a survivor name the rank that died (zero_train.runtime.faults)
+        peers = record_peers(
+            world_size
+        )  # lets a survivor name the rank that died (zero_train.runtime.faults)
+        start_heartbeat(rank, peers[0] if peers else None)  # ... and how: killed, its memory (runtime.vitals)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)
 
 

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import socket
 import sys
 import threading
 import time
+
+from zero_train.runtime import vitals
 
 PEERS_ENV = "ZT_PEERS"
 SIGTERM_GRACE_S = 10.0  # launchers SIGKILL 30 s after their SIGTERM (DeepSpeed's launcher, torchrun)
@@ -50,20 +53,24 @@ class TerminatedByLauncher(RuntimeError):
     """The launcher sent SIGTERM (it does so to every survivor when one rank exits non-zero)."""
 
 
-def record_peers(world_size: int) -> None:
+def record_peers(world_size: int) -> list[tuple[str, int]] | None:
     """Collective: learn every rank's (host, pid) and keep it in ZT_PEERS; install the SIGTERM handler.
 
     Args:
         world_size: the number of ranks (nothing is exchanged for a world of one).
+
+    Returns:
+        Every rank's (host, pid), None for a world of one.
     """
     if world_size <= 1:
-        return
+        return None
     import torch.distributed as dist  # here: the CLI imports this module (via errors) and must not load torch
 
     peers: list = [None] * world_size
     dist.all_gather_object(peers, [socket.gethostname(), os.getpid()])
     os.environ[PEERS_ENV] = json.dumps(peers)
     install_sigterm_report()
+    return [tuple(peer) for peer in peers]
 
 
 def install_sigterm_report() -> None:
@@ -112,17 +119,34 @@ def _watch_sigterm(read_fd: int) -> None:
     # straight to fd 2 in one write (errors.error_line's form): the blocked main thread may hold sys.stderr's
     # lock, and this module may not import errors (errors imports it)
     os.write(2, f"error: {describe_fault(stuck)}\n".encode())
+    vitals.stop_heartbeat()  # os._exit skips atexit: this rank ended through Python, say so
     os._exit(1)  # errors.EXIT_FAULT: a runtime fault
 
 
 def dead_peers() -> list[int]:
     """Ranks on this host whose process has exited (from ZT_PEERS); [] if unknown."""
+    return [rank for rank, _ in _dead_peer_pids()]
+
+
+def _dead_peer_pids() -> list[tuple[int, int]]:
     try:
         peers = json.loads(os.environ.get(PEERS_ENV, "[]"))
     except json.JSONDecodeError:
         return []
     host = socket.gethostname()
-    return [rank for rank, (peer_host, pid) in enumerate(peers) if peer_host == host and not _alive(pid)]
+    return [
+        (rank, pid) for rank, (peer_host, pid) in enumerate(peers) if peer_host == host and not _alive(pid)
+    ]
+
+
+def _how_it_ended(rank: int, pid: int) -> str:
+    """ "rank 1 died (its process exited)", or, if it ended without Python's exit (its heartbeat file is left,
+    zero_train.runtime.vitals), "rank 1 was killed (SIGKILL) ...: it held 10.3 GB ..."."""
+    run_dir = os.environ.get(vitals.RUN_DIR_ENV)
+    record = vitals.killed_record(pathlib.Path(run_dir), rank, alive=_alive) if run_dir else None
+    if record is None or record["pid"] != pid:
+        return f"rank {rank} died (its process exited)"
+    return vitals.describe_ended(rank, record, vitals.exit_status(pid))
 
 
 def _alive(pid: int) -> bool:
@@ -158,14 +182,13 @@ def is_distributed_fault(err: BaseException) -> bool:
 def describe_fault(err: BaseException) -> str:
     """One line: this rank, what failed, which rank died (if visible), what to do."""
     rank = os.environ.get("RANK", "0")
-    dead = dead_peers()
+    dead = _dead_peer_pids()
     deadline = time.monotonic() + PEER_EXIT_WAIT_S
     while not dead and os.environ.get(PEERS_ENV) and time.monotonic() < deadline:
         time.sleep(0.05)  # a peer whose socket closed may still be exiting
-        dead = dead_peers()
+        dead = _dead_peer_pids()
     if dead:
-        who = ", ".join(f"rank {r}" for r in dead)
-        cause = f"{who} died (its process exited)"
+        cause = "; ".join(_how_it_ended(rank, pid) for rank, pid in dead)
     else:
         cause = "another rank died or stopped responding (see the launcher's output for which)"
     detail = _first_line(err)

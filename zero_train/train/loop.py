@@ -28,6 +28,7 @@ from zero_train.runtime.device import synchronize
 from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.ports import free_port
+from zero_train.runtime.vitals import note_estimate
 from zero_train.train.checkpoints import RunCheckpoints
 from zero_train.train.config import RunConfig
 from zero_train.train.eval import evaluate
@@ -63,6 +64,11 @@ def run_training(config: RunConfig) -> dict:
         not dist.is_initialized()
     )  # a launched run makes the default group; the bench worker hands its own
     dist_info = init_distributed()
+    note_estimate(model=config.model.model, world_size=dist_info.world_size, config=config.engine.deepspeed_config,
+                  precision=plan.settings.precision, micro_batch_size=plan.settings.micro_batch_size,
+                  grad_accum=plan.settings.grad_accum, block_size=config.data.block_size,
+                  gradient_checkpointing=config.model.gradient_checkpointing,
+                  device=dist_info.device.type)  # fmt: skip
     log = get_logger(dist_info.rank)
     log.info(
         f"zero_train: engine {plan.engine.name} | model {config.model.model} | world size {dist_info.world_size} | "
