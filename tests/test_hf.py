@@ -1,4 +1,9 @@
-"""Presets, parameter counts (against hand arithmetic), the shipped offline tokenizer, load/save round trips."""
+"""Presets, parameter counts (against hand arithmetic), the shipped offline tokenizer, load/save round trips,
+hub names that cannot be resolved."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -116,3 +121,33 @@ def test_uncached_hub_tokenizer_and_broken_folder_are_usage_errors(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(UsageError, match="cannot load model from folder"):
         hf.model_config(str(tmp_path))
+
+
+RESOLVE_UNKNOWN = """
+import time
+from zero_train.hf.models import model_config
+from zero_train.runtime.errors import UsageError
+
+start = time.perf_counter()
+try:
+    model_config("someone/no-such-model")
+except UsageError as err:
+    print(f"{time.perf_counter() - start:.3f}")
+    print(err)
+"""
+
+
+@pytest.mark.parametrize(
+    "endpoint", [None, "http://127.0.0.1:9"]
+)  # this machine's network (none here); a closed port
+def test_an_unknown_hub_model_without_hf_hub_offline_is_one_line_in_under_5_s(endpoint):
+    """Not HF_HUB_OFFLINE, no network: one line, within 5 s of asking (huggingface_hub alone retries ~25 s)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update({"HF_ENDPOINT": endpoint} if endpoint else {})
+    done = subprocess.run(
+        [sys.executable, "-c", RESOLVE_UNKNOWN], env=env, capture_output=True, text=True, timeout=300
+    )
+    seconds, message = done.stdout.strip().splitlines()
+    assert float(seconds) < 5, done.stdout
+    assert message.startswith("model 'someone/no-such-model': it is not") and "presets: tiny" in message
+    assert done.stderr == ""  # no "Retrying in 8s" lines, no warning

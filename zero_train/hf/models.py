@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib
 import os
 import pathlib
@@ -24,6 +25,7 @@ import torch
 import transformers
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from zero_train.hf import hub
 from zero_train.hf.offline import (
     DEFAULT_TOKENIZER_NAME,
     EOS_TOKEN_ID,
@@ -141,7 +143,7 @@ def model_config(name_or_path: str, *, vocab_size: int | None = None) -> transfo
     else:
         _check_local_path(name_or_path)
         with _hub_errors_as_usage(name_or_path, "model"):
-            config = AutoConfig.from_pretrained(name_or_path)
+            config = hub.load(functools.partial(AutoConfig.from_pretrained, name_or_path), name_or_path)
         check_causal_lm(config, name_or_path)
     if vocab_size is not None and vocab_size > config.vocab_size:
         raise UsageError(
@@ -232,7 +234,8 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, vocab_s
         return build_model(model_config(name_or_path, vocab_size=vocab_size), dtype=dtype)
     model_config(name_or_path, vocab_size=vocab_size)  # clear errors before loading weights
     with _hub_errors_as_usage(name_or_path, "model"):
-        return _causal_lm_loss(AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype))
+        weights = functools.partial(AutoModelForCausalLM.from_pretrained, name_or_path, dtype=dtype)
+        return _causal_lm_loss(hub.load(weights, name_or_path))
 
 
 def max_context(config: transformers.PretrainedConfig) -> int:
@@ -274,7 +277,7 @@ def load_tokenizer(name_or_path: str | None = None):
     else:
         _check_local_path(name_or_path)
     with _hub_errors_as_usage(name_or_path, "tokenizer"):
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return hub.load(functools.partial(AutoTokenizer.from_pretrained, name_or_path), name_or_path)
 
 
 def _looks_like_path(name: str) -> bool:
@@ -317,8 +320,9 @@ def _hub_errors_as_usage(name: str, what: str):
     except (OSError, HFValidationError) as exc:
         if pathlib.Path(name).expanduser().is_dir():
             raise UsageError(f"cannot load {what} from folder {name!r}: {_first_line(exc)}") from exc
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
-        if offline:
+        if isinstance(exc, hub.HubUnreachable):
+            fix = f"it is not cached and {exc}; connect to the network, or pass a local folder"
+        elif hub.offline_mode():
             fix = (
                 "it is not cached and HF_HUB_OFFLINE=1 forbids downloading; run once with network "
                 f"(unset HF_HUB_OFFLINE) or `huggingface-cli download {name}`"
