@@ -9,6 +9,7 @@ depend on the CPU: DeepSpeed runs fp16 on CPUs whose oneDNN has fp16 kernels, e.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -37,8 +38,12 @@ def test_profile_records_every_cell_and_survives_a_failing_one(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        env={
+            k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"
+        },  # as a user's shell (conftest sets it)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Setting accelerator" not in proc.stderr and "transformers" not in proc.stderr  # a quiet console
     ddp = load_record(out / "cells" / "ddp-w1-fp16.json")
     failed = load_record(out / "cells" / "ds1-w1-fp16.json")
     assert ddp["error"] is None and ddp["engine"] == "ddp" and ddp["steps"] == 2

@@ -10,5 +10,6 @@ COMMANDS = {
     "profile": "run the memory comparison matrix (engines x world sizes), one run record per cell",
     "report": "write report.md, PNG plots and summary.json from a profile directory's run records",
     "bench": "step time, tokens/s, comm bytes and peak memory of every engine, interleaved repeats",
+    "env": "versions, device, CUDA/NCCL/gloo, bf16, DeepSpeed ops, CPU and memory: for bug reports (--json)",
 }
 """Subcommand -> the one line `zero-train --help` shows for it, in the order listed."""

@@ -43,7 +43,7 @@ def config_command_parser(subparsers) -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     _add_generate_flags(parser)
-    parser.set_defaults(func=config_command)
+    parser.set_defaults(func=config_command, uses_deepspeed=False)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=CheckParser)
     check = actions.add_parser(
         "check",
@@ -58,7 +58,9 @@ def config_command_parser(subparsers) -> argparse.ArgumentParser:
     check.add_argument(
         "--accelerate", metavar="YAML", default=argparse.SUPPRESS, help="compare with this accelerate YAML"
     )
-    check.set_defaults(func=config_check_command, generator_defaults=vars(parser.parse_args([])))
+    check.set_defaults(
+        func=config_check_command, generator_defaults=vars(parser.parse_args([])), uses_deepspeed=True
+    )
     return parser
 
 
@@ -280,7 +282,10 @@ def block_class(model: str) -> str | None:
 def _refuse_generator_flags(args: argparse.Namespace) -> None:
     """A generator flag given before `check` (e.g. `config --stage 3 check f.json`) would be ignored: refuse it."""
     for name, default in args.generator_defaults.items():
-        if name not in ("world_size", "accelerate", "func", "action") and getattr(args, name) != default:
+        if (
+            name not in ("world_size", "accelerate", "func", "action", "uses_deepspeed")
+            and getattr(args, name) != default
+        ):
             raise UsageError(f"--{name.replace('_', '-')} {NOT_FOR_CHECK}")
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib
 import sys
 
+from zero_train import __version__
 from zero_train.cli.commands import COMMANDS
+from zero_train.runtime.device import pin_deepspeed_accelerator
 from zero_train.runtime.errors import run_cli
 from zero_train.runtime.parser import OneLineParser
 
@@ -22,6 +24,8 @@ def build_parser(argv: list[str] | None = None) -> OneLineParser:
             subcommands are registered by name and help only (no module imported); None: all in full.
     """
     parser = OneLineParser(prog="zero-train", description="ZeRO configs, training, memory reports.")
+    parser.add_argument("--version", action="version", version=f"zero-train {__version__}")
+    parser.set_defaults(uses_deepspeed=True)  # a subcommand that never imports DeepSpeed sets False
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     subparsers.required = True
     names_only = argv is not None and not set(argv) & set(COMMANDS)
@@ -40,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     def entry() -> int | None:
         arguments = sys.argv[1:] if argv is None else argv
         args = build_parser(arguments).parse_args(arguments)
+        if args.uses_deepspeed:
+            pin_deepspeed_accelerator()  # before DeepSpeed's import: else it guesses, and warns on CPU
         return args.func(args)
 
     run_cli(entry)

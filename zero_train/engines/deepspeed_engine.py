@@ -11,10 +11,12 @@ model is built while a transformers `HfDeepSpeedConfig` is alive, so `from_confi
 from __future__ import annotations
 
 import pathlib
+import warnings
 
 import deepspeed
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+from deepspeed.utils import logger as deepspeed_logger
 from deepspeed.utils import safe_get_full_fp32_param
 
 from zero_train.checkpoint.deepspeed_universal import load_universal, saved_world_size
@@ -33,6 +35,20 @@ from zero_train.engines.optim import build_optimizer
 from zero_train.runtime.errors import UsageError
 
 CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
+# Two messages every run printed that say nothing a user can act on, silenced by their exact text (DeepSpeed
+# 0.19.8, torch 2.13): DeepSpeed's collectives call all_gather_into_tensor / reduce_scatter_tensor, which torch
+# deprecates with a FutureWarning per call site; WarmupCosineLR's constructor reads its own lr before its first
+# step (lr_schedules.py) and logs a warning about it.
+warnings.filterwarnings(
+    "ignore",
+    message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+    category=FutureWarning,
+)
+deepspeed_logger.addFilter(
+    lambda record: (
+        record.getMessage() != "Attempting to get learning rate from scheduler before it has started"
+    )
+)
 
 
 class DeepSpeedEngine:

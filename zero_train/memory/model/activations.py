@@ -152,10 +152,10 @@ _CACHE: dict[tuple, ActivationCount] = {}
 def build_for_counting(config, *, dtype: torch.dtype):
     """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode."""
     # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
-    from transformers import AutoModelForCausalLM
+    from zero_train.hf.models import build_model  # as training builds it (its loss named: no warning at the loss)
 
     with _quiet():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = build_model(config, dtype=dtype)
     model.config.use_cache = False
     return model.train()
 
