@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
 import socket
 import sys
@@ -142,8 +141,8 @@ def _dead_peer_pids() -> list[tuple[int, int]]:
 def _how_it_ended(rank: int, pid: int) -> str:
     """ "rank 1 died (its process exited)", or, if it ended without Python's exit (its heartbeat file is left,
     zero_train.runtime.vitals), "rank 1 was killed (SIGKILL) ...: it held 10.3 GB ..."."""
-    run_dir = os.environ.get(vitals.RUN_DIR_ENV)
-    record = vitals.killed_record(pathlib.Path(run_dir), rank, alive=_alive) if run_dir else None
+    run_dir = vitals.run_dir()
+    record = vitals.killed_record(run_dir, rank, alive=_alive) if run_dir else None
     if record is None or record["pid"] != pid:
         return f"rank {rank} died (its process exited)"
     return vitals.describe_ended(rank, record, vitals.exit_status(pid))

@@ -101,13 +101,17 @@ def start_heartbeat(rank: int, rank0: tuple[str, int] | None) -> None:
             names the default directory; None for a single process.
     """
     global _heartbeat
-    run_dir = default_run_dir(*rank0) if rank0 else None
-    run_dir = pathlib.Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else run_dir
-    if _heartbeat is not None or run_dir is None:
+    directory = default_run_dir(*rank0) if rank0 else None
+    directory = pathlib.Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else directory
+    if _heartbeat is not None or directory is None:
         return
-    os.environ[RUN_DIR_ENV] = str(run_dir)  # where the peers' files are (describe_fault reads it)
-    _heartbeat = Heartbeat(run_dir, rank)
+    _heartbeat = Heartbeat(directory, rank)
     _heartbeat.start()
+
+
+def run_dir() -> pathlib.Path | None:
+    """Where this job's heartbeats are (this rank's among them), None if this rank keeps none."""
+    return _heartbeat.path.parent if _heartbeat is not None else None
 
 
 def stop_heartbeat() -> None:

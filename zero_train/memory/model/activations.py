@@ -151,8 +151,9 @@ _CACHE: dict[tuple, ActivationCount] = {}
 
 def build_for_counting(config, *, dtype: torch.dtype):
     """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode."""
-    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
-    from zero_train.hf.models import build_model  # as training builds it (its loss named: no warning at the loss)
+    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted;
+    # built as training builds it (its loss named: no transformers warning at the first loss)
+    from zero_train.hf.models import build_model
 
     with _quiet():
         model = build_model(config, dtype=dtype)
