@@ -109,7 +109,7 @@ def _train(engine, rank: int, steps, memory_at_boundary: list | None = None) -> 
         if memory_at_boundary is not None:
             memory_at_boundary.append(engine.memory_categories())
         result = engine.step()
-        history.append((float(loss), result.grad_norm, result.lr, result.skipped))
+        history.append((float(loss), float(result.grad_norm), result.lr, result.skipped))
     return history
 
 
@@ -156,6 +156,9 @@ def _run_with_checkpoint(name: str, rank: int, world_size: int, tmp: str, **buil
         memory_after_step=engine.memory_categories(),
         num_params=sum(p.numel() for p in engine.model.parameters()),
         num_tensors=len(list(engine.model.parameters())),
+        split_tensors=sum(len(engine.optimizer.pieces_of(p)) > 1 for p in engine.model.parameters())
+        if hasattr(engine.optimizer, "pieces_of")
+        else None,
         final=final,
     )
 
@@ -285,6 +288,10 @@ def test_sharded_engines_match_ddp_bit_for_bit_in_fp32(local_runs, name):
     for rank_runs in local_runs:
         assert rank_runs[name]["history"] == rank_runs["ddp"]["history"]  # losses, grad norms, lrs
     assert local_runs[0][name]["diff_to_ddp"] == 0.0
+    if name == "zero1":
+        assert (
+            local_runs[0][name]["split_tensors"] >= 1
+        )  # a tensor split between the ranks, updated in pieces
 
 
 @pytest.mark.multiproc

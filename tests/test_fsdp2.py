@@ -78,7 +78,7 @@ def _train(engine, rank: int, steps) -> list[tuple[float, float, float]]:
             for _ in range(engine.settings.grad_accum)
         ]
         result = engine.step()
-        history.append((sum(losses) / len(losses), result.grad_norm, result.lr))
+        history.append((sum(losses) / len(losses), float(result.grad_norm), result.lr))
     return history
 
 

@@ -1,9 +1,11 @@
-"""boundary_backward() (the division by N fused into the gradient hooks) changes no bit of training.
+"""boundary_backward() (the division by N fused into the gradient hooks, the buckets reduced during
+backward) changes no bit of training.
 
-One spawned run per world size (2 and 3): a naive Zero1Optimizer (copy in the hooks, divide at the
-boundary) and a fused one (the last micro-batch's hooks write grad / N) train identical models side by
-side, with accumulation, tied and frozen weights and two param groups, in fp32 and bf16, with both
-zero_grad modes; parameters, masters and gradient norms must be equal bit for bit.
+One spawned run per world size (2 and 3): a naive Zero1Optimizer (copy in the hooks, divide and reduce at
+the boundary) and a fused one (the last micro-batch's hooks write grad / N and start each complete bucket's
+reduction) train identical models side by side, in buckets of 60 elements, with accumulation, tied and
+frozen weights and two param groups, in fp32 and bf16, with both zero_grad modes; parameters, masters
+and gradient norms must be equal bit for bit.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ STEPS = 3
 def _train(rank: int, dtype: torch.dtype, *, accum: int, fused: bool, set_to_none: bool) -> tuple[list, list]:
     """STEPS clipped AdamW steps; returns (parameters, grad norms)."""
     model = TiedNet().to(dtype)
-    optimizer = Zero1Optimizer(two_groups(model, 3e-2), torch.optim.AdamW, lr=3e-2, foreach=False)
+    optimizer = Zero1Optimizer(
+        two_groups(model, 3e-2), torch.optim.AdamW, bucket_elements=60, lr=3e-2, foreach=False
+    )
     norms = []
     for step in range(STEPS):
         for micro in range(accum):

@@ -3,9 +3,10 @@
 One spawned run per world size (2 and 3) does every check for both sharders (fp32 and bf16) and returns
 numbers; the tests assert. The unsharded reference runs inside each rank: it computes every rank's
 gradients itself, averages them in the order our gloo rings sum (`ring_average`: divide by N, then add
-starting at the owner's right neighbour; ZeRO-1 once per step over the accumulated gradients, ZeRO-2 once
-per micro-step, then accumulated: `stage_average`), clips with torch.nn.utils.clip_grad_norm_ and steps
-the plain optimizer. The optimizers are elementwise, so the sharded update must equal the reference BIT
+starting at the owner's right neighbour, piece by piece where a tensor is split between owners; ZeRO-1
+once per step over the accumulated gradients, ZeRO-2 once per micro-step, then accumulated:
+`piece_average`), clips with torch's clip_grads_with_norm_ by the float64-accumulated global norm and
+steps the plain optimizer. The optimizers are elementwise, so the sharded update must equal the reference BIT
 FOR BIT: the tolerance is zero.
 """
 
@@ -15,7 +16,7 @@ import math
 
 import pytest
 import torch
-from zero1_helpers import TiedNet, batch, stage_average, two_groups
+from zero1_helpers import TiedNet, batch, clip_with_float64_norm, piece_average, two_groups
 
 from zero_train.comm.ledger import CommLedger
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer
@@ -60,15 +61,16 @@ def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype, stage
     plain = optimizer_class(
         [{**g, "params": [master_of.get(id(p), p) for p in g["params"]]} for g in ref_groups], **kwargs
     )
-    owners = {i: sharded.layout.owners[i] for i in range(len(ref_params))}
+    model_trainable = [p for p in model.parameters() if p.requires_grad]
+    pieces = [sharded.pieces_of(p) for p in model_trainable]
     norm_diffs, micro_step_bytes = [], 0
     for step in range(STEPS):
         grads_by_rank = _reference_grads(reference, world_size, step)
         for i, (master, param) in enumerate(zip(masters, ref_params, strict=True)):
-            master.grad = stage_average(grads_by_rank[i], owners[i], stage).float()
+            master.grad = piece_average(grads_by_rank[i], pieces[i], stage).float()
             param.grad = None
         if max_norm is not None:
-            ref_norm = torch.nn.utils.clip_grad_norm_(masters, max_norm)
+            ref_norm = clip_with_float64_norm(masters, max_norm)
         plain.step()
         with torch.no_grad():
             for master, param in zip(masters, ref_params, strict=True):
@@ -100,6 +102,7 @@ def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype, stage
         micro_step_bytes=micro_step_bytes,
         moved=float((model.hidden.weight - TiedNet().hidden.weight.to(dtype)).abs().max()),
         tied=model.head.weight is model.embed.weight,
+        split=sum(len(p) > 1 for p in pieces),
         frozen_unchanged=bool(torch.equal(model.frozen.weight, TiedNet().frozen.weight.to(dtype))),
     )
 
@@ -126,9 +129,10 @@ def test_sharded_training_equals_unsharded_bit_for_bit(parity_runs, case, stage)
     for rank_results in parity_runs:
         result = rank_results[stage, case]
         assert result["moved"] > 1e-3  # the parameters really trained
+        assert result["split"] >= 1  # some tensor is split between owners (updated piece by piece)
         assert result["param_diff"] == 0.0
         assert result["master_diff"] == 0.0
-        assert result["norm_diff"] == 0.0  # same global norm as clip_grad_norm_, so the same clipping
+        assert result["norm_diff"] == 0.0  # the same global norm, so the same clipping
 
 
 @pytest.mark.multiproc

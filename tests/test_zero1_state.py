@@ -15,7 +15,7 @@ from functools import partial
 
 import pytest
 import torch
-from zero1_helpers import TiedNet, batch, ring_average, two_groups
+from zero1_helpers import TiedNet, batch, piece_average, two_groups
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer, consolidate_shards
@@ -53,7 +53,11 @@ def _state_bytes(state: dict) -> list[int]:
     ]
 
 
-def _plain_continue(weights: dict, consolidated: dict, world_size: int, owners: tuple[int, ...]) -> TiedNet:
+def _pieces(model: TiedNet, optimizer) -> list[list[tuple[int, int, int]]]:
+    return [optimizer.pieces_of(p) for p in model.parameters() if p.requires_grad]
+
+
+def _plain_continue(weights: dict, consolidated: dict, world_size: int, pieces: list) -> TiedNet:
     """The unsharded reference: plain AdamW loaded with the consolidated state, ring-averaged gradients."""
     reference = TiedNet(seed=5)
     reference.load_state_dict(weights)
@@ -67,7 +71,7 @@ def _plain_continue(weights: dict, consolidated: dict, world_size: int, owners: 
             reference(batch(rank, step, 0)).backward()
             grads_by_rank.append([p.grad.clone() for p in trainable])
         for i, param in enumerate(trainable):
-            param.grad = ring_average([g[i] for g in grads_by_rank], owners[i])
+            param.grad = piece_average([[g[i]] for g in grads_by_rank], pieces[i], stage=1)
         plain.step()
     return reference
 
@@ -88,7 +92,9 @@ def _save_and_round_trip_stage(rank: int, world_size: int, tmp: str, stage: int)
             torch.save(weights, f"{tmp}/{name}-weights.pt")
             torch.save(consolidated, f"{tmp}/{name}-consolidated.pt")
         results[f"{name}_memory"] = optimizer.memory_bytes()
-        results[f"{name}_region"] = optimizer.layout.region_size
+        results[f"{name}_slice"] = optimizer.partitions[0].partition_size
+        results[f"{name}_pieces"] = [len(optimizer.partitions[0].pieces(r)) for r in range(world_size)]
+        results[f"{name}_loads"] = optimizer.partitions[0].loads()
         _train(model, optimizer, rank, CONTINUE)
 
         fresh_model, fresh = _make(dtype, seed=1, stage=stage)
@@ -99,7 +105,7 @@ def _save_and_round_trip_stage(rank: int, world_size: int, tmp: str, stage: int)
         masters = zip(optimizer.full_master_params(), fresh.full_master_params(), strict=True)
         results[f"{name}_master_diff"] = max(float((a - b).abs().max()) for a, b in masters)
         if name == "fp32" and rank == 0:
-            reference = _plain_continue(weights, consolidated, world_size, optimizer.layout.owners)
+            reference = _plain_continue(weights, consolidated, world_size, _pieces(model, optimizer))
             results["plain_diff"] = _max_diff(model, reference)
             results["unsharded_state_bytes"] = _state_bytes(consolidated["state"])
     try:
@@ -127,9 +133,10 @@ def _reshard_stage(rank: int, world_size: int, tmp: str, stage: int) -> dict:
     memory = optimizer.memory_bytes()
     _train(model, optimizer, rank, CONTINUE)
     reference = _plain_continue(
-        weights, torch.load(f"{tmp}/fp32-consolidated.pt"), world_size, optimizer.layout.owners
+        weights, torch.load(f"{tmp}/fp32-consolidated.pt"), world_size, _pieces(model, optimizer)
     )
-    return dict(diff=_max_diff(model, reference), shard_error=shard_error, memory=memory)
+    pieces = len(optimizer.partitions[0].pieces(rank))
+    return dict(diff=_max_diff(model, reference), shard_error=shard_error, memory=memory, pieces=pieces)
 
 
 @pytest.fixture(scope="module")
@@ -166,17 +173,20 @@ def test_loading_another_ranks_shard_names_the_fix(saved, stage):
 @pytest.mark.parametrize("stage", STAGES, ids=["zero1", "zero2"])
 def test_optimizer_state_is_split_across_ranks(saved, stage):
     per_param = saved[1][0][stage]["unsharded_state_bytes"]
-    total, largest = sum(per_param), max(per_param)
+    total, step_bytes = sum(per_param), 4  # AdamW: exp_avg, exp_avg_sq per element, a float32 step per tensor
     for name in ("fp32", "bf16"):
-        states = [r[stage][f"{name}_memory"]["optimizer_states"] for r in saved[1]]
-        assert sum(states) == total  # every parameter's state exists exactly once
-        for state in states:
-            assert abs(state - total / 2) <= largest  # within one tensor of total / N
+        results = [r[stage] for r in saved[1]]
+        states = [r[f"{name}_memory"]["optimizer_states"] for r in results]
+        pieces, loads = results[0][f"{name}_pieces"], results[0][f"{name}_loads"]
+        assert sum(pieces) > len(per_param)  # some tensor is split between the two ranks
+        # every element's state exists exactly once; a split tensor has a step counter on each of its owners
+        assert sum(states) == total + step_bytes * (sum(pieces) - len(per_param))
+        for rank, state in enumerate(states):  # each rank holds the state of exactly its slice
+            assert state == 8 * loads[rank] + step_bytes * pieces[rank]
+        assert max(loads) - min(loads) < 2  # equal slices (the padding, fewer than N elements, aside)
     for results in saved[1]:
         bf16 = results[stage]["bf16_memory"]
-        assert (
-            bf16["master_params"] == 4 * results[stage]["bf16_region"]
-        )  # fp32 masters of the owned region only
+        assert bf16["master_params"] == 4 * results[stage]["bf16_slice"]  # fp32 masters of this rank's slice
         assert results[stage]["fp32_memory"]["master_params"] == 0
 
 
@@ -187,8 +197,10 @@ def test_reshard_to_three_ranks_continues_identically(saved, rank_pool):
     for stage in STAGES:
         assert runs[0][stage]["diff"] == 0.0
         assert all("rank 0 of 2" in run[stage]["shard_error"] for run in runs[1:])
-        total = sum(saved[1][0][stage]["unsharded_state_bytes"])
-        assert sum(run[stage]["memory"]["optimizer_states"] for run in runs) == total
+        per_param = saved[1][0][stage]["unsharded_state_bytes"]
+        split = sum(run[stage]["pieces"] for run in runs) - len(per_param)  # a step counter per extra piece
+        assert split >= 1
+        assert sum(run[stage]["memory"]["optimizer_states"] for run in runs) == sum(per_param) + 4 * split
 
 
 def test_reshard_to_one_rank_continues_identically(saved):

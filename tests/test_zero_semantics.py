@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from zero1_helpers import VOCAB, batch, stage_average
+from zero1_helpers import VOCAB, batch, clip_with_float64_norm, piece_average
 
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer
 from zero_train.testing import run_ranks
@@ -101,15 +101,17 @@ def _rank_grads(model: BranchNet, world_size: int, step: int) -> list[list[list[
     return grads
 
 
-def _reference_step(model, plain, world_size: int, step: int, owner_of, max_norm, stage: int) -> float | None:
-    """The plain optimizer's step on the averages our ZeRO-`stage` computes (stage_average)."""
+def _reference_step(
+    model, plain, world_size: int, step: int, pieces_of, max_norm, stage: int
+) -> float | None:
+    """The plain optimizer's step on the averages our ZeRO-`stage` computes (piece_average)."""
     grads = _rank_grads(model, world_size, step)
     for param, per_rank in zip(model.parameters(), grads, strict=True):
-        param.grad = stage_average(per_rank, owner_of(param), stage)
+        param.grad = piece_average(per_rank, pieces_of(param), stage)
     norm = None
     if max_norm is not None:
         with_grad = [p for g in plain.param_groups for p in g["params"] if p.grad is not None]
-        norm = float(torch.nn.utils.clip_grad_norm_(with_grad, max_norm))  # in param_groups order
+        norm = float(clip_with_float64_norm(with_grad, max_norm))
     plain.step()
     return norm
 
@@ -122,8 +124,8 @@ def _train(rank: int, world_size: int, case: str, stage: int) -> dict:
     names = [name for name, _ in model.named_parameters()]
     twin = dict(zip((id(p) for p in reference.parameters()), model.parameters(), strict=True))
 
-    def owner_of(param):
-        return sharded.owner(twin[id(param)])
+    def pieces_of(param):
+        return sharded.pieces_of(twin[id(param)])
 
     norm_diffs, trunk_before_freeze = [], None
     for step in range(STEPS):
@@ -136,7 +138,7 @@ def _train(rank: int, world_size: int, case: str, stage: int) -> dict:
             norm = float(sharded.clip_grad_norm_(max_norm))
         sharded.step()
         sharded.zero_grad()
-        ref_norm = _reference_step(reference, plain, world_size, step, owner_of, max_norm, stage)
+        ref_norm = _reference_step(reference, plain, world_size, step, pieces_of, max_norm, stage)
         if max_norm is not None:
             norm_diffs.append(abs(norm - ref_norm))
         if step == FREEZE_AT - 1:

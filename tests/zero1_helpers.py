@@ -1,4 +1,9 @@
-"""Shared pieces of the Zero1Optimizer tests: a tiny model with a tied and a frozen weight, batches, references."""
+"""Shared pieces of the sharder tests: a tiny model with a tied and a frozen weight, batches, references.
+
+The references are computed from whole tensors with torch, independently of our sharders: a tensor split
+across ranks is averaged piece by piece in its owner's ring order (`piece_average`), and the global norm
+accumulates in float64 like DeepSpeed's (`clip_with_float64_norm`).
+"""
 
 from __future__ import annotations
 
@@ -84,3 +89,35 @@ def stage_average(grads: list[list[torch.Tensor | None]], owner: int, stage: int
             continue
         averages.append(ring_average([g if g is not None else zero for g in column], owner))
     return accumulate(averages)
+
+
+def piece_average(
+    grads: list[list[torch.Tensor | None]], pieces: list[tuple[int, int, int]], stage: int
+) -> torch.Tensor | None:
+    """`stage_average` of every piece (rank, first element, length) with that piece's owner, joined.
+
+    grads[rank][micro_step] are whole gradients (None: none); each piece is summed in its owner's order.
+    """
+    present = [g for per_rank in grads for g in per_rank if g is not None]
+    if not present:
+        return None
+    shape = present[0].shape
+
+    def cut(g, offset, length):
+        return None if g is None else g.reshape(-1)[offset : offset + length]
+
+    parts = [
+        stage_average([[cut(g, offset, length) for g in per_rank] for per_rank in grads], owner, stage)
+        for owner, offset, length in pieces
+    ]
+    return torch.cat(parts).view(shape)
+
+
+def clip_with_float64_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """torch's clip_grads_with_norm_ with the global norm accumulated in float64 (whole tensors), as
+    DeepSpeed and our engines take it; returns the float32 norm."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norms64 = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])
+    total = torch.linalg.vector_norm(norms64).to(torch.float32)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from zero_train.runtime.errors import UsageError
 
 SHARDINGS = ("replicated", "whole-tensor", "flat", "per-tensor")
-"""How an engine splits the optimizer states over ranks: not at all; whole tensors to owners (sorted greedy,
-zero_train.sharding.partition); one flat buffer cut into equal slices (DeepSpeed); every tensor cut evenly on
-dim 0 (FSDP2)."""
+"""How an engine splits the optimizer states over ranks: not at all; whole tensors to owners (sorted greedy:
+torch's ZeroRedundancyOptimizer); one flat buffer cut into equal slices (DeepSpeed, and our ZeRO-1/2:
+zero_train.sharding.partition); every tensor cut evenly on dim 0 (FSDP2)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,9 +78,9 @@ ENGINES: tuple[EngineSpec, ...] = (
                sharding="replicated", peak_model="ddp_phases", marker="o", matrix=True, planned=True,
                hf_peer=True),
     EngineSpec(name="zero1", label="our ZeRO-1", stage=1, builder="zero_train.engines.zero1:Zero1Engine", ours=True,
-               sharding="whole-tensor", peak_model="zero1_phases", marker="s", matrix=True),
+               sharding="flat", peak_model="zero1_phases", marker="s", matrix=True),
     EngineSpec(name="zero2", label="our ZeRO-2", stage=2, builder="zero_train.engines.zero2:Zero2Engine", ours=True,
-               sharding="whole-tensor", peak_model="zero2_phases", marker="X"),
+               sharding="flat", peak_model="zero2_phases", marker="X"),
     EngineSpec(name="torch-zero", label="torch ZeroRedundancyOptimizer", stage=1,
                builder="zero_train.engines.torch_zero:TorchZeroEngine", sharding="whole-tensor",
                peak_model="ddp_phases", marker="D", matrix=True),

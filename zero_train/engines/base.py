@@ -37,8 +37,10 @@ MEMORY_CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "co
 class StepResult:
     """What one optimizer step (an accumulation boundary) reports."""
 
-    grad_norm: float | None
-    """Global L2 norm of the averaged, unscaled gradients before clipping (None if not computed)."""
+    grad_norm: float | torch.Tensor | None
+    """Global L2 norm of the averaged, unscaled gradients before clipping (None if not computed): a float, or
+    a 0-dim tensor on the device that the caller reads when it logs (train/loop.py reads it with the loss,
+    once per step), so that the step itself does not wait for the device."""
     skipped: bool
     """True when the update was not applied (fp16 overflow: the loss scale was lowered instead)."""
     lr: float

@@ -28,6 +28,7 @@ from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import build_optimizer, set_lr
 from zero_train.engines.precision import MasterWeights, make_loss_scaler
+from zero_train.sharding.norms import global_norm
 
 
 class DDPEngine(LocalEngine):
@@ -46,7 +47,7 @@ class DDPEngine(LocalEngine):
         self.optimizer = self._build_optimizer(self.master.master_params)
 
     def _build_optimizer(self, params) -> torch.optim.Optimizer:
-        return build_optimizer(params, self.settings)
+        return build_optimizer(params, self.settings, self.dist_info.device)
 
     def _forward_module(self) -> torch.nn.Module:
         return self.ddp_model
@@ -63,18 +64,19 @@ class DDPEngine(LocalEngine):
         """The current fp16 loss scale, None without loss scaling."""
         return None if self.loss_scaler is None else float(self.loss_scaler.loss_scale)
 
-    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
-        """Gradients are already averaged by DDP (identical on every rank), so no collective here."""
+    def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
+        """Gradients are already averaged by DDP (identical on every rank), so no collective here. The global
+        norm accumulates in float64, as our sharders' does from their pieces (zero_train.sharding.norms), so
+        that both clip by the same number; it stays on the device (the loop reads it)."""
         inv_scale = 1.0 if self.loss_scaler is None else 1.0 / self.loss_scaler.loss_scale
         self.master.grads_to_master(inv_scale=inv_scale)
-        grads = [p.grad for p in self.master.master_params if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
+        grad_norm = global_norm([p.grad for p in self.master.master_params if p.grad is not None])
         if self.loss_scaler is not None:
-            overflow = not bool(torch.isfinite(grad_norm))
+            overflow = not bool(torch.isfinite(grad_norm))  # fp16: whether the step happens is read back
             self.loss_scaler.update_scale(overflow)
             if overflow:
                 self.master.zero_grad()
-                return float(grad_norm), True
+                return grad_norm, True
         if self.settings.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(
                 self.master.master_params, self.settings.grad_clip, grad_norm
@@ -83,7 +85,7 @@ class DDPEngine(LocalEngine):
         self.optimizer.step()
         self.master.master_to_model()
         self.master.zero_grad()
-        return float(grad_norm), False
+        return grad_norm, False
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The fp32 master weights under the model's names (rank 0; None elsewhere)."""

@@ -132,7 +132,7 @@ class FSDP2Engine(LocalEngine):
             fully_shard(block, **shard)
         fully_shard(self.model, **shard)
         self.loss_scaler = make_loss_scaler(settings)
-        self.optimizer = build_optimizer(self.model.parameters(), settings)
+        self.optimizer = build_optimizer(self.model.parameters(), settings, dist_info.device)
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self.loss_scaler is not None:
@@ -143,8 +143,9 @@ class FSDP2Engine(LocalEngine):
         """The current fp16 loss scale, None without loss scaling."""
         return None if self.loss_scaler is None else float(self.loss_scaler.loss_scale)
 
-    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
-        """Gradients are already reduce-scattered (averaged); the norm all-reduces the shards' squares."""
+    def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
+        """Gradients are already reduce-scattered (averaged); the norm all-reduces the shards' squares and
+        stays on the device (the loop reads it; fp16 reads its overflow)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.loss_scaler is not None:
             for param in params:
@@ -156,13 +157,13 @@ class FSDP2Engine(LocalEngine):
             self.loss_scaler.update_scale(overflow)
             if overflow:
                 self.optimizer.zero_grad(set_to_none=True)
-                return float(grad_norm), True
+                return grad_norm, True
         if self.settings.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, grad_norm)
         set_lr(self.optimizer, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm), False
+        return grad_norm, False
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The fp32 weights, gathered on rank 0 (collective); a tied tensor once, under its first name."""

@@ -101,7 +101,7 @@ class LocalEngine:
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
+    def _apply_step(self, lr: float) -> tuple[torch.Tensor | float | None, bool]:
         raise NotImplementedError
 
 

@@ -1,6 +1,6 @@
 """The torch optimizer and learning-rate schedule that the DeepSpeed config describes.
 
-The non-DeepSpeed engines (ddp, zero1, torch-zero) build their optimizer here and set the learning rate
+The non-DeepSpeed engines (ddp, zero1, zero2, torch-zero, fsdp2) build their optimizer here and set the learning rate
 by hand before every step from `zero_train.ds_config.lr_at`, the pure-function copy of DeepSpeed's
 WarmupLR / WarmupDecayLR / WarmupCosineLR, so that every engine follows the same curve step for step.
 """
@@ -18,48 +18,60 @@ if TYPE_CHECKING:
     from zero_train.ds_config import TrainSettings
 
 
-def optimizer_spec(settings: TrainSettings) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+def optimizer_spec(
+    settings: TrainSettings, device: torch.device | None = None
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """The torch optimizer class and constructor keywords for `settings.optimizer`.
 
-    Adam/AdamW use the single-tensor implementation (foreach=False): it is what DeepSpeed's
-    `torch_adam` path runs on flat partitions, and it is elementwise, so the update of a parameter
-    does not depend on how the parameters are grouped or sharded (ddp and zero1 agree bit for bit).
+    The implementation follows the device: fused kernels on CUDA (one launch for all tensors, no host
+    synchronisation), the foreach (multi-tensor) one elsewhere; without a device, the single-tensor one
+    (the DeepSpeed client optimizer keeps DeepSpeed's choice). All three are elementwise, so the update of a
+    parameter does not depend on how the parameters are grouped or split between ranks: ddp and zero1 agree
+    bit for bit with any of them (tests/test_partition.py checks foreach and single-tensor on split tensors).
 
     Args:
         settings: the resolved training settings.
+        device: where the parameters live (the local engines pass their device).
 
     Returns:
         (optimizer class, keyword arguments without `params`).
     """
-    lr = settings.lr
+    implementation = _implementation(device)
     if settings.optimizer in ("adamw", "adam"):
         kwargs = dict(
-            lr=lr,
-            betas=tuple(settings.betas),
-            eps=settings.eps,
-            weight_decay=settings.weight_decay,
-            foreach=False,
+            lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps, weight_decay=settings.weight_decay
         )
         cls = torch.optim.AdamW if settings.optimizer == "adamw" else torch.optim.Adam
-        return cls, kwargs
+        return cls, {**kwargs, **implementation}
     if settings.optimizer == "sgd":
-        return torch.optim.SGD, dict(
-            lr=lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=False
-        )
+        kwargs = dict(lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+        return torch.optim.SGD, {**kwargs, **implementation}
     raise UsageError(f"optimizer {settings.optimizer!r} is not supported; use adamw, adam or sgd")
 
 
-def build_optimizer(params, settings: TrainSettings) -> torch.optim.Optimizer:
+def _implementation(device: torch.device | None) -> dict[str, bool]:
+    """fused on CUDA, foreach on other devices, single-tensor without a device."""
+    if device is None:
+        return dict(foreach=False)
+    if torch.device(device).type == "cuda":
+        return dict(fused=True)
+    return dict(foreach=True)
+
+
+def build_optimizer(
+    params, settings: TrainSettings, device: torch.device | None = None
+) -> torch.optim.Optimizer:
     """A plain torch optimizer over `params` as `settings` describe it.
 
     Args:
         params: parameters (or param groups) to optimize.
         settings: the resolved training settings.
+        device: where the parameters live (picks the implementation: optimizer_spec).
 
     Returns:
         The optimizer, with its lr set for step 0 of the schedule.
     """
-    cls, kwargs = optimizer_spec(settings)
+    cls, kwargs = optimizer_spec(settings, device)
     optimizer = cls(params, **kwargs)
     set_lr(optimizer, scheduled_lr(settings, 0))
     return optimizer

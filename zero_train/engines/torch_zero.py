@@ -21,7 +21,7 @@ class TorchZeroEngine(DDPEngine):
     name = "torch-zero"
 
     def _build_optimizer(self, params) -> torch.optim.Optimizer:
-        optimizer_class, kwargs = optimizer_spec(self.settings)
+        optimizer_class, kwargs = optimizer_spec(self.settings, self.dist_info.device)
         kwargs["lr"] = scheduled_lr(self.settings, 0)
         return ZeroRedundancyOptimizer(
             params, optimizer_class=optimizer_class, process_group=self.process_group, **kwargs

@@ -1,9 +1,11 @@
 """Our hand-written ZeRO-1: a plain model, `zero_train.sharding.Zero1Optimizer` does the rest.
 
-No DDP wrapper: gradients accumulate locally over the micro-batches and the sharder averages them
-once, at the accumulation boundary (`reduce_gradients`), then clips by the global norm, updates the
-fp32 master shard this rank owns with its shard of the optimizer state, and all-gathers the
-updated parameters (ZeRO paper, P_os: 4 Psi + K Psi / Nd bytes per rank in mixed precision).
+No DDP wrapper: gradients accumulate locally over the micro-batches; during the last micro-batch's
+backward the sharder reduces them to their owners bucket by bucket (buckets of the DeepSpeed config's
+zero_optimization.reduce_bucket_size elements, overlapped with the backward), then clips by the global
+norm, updates the fp32 master slice this rank owns with its slice of the optimizer state, and
+all-gathers the updated parameters (ZeRO paper, P_os: 4 Psi + K Psi / Nd bytes per rank in mixed
+precision). The step reads nothing back from the device (fp16 aside: its overflow decides the step).
 """
 
 from __future__ import annotations
@@ -22,12 +24,26 @@ from zero_train.checkpoint.files import (
     write_model,
 )
 from zero_train.checkpoint.writes import as_staged_writes
+from zero_train.ds_config.keys import deepspeed_default
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
 from zero_train.engines.precision import make_loss_scaler
+from zero_train.runtime.errors import UsageError
 from zero_train.sharding import Zero1Optimizer
 from zero_train.sharding.sharded import ShardedOptimizer
+
+
+def reduce_bucket_size(ds_config: dict) -> int:
+    """zero_optimization.reduce_bucket_size of a resolved config (DeepSpeed's default when absent)."""
+    key = "zero_optimization.reduce_bucket_size"
+    value = (ds_config.get("zero_optimization") or {}).get("reduce_bucket_size", deepspeed_default(key))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+        raise UsageError(
+            f"zero_optimization.reduce_bucket_size is {value!r}; set it to a positive number of elements "
+            "(e.g. 5e7) for --engine zero1 / zero2"
+        )
+    return int(value)
 
 
 class Zero1Engine(LocalEngine):
@@ -37,7 +53,7 @@ class Zero1Engine(LocalEngine):
 
     def __init__(self, *, model_fn, settings, ds_config, dist_info):
         super().__init__(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
-        optimizer_class, kwargs = optimizer_spec(settings)
+        optimizer_class, kwargs = optimizer_spec(settings, dist_info.device)
         kwargs["lr"] = scheduled_lr(settings, 0)
         self.optimizer = self._build_optimizer(
             list(self.model.parameters()),
@@ -50,11 +66,14 @@ class Zero1Engine(LocalEngine):
         )
 
     def _build_optimizer(self, params, optimizer_class, ds_config: dict, **kwargs) -> ShardedOptimizer:
-        """Our ZeRO-1 over the model's parameters (the config's buckets do not apply: it has none)."""
-        return Zero1Optimizer(params, optimizer_class, **kwargs)
+        """Our ZeRO-1 over the model's parameters, reducing in buckets of the config's reduce_bucket_size."""
+        return Zero1Optimizer(
+            params, optimizer_class, bucket_elements=reduce_bucket_size(ds_config), **kwargs
+        )
 
     def _no_sync(self, boundary: bool):
-        """The last micro-batch's hooks write gradients already divided by N (one pass fewer)."""
+        """The last micro-batch's hooks write gradients already divided by N (one pass fewer) and reduce
+        each complete bucket while backward goes on."""
         return self.optimizer.boundary_backward() if boundary else contextlib.nullcontext()
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -65,17 +84,17 @@ class Zero1Engine(LocalEngine):
         scaler = getattr(self.optimizer, "loss_scaler", None)
         return None if scaler is None else float(scaler.loss_scale)
 
-    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
-        """Average (one reduce-scatter of the flat gradient buffer), clip by the global norm (one all-reduce
-        of the per-tensor norms), update the owned shard, all-gather the parameters."""
+    def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
+        """Finish the reduction (backward did most of it), clip by the global norm (one all-reduce), update
+        this rank's slice, all-gather the parameters. The norm stays on the device (the loop reads it)."""
         self.optimizer.reduce_gradients()
         max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else math.inf
         grad_norm = self.optimizer.clip_grad_norm_(max_norm)
         set_lr(self.optimizer, lr)
         self.optimizer.step()
-        skipped = bool(self.optimizer.last_step_skipped)
+        skipped = self.optimizer.last_step_skipped
         self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm), skipped
+        return grad_norm, skipped
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The model's weights on rank 0, in CPU memory (fp32: exact; bf16/fp16: the fp32 masters, gathered)."""

@@ -10,22 +10,8 @@ from __future__ import annotations
 
 import contextlib
 
-from zero_train.ds_config.keys import deepspeed_default
-from zero_train.engines.zero1 import Zero1Engine
-from zero_train.runtime.errors import UsageError
+from zero_train.engines.zero1 import Zero1Engine, reduce_bucket_size
 from zero_train.sharding import Zero2Optimizer
-
-
-def reduce_bucket_size(ds_config: dict) -> int:
-    """zero_optimization.reduce_bucket_size of a resolved config (DeepSpeed's default when absent)."""
-    key = "zero_optimization.reduce_bucket_size"
-    value = (ds_config.get("zero_optimization") or {}).get("reduce_bucket_size", deepspeed_default(key))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
-        raise UsageError(
-            f"zero_optimization.reduce_bucket_size is {value!r}; set it to a positive number of elements "
-            "(e.g. 5e7) for --engine zero2"
-        )
-    return int(value)
 
 
 class Zero2Engine(Zero1Engine):

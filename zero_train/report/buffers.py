@@ -2,9 +2,9 @@
 
 - torch DDP (and ZeroRedundancyOptimizer, which wraps it): flat gradient buckets, with
   gradient_as_bucket_view=False (torch's default) a second copy of every gradient.
-- our ZeRO-1: padding of its two owner-ordered flat buffers (every rank's region is padded to the
-  largest) plus, on gloo, the ring's receive buffer: zero_train.sharding.accounting computes them for
-  the sharder itself, and here for the run's layout and backend.
+- our ZeRO-1: padding of its two flat buffers (fewer than N elements each: equal slices) plus, on gloo,
+  the rings' receive buffer: zero_train.sharding.accounting computes them for the sharder itself, and
+  here for the run's partition, bucket size and backend.
 - DeepSpeed: one reduce bucket of zero_optimization.reduce_bucket_size elements (default 5e8) in the
   gradient dtype, with contiguous_gradients; ZeRO-1/2 hold it only during backward, ZeRO-3 keeps it.
 """
@@ -21,7 +21,15 @@ from zero_train.sharding import accounting
 from zero_train.sharding.accounting import BufferBytes
 
 
-def zero1_buffers(facts: ModelFacts, world_size: int, element_size: int, backend: str) -> BufferBytes:
+def _bucket_elements(row: dict) -> int:
+    """zero_optimization.reduce_bucket_size of the cell's config (DeepSpeed's default when absent)."""
+    bucket = (row.get("ds_config") or {}).get("zero_optimization", {}).get("reduce_bucket_size")
+    return int(bucket) if isinstance(bucket, (int, float)) else DEFAULT_REDUCE_BUCKET_SIZE
+
+
+def zero1_buffers(
+    facts: ModelFacts, world_size: int, element_size: int, backend: str, bucket_elements: int
+) -> BufferBytes:
     """Our ZeRO-1's buffers for this model, from the sharder's own accounting (zero_train.sharding.accounting).
 
     Args:
@@ -29,9 +37,10 @@ def zero1_buffers(facts: ModelFacts, world_size: int, element_size: int, backend
         world_size: ranks.
         element_size: bytes per element of the model dtype.
         backend: "gloo" (CPU runs: our rings and their receive buffer) or "nccl".
+        bucket_elements: zero_optimization.reduce_bucket_size (the receive buffer fits the largest bucket).
     """
-    layout = accounting.owner_layout(facts.param_numels, world_size)
-    return accounting.zero1_buffers(layout, element_size, backend)
+    partition = accounting.partition_of(facts.param_numels, world_size)
+    return accounting.zero1_buffers(partition, element_size, backend, bucket_elements)
 
 
 def _ddp_words(row: dict, measured: int) -> tuple[str, int]:
@@ -50,11 +59,11 @@ def _zero1_words(row: dict, facts: ModelFacts | None) -> tuple[str, int | None]:
     if facts is None:
         return f"padding of the two flat buffers and {receive_words} (model facts n/a)", None
     element_size = precision_bytes(row["precision"])["params"]
-    parts = zero1_buffers(facts, row["world_size"], element_size, backend)
-    padding = f"2 x {units.mb(parts.padding)}" if parts.padding else "no padding: the regions are equal"
+    parts = zero1_buffers(facts, row["world_size"], element_size, backend, _bucket_elements(row))
+    padding = f"2 x {parts.padding} bytes" if parts.padding else "no padding"
     words = (
-        f"padding of our ZeRO-1's two owner-ordered flat buffers (regions padded to the largest, "
-        f"{parts.region_elements:,} elements: {padding}) plus {receive_words}"
+        f"padding of our ZeRO-1's two flat buffers (equal slices of {parts.partition_elements:,} elements: "
+        f"{padding}) plus {receive_words}"
     )
     if parts.receive_elements:
         words += f" ({parts.receive_elements:,} elements, {units.mb(parts.receive)})"
@@ -65,17 +74,16 @@ def _zero2_words(row: dict, facts: ModelFacts | None) -> tuple[str, int | None]:
     """Our ZeRO-2 keeps its bucket buffer and receive buffer between steps (DeepSpeed frees its bucket)."""
     if facts is None:
         return "padding of the parameter buffer, the bucket and the receive buffer (model facts n/a)", None
-    zero = (row.get("ds_config") or {}).get("zero_optimization", {})
-    bucket = zero.get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET_SIZE)
-    bucket = int(bucket) if isinstance(bucket, (int, float)) else DEFAULT_REDUCE_BUCKET_SIZE
-    layout = accounting.owner_layout(facts.param_numels, row["world_size"])
+    bucket = _bucket_elements(row)
+    partition = accounting.partition_of(facts.param_numels, row["world_size"])
     element_size = precision_bytes(row["precision"])["params"]
-    parts = accounting.zero2_buffers(layout, element_size, backend_for(row.get("device")), bucket)
+    parts = accounting.zero2_buffers(partition, element_size, backend_for(row.get("device")), bucket)
     words = (
-        f"our ZeRO-2's bucket buffer ({units.mb(parts.bucket)}: the largest bucket it copies, at most "
-        f"reduce_bucket_size = {bucket:,} elements; a tensor that large is reduced in its own gradient), "
-        f"kept between steps, the receive buffer ({parts.receive_elements:,} elements, {units.mb(parts.receive)}) "
-        f"and the parameter buffer's padding ({units.mb(parts.padding)})"
+        f"our ZeRO-2's two bucket buffers ({units.mb(parts.bucket)}: twice the largest bucket it copies, at "
+        f"most reduce_bucket_size = {bucket:,} elements, so that one fills while the other travels; a tensor "
+        f"that large is reduced in its own gradient), kept between steps, the receive buffer "
+        f"({parts.receive_elements:,} elements, {units.mb(parts.receive)}) and the parameter buffer's padding "
+        f"({parts.padding} bytes)"
     )
     return words, parts.comm_buffers
 

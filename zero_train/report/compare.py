@@ -58,7 +58,7 @@ def engine_label(engine: str) -> str:
 
 
 def whole_tensor_sharded(engine: str) -> bool:
-    """Whether `engine` gives whole tensors to owners (our ZeRO-1/2, torch's ZeRO): ranks hold unequal shares."""
+    """Whether `engine` gives whole tensors to owners (torch's ZeRO): ranks hold unequal shares."""
     spec = find_engine(engine)
     return spec is not None and spec.sharding == "whole-tensor"
 

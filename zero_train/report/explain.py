@@ -23,7 +23,6 @@ from zero_train.report.compare import is_large, whole_tensor_sharded
 from zero_train.report.explain_peak import peak_sentences
 from zero_train.report.explain_runtime import comm_sentences, other_sentences
 from zero_train.report.models import ModelFacts
-from zero_train.sharding import accounting
 
 
 def _paper_to_ours(row: dict, category: str) -> str | None:
@@ -57,23 +56,26 @@ def _paper_to_ours(row: dict, category: str) -> str | None:
     return None
 
 
-def _owned_elements(facts: ModelFacts | None, world_size: int, rank: int) -> int | None:
-    """Parameters `rank` owns under sorted-greedy whole-tensor sharding (our ZeRO-1, torch's ZeRO)."""
-    if facts is None:
-        return None
-    return accounting.owner_layout(facts.param_numels, world_size).loads()[rank]
+def greedy_loads(numels: list[int], world_size: int) -> list[int]:
+    """Elements each rank owns under torch's ZeroRedundancyOptimizer: whole tensors, sorted-greedy (largest
+    first, to the least-loaded rank, lowest rank on ties)."""
+    loads = [0] * world_size
+    for numel in sorted(numels, reverse=True):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        loads[rank] += numel
+    return loads
 
 
 def _imbalance(row: dict, category: str, facts: ModelFacts | None, residual: float) -> str | None:
-    """Whole-tensor sharding explains a rank holding more (or less) than 1/N of the optimizer state."""
-    if not whole_tensor_sharded(row["engine"]) or category not in (
-        "optimizer_states",
-        "master_params",
+    """Whole-tensor sharding (torch-zero) explains a rank holding more (or less) than 1/N of the optimizer
+    state; our ZeRO-1/2 cut equal slices, so they have no such gap."""
+    if (
+        not whole_tensor_sharded(row["engine"])
+        or category not in ("optimizer_states", "master_params")
+        or facts is None
     ):
         return None
-    owned = _owned_elements(facts, row["world_size"], row["reported_rank"])
-    if owned is None:
-        return None
+    owned = greedy_loads(list(facts.param_numels), row["world_size"])[row["reported_rank"]]
     per_param = {"optimizer_states": 8, "master_params": 4}[category]  # Adam: two fp32 moments; fp32 masters
     predicted = owned * per_param
     measured = row["categories"][category]

@@ -119,8 +119,11 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
     return None
 
 
-GRADIENT_RINGS = {1: "one reduce-scatter", 2: "each bucket to its owners during backward"}
-"""How our ZeRO-1 and ZeRO-2 (by stage) send the gradients to their owners on gloo (the sharders' accounting
+GRADIENT_RINGS = {
+    1: "each bucket to its owners during the last backward",
+    2: "each bucket to its owners during every backward",
+}
+"""How our ZeRO-1 and ZeRO-2 (by stage) send the gradients to their owners (the sharders' accounting
 describes these two)."""
 
 
@@ -129,18 +132,17 @@ def _zero1_comm_cause(row: dict, facts: ModelFacts) -> str:
     the sharders' own accounting (zero_train.sharding.accounting), per backend."""
     world_size, backend = row["world_size"], backend_for(row.get("device"))
     stage = find_engine(row["engine"]).stage
-    layout = accounting.owner_layout(facts.param_numels, world_size)
-    sent = accounting.comm_bytes_per_step(layout, row["reported_rank"], 1, backend)
-    rings = (sent["reduce_scatter"] + sent["all_gather"]) / row["num_params"]
+    partition = accounting.partition_of(facts.param_numels, world_size)
+    sent = accounting.comm_bytes_per_step(partition, row["reported_rank"], 1, backend)
+    rings = (sent["reduce"] + sent["all_gather"]) / row["num_params"]
     if backend != "gloo":
-        padded = world_size * layout.region_size / row["num_params"]
         return (
-            f"our ZeRO-{stage} reduces the gradients and all-gathers the parameters with torch's collectives "
-            f"over regions padded to the largest ({world_size} x region = {padded:.3f} Psi): {rings:.2f} Psi sent"
+            f"our ZeRO-{stage} reduces the gradients ({GRADIENT_RINGS[stage]}) and all-gathers "
+            f"the parameters with torch's collectives over {world_size} equal slices: {rings:.2f} Psi sent"
         )
     return (
         f"our ZeRO-{stage} runs point-to-point rings on gloo ({GRADIENT_RINGS[stage]}, then an "
-        "all-gather) that send every region's "
+        "all-gather) that send every slice's "
         f"data but one and never the padding: rank {row['reported_rank']} sends {rings:.2f} Psi, which the "
         f"ledger counts on both ends ({2 * rings:.2f} Psi)"
     )

@@ -1,26 +1,28 @@
-"""The few collectives Zero1Optimizer uses, each on a flat buffer of `world_size` equal regions.
+"""The few collectives the sharders use, on flat buffers whose rank parts are given as (starts, lengths).
 
 Choice per backend (measured on this machine, gloo over loopback, 2 ranks, 64 MB fp32 buffer):
 all_reduce 50 ms; gloo's reduce_scatter_tensor 97 ms (emulated as an all-reduce plus a copy: it moves
 all-reduce traffic and more); gloo's all_gather_into_tensor 113 ms; a ring of isend/irecv that
-reduce-scatters the same buffer 34 ms. So on gloo both the reduce-scatter and the all-gather are
-hand-written rings of point-to-point messages; on NCCL (and any other backend) torch's own
-reduce_scatter / all_gather over the same flat buffer are used, which are real rings already.
+reduce-scatters the same buffer 34 ms. So on gloo both the reduction and the all-gather are hand-written
+rings of point-to-point messages; on NCCL (and any other backend) torch's own collectives are used: one
+`reduce` per rank part (NCCL pipelines it), `all_gather_into_tensor` over equal slices.
 
-The gloo rings send only the data of each region, never its padding (`lengths`: the elements of each
-region that carry parameters; whole tensors per owner leave the regions unequal). Bytes rank r sends per
-call, with L_i the data elements of region i, Psi = sum L_i and e bytes per element:
-    reduce_scatter_: (Psi - L_r) e          (every region but its own)
-    all_gather_:     (Psi - L_{r+1}) e      (every region but its right neighbour's)
-Together 2 Psi e - (L_r + L_{r+1}) e: summed over the ranks 2 (N-1) Psi e, exactly what DDP's ring
-all-reduce sends in total (the ZeRO paper's 2 Psi); at N = 2 every rank sends exactly Psi e, as in DDP.
-On NCCL the regions travel whole (equal chunks: padding included). accounting.py counts these bytes.
+The gloo reduction ring (`ring_schedule`): part r is summed along the ranks r+1, r+2, ..., r, always in
+that order, ((g[r+1] + g[r+2]) + ...) + g[r], the same on every run (deterministic), whatever the chunk
+size. Each part travels in chunks that follow each other along the ring (a pipeline), so a bucket that
+lies in one rank's slice does not cost N-1 sequential hops of its whole size. Bytes rank r sends per
+reduction, with L_i the elements of part i, D = sum L_i and e bytes per element: (D - L_r) e, every part
+but its own; the all-gather of equal slices sends (D - L_{r+1}) e. Summed over the ranks 2 (N-1) D e,
+what DDP's ring all-reduce sends (the ZeRO paper's 2 Psi). accounting.py counts these bytes.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+RECV_BUFFER_ELEMENTS = 1 << 22
+"""Largest receive buffer of a gloo reduction ring (16 MB in fp32), so it costs O(1), not Psi/N."""
 
 
 def group_rank_and_size(process_group=None) -> tuple[int, int]:
@@ -42,46 +44,75 @@ def backend_name(process_group=None) -> str:
     return str(dist.get_backend(process_group))
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, *, to_rank: int, from_rank: int, process_group) -> None:
-    """Send `send` to `to_rank` while receiving `recv` from `from_rank` (group ranks); empty ones are skipped."""
-    to_global = dist.get_global_rank(process_group, to_rank) if process_group is not None else to_rank
-    from_global = dist.get_global_rank(process_group, from_rank) if process_group is not None else from_rank
-    receiving = dist.irecv(recv, src=from_global, group=process_group) if recv.numel() else None
-    sending = dist.isend(send, dst=to_global, group=process_group) if send.numel() else None
-    for work in (sending, receiving):
-        if work is not None:
-            work.wait()
+def _global(rank: int, process_group) -> int:
+    return dist.get_global_rank(process_group, rank) if process_group is not None else rank
 
 
-def reduce_scatter_(
-    flat: torch.Tensor,
-    recv_buffer: torch.Tensor | None,
-    process_group=None,
-    *,
-    lengths: list[int] | None = None,
-) -> None:
-    """Sum `flat` over the ranks into this rank's region of `flat` (other regions: partial sums).
+def ring_chunk(lengths: list[int], largest: int) -> int:
+    """Chunk size of a gloo reduction ring: an N-th of the data (equal parts then travel whole, as in a
+    classic ring), at most `largest` elements."""
+    return max(1, min(-(-sum(lengths) // len(lengths)), largest))
 
-    Ring order on gloo: region r is summed starting at rank r+1, then r+2, ..., ending with rank r's
-    own values, ((g[r+1] + g[r+2]) + ...) + g[r], the same on every run (deterministic).
 
-    Args:
-        flat: buffer of world_size equal regions (modified in place).
-        recv_buffer: scratch for the incoming messages (gloo only; may be None elsewhere); a region
-            travels in pieces of its size, so it may be smaller than a region.
-        process_group: the data-parallel group (None: default).
-        lengths: elements at the start of each region that carry data (gloo: the rest, padding, is
-            neither sent nor summed); None: whole regions.
+def ring_receive_elements(lengths: list[int], limit: int | None = None) -> int:
+    """Receive buffer a ring over these parts needs: a chunk from each of the other N-1 parts per step, in
+    chunks small enough that it stays within `limit` elements (default RECV_BUFFER_ELEMENTS)."""
+    world_size = len(lengths)
+    if world_size < 2:
+        return 0
+    limit = RECV_BUFFER_ELEMENTS if limit is None else limit
+    return (world_size - 1) * ring_chunk(lengths, max(1, limit // (world_size - 1)))
+
+
+def ring_schedule(
+    starts: list[int], lengths: list[int], rank: int, chunk: int
+) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """What `rank` sends right and receives from the left at each step of the reduction ring (pure).
+
+    Part p travels in chunks j = 0, 1, ...; the rank at position k = (rank - p - 1) mod N along its path
+    (k = 0: rank p+1, k = N-1: the owner p) receives chunk j at step k - 1 + j, adds it to its own, and
+    (unless it is the owner) sends the sum on at step k + j.
+
+    Returns:
+        Per step: (sends, receives), each a list of (flat start, length) in part order; both neighbours
+        compute the same lists, so the messages pair up in order.
     """
+    world_size = len(lengths)
+    chunks = [-(-length // chunk) for length in lengths]
+    steps = max(chunks) + world_size - 2 if any(chunks) else 0
+    schedule: list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] = [([], []) for _ in range(steps)]
+    for part in range(world_size):
+        position = (rank - part - 1) % world_size
+        for j in range(chunks[part]):
+            piece = (starts[part] + j * chunk, min(chunk, lengths[part] - j * chunk))
+            if position < world_size - 1:
+                schedule[position + j][0].append(piece)
+            if position > 0:
+                schedule[position - 1 + j][1].append(piece)
+    return schedule
+
+
+def ring_reduce_(flat: torch.Tensor, recv_buffer: torch.Tensor, process_group, starts, lengths) -> None:
+    """The gloo reduction ring (`ring_schedule`): part r of `flat` ends summed over the ranks on rank r."""
     rank, world_size = group_rank_and_size(process_group)
-    if world_size == 1:
-        return
-    region_size = flat.numel() // world_size
-    if not uses_p2p_rings(process_group):
-        dist.reduce_scatter_tensor(flat.view(world_size, -1)[rank], flat, group=process_group)
-        return
-    starts = [r * region_size for r in range(world_size)]
-    _ring_reduce_(flat, recv_buffer, process_group, starts, lengths or [region_size] * world_size)
+    right, left = (
+        _global((rank + 1) % world_size, process_group),
+        _global((rank - 1) % world_size, process_group),
+    )
+    chunk = ring_chunk(list(lengths), recv_buffer.numel() // (world_size - 1))
+    for sends, receives in ring_schedule(list(starts), list(lengths), rank, chunk):
+        works, landed, filled = [], [], 0
+        for start, length in receives:
+            received = recv_buffer[filled : filled + length]
+            works.append(dist.irecv(received, src=left, group=process_group))
+            landed.append((start, received))
+            filled += length
+        for start, length in sends:
+            works.append(dist.isend(flat[start : start + length], dst=right, group=process_group))
+        for work in works:
+            work.wait()
+        for start, received in landed:
+            flat[start : start + received.numel()].add_(received)
 
 
 def reduce_to_owners_(
@@ -89,80 +120,70 @@ def reduce_to_owners_(
     recv_buffer: torch.Tensor | None,
     process_group=None,
     *,
-    starts: list[int],
-    lengths: list[int],
-) -> None:
-    """Sum region r of `flat` (`starts[r]`, `lengths[r]`: unequal, unpadded) over the ranks onto rank r.
+    starts,
+    lengths,
+    async_op=False,
+):
+    """Sum part r of `flat` (`starts[r]`, `lengths[r]`) over the ranks onto rank r (other parts: partial sums).
 
-    ZeRO-2's bucket reduction. On gloo the same ring as reduce_scatter_ (same summation order, only the
-    data travels); elsewhere one torch reduce per non-empty region, to its owner.
+    gloo: our ring (synchronous; overlap.py runs it on a communication thread). Other backends: one torch
+    `reduce` per non-empty part, to its owner.
+
+    Returns:
+        With async_op (not gloo): the works to wait on; else an empty list.
     """
     rank, world_size = group_rank_and_size(process_group)
     if world_size == 1:
-        return
+        return []
     if uses_p2p_rings(process_group):
-        _ring_reduce_(flat, recv_buffer, process_group, starts, lengths)
-        return
+        assert not async_op, "the gloo ring is synchronous"
+        ring_reduce_(flat, recv_buffer, process_group, starts, lengths)
+        return []
+    works = []
     for owner, (start, length) in enumerate(zip(starts, lengths, strict=True)):
         if length:
-            dst = dist.get_global_rank(process_group, owner) if process_group is not None else owner
-            dist.reduce(flat[start : start + length], dst=dst, group=process_group)
-
-
-def _ring_reduce_(flat, recv_buffer, process_group, starts: list[int], lengths: list[int]) -> None:
-    """The gloo ring: N-1 exchanges with the neighbours; region r ends summed on rank r."""
-    assert recv_buffer is not None
-    rank, world_size = group_rank_and_size(process_group)
-    right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    piece = recv_buffer.numel()  # a region travels in pieces of the receive buffer's size
-    for step in range(world_size - 1):
-        send_index = (rank - step - 1) % world_size
-        recv_index = (rank - step - 2) % world_size  # what the left neighbour sends: its send_index
-        send_length, recv_length = lengths[send_index], lengths[recv_index]
-        send_start, recv_start = starts[send_index], starts[recv_index]
-        for start in range(0, max(send_length, recv_length), piece):
-            received = recv_buffer[: max(0, min(start + piece, recv_length) - start)]
-            send_stop = send_start + max(start, min(start + piece, send_length))
-            send = flat[send_start + start : send_stop]
-            _exchange(send, received, to_rank=right, from_rank=left, process_group=process_group)
-            flat[recv_start + start : recv_start + start + received.numel()].add_(received)
+            part = flat[start : start + length]
+            works.append(
+                dist.reduce(part, dst=_global(owner, process_group), group=process_group, async_op=async_op)
+            )
+    return works if async_op else []
 
 
 def all_gather_(flat: torch.Tensor, process_group=None, *, lengths: list[int] | None = None) -> None:
-    """Copy every rank's region of `flat` to all ranks (in place: region r comes from rank r).
+    """Copy every rank's slice of `flat` to all ranks (in place: slice r comes from rank r).
 
     Args:
-        flat: buffer of world_size equal regions; this rank's region holds its values.
+        flat: buffer of world_size equal slices; this rank's slice holds its values.
         process_group: the data-parallel group (None: default).
-        lengths: elements at the start of each region that carry data (gloo: only those travel);
-            None: whole regions.
+        lengths: elements at the start of each slice that carry data (gloo: only those travel);
+            None: whole slices.
     """
     rank, world_size = group_rank_and_size(process_group)
     if world_size == 1:
         return
-    regions = flat.view(world_size, -1)
+    slices = flat.view(world_size, -1)
     if not uses_p2p_rings(process_group):
-        dist.all_gather_into_tensor(flat, regions[rank], group=process_group)
+        dist.all_gather_into_tensor(flat, slices[rank], group=process_group)
         return
-    lengths = lengths or [regions.shape[1]] * world_size
-    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    lengths = lengths or [slices.shape[1]] * world_size
+    right, left = (
+        _global((rank + 1) % world_size, process_group),
+        _global((rank - 1) % world_size, process_group),
+    )
     for step in range(world_size - 1):
-        send_index = (rank - step) % world_size
-        recv_index = (rank - step - 1) % world_size
-        _exchange(
-            regions[send_index, : lengths[send_index]],
-            regions[recv_index, : lengths[recv_index]],
-            to_rank=right,
-            from_rank=left,
-            process_group=process_group,
-        )
+        send_index, recv_index = (rank - step) % world_size, (rank - step - 1) % world_size
+        works = []
+        if lengths[recv_index]:
+            works.append(dist.irecv(slices[recv_index, : lengths[recv_index]], src=left, group=process_group))
+        if lengths[send_index]:
+            works.append(
+                dist.isend(slices[send_index, : lengths[send_index]], dst=right, group=process_group)
+            )
+        for work in works:
+            work.wait()
 
 
-def all_reduce_sum_(tensor: torch.Tensor, process_group=None) -> None:
-    """Sum a small tensor (norms, overflow flags) over the ranks, in place."""
+def all_reduce_(tensor: torch.Tensor, process_group=None, op=dist.ReduceOp.SUM) -> None:
+    """Reduce a small tensor (norms, flags) over the ranks, in place."""
     if group_rank_and_size(process_group)[1] > 1:
-        dist.all_reduce(tensor, group=process_group)
-
-
-RECV_BUFFER_ELEMENTS = 1 << 22
-"""Largest receive buffer of the gloo reduce-scatter ring (16 MB in fp32), so it costs O(1), not Psi/N."""
+        dist.all_reduce(tensor, op=op, group=process_group)

@@ -1,81 +1,65 @@
-"""Zero1Optimizer's flat gradient buffer and the hooks that fill it during backward.
+"""Zero1Optimizer's gradient store: one segment's flat gradient buffer, filled by hooks, reduced by bucket.
 
-Every trainable parameter has a slot (a view) in one flat buffer laid out by owner
-(`partition.FlatLayout`), so that one reduce-scatter averages all gradients. A post-accumulate-grad hook
-per parameter moves each freshly computed gradient into its slot; what it writes depends on whether this
+Every trainable parameter has a slot (a view) in a flat buffer laid out as the segment's partition, so
+the averaged gradients of rank r's slice end up in one contiguous range. The optimizer's post-accumulate-
+grad hook hands each freshly computed gradient here (`accept`); what is written depends on whether this
 backward completes the step's gradients:
 
     naive (any micro-step)            slot <- grad         and at the boundary, slot /= N
     inside boundary_backward()        slot <- grad / N     one pass over the gradient instead of two
 
 Both divide before summing, as DDP's allreduce_hook does, with the same elementwise division, so the
-averaged gradients are the same bits; the fused form only does it while writing the slot. Measured
-here (one core, 24.8M elements): fp32 copy 16 ms + divide 10 ms -> divide-into-slot 16 ms;
+averaged gradients are the same bits; the fused form only does it while writing the slot, and lets the
+bucket of a complete run of gradients start its reduction while backward goes on (overlap.py).
+Measured here (one core, 24.8M elements): fp32 copy 16 ms + divide 10 ms -> divide-into-slot 16 ms;
 bf16 copy 8 ms + in-place divide 26 ms -> divide-into-slot 12 ms.
 
 A gradient that autograd accumulated in place (the slot is already `p.grad`: earlier micro-steps, or
-`zero_grad(set_to_none=False)`) is divided in place by the boundary hook. Later micro-steps must not
-follow a boundary backward before the step (the slot would mix averaged and raw gradients): that raises.
+`zero_grad(set_to_none=False)`) is divided in place. Later micro-steps must not follow a boundary backward
+before the step (the slot would mix averaged and raw gradients): that raises.
 """
 
 from __future__ import annotations
 
-import contextlib
-import weakref
-
 import torch
 
-from zero_train.sharding.partition import FlatLayout
+from zero_train.sharding.overlap import ReductionQueue
+from zero_train.sharding.partition import Bucket, gradient_buckets
+from zero_train.sharding.segments import Segment
 
 
 class FlatGradients:
-    """One flat buffer holding every trainable parameter's gradient, filled by per-parameter hooks.
+    """One segment's gradients in a flat buffer, and the reduction of its buckets to their owners.
 
     Args:
-        params: the trainable parameters, in layout order.
-        layout: where each parameter's slot starts (`layout.offsets`).
+        segment: the segment (its parameters, partition, active flags).
         world_size: N, the divisor of the average.
-        dtype, device: of the buffer (the parameters' own).
-        averaged: ids of parameters whose gradient is already divided by N this step (a rebuild).
+        bucket_elements: the largest bucket, in elements.
+        queue: where the bucket reductions are launched.
     """
 
-    def __init__(
-        self,
-        params: list[torch.nn.Parameter],
-        layout: FlatLayout,
-        *,
-        world_size: int,
-        dtype,
-        device,
-        averaged: set[int] | None = None,
-    ):
-        self.world_size = world_size
-        self.buffer = torch.zeros(layout.total_size, dtype=dtype, device=device)
+    def __init__(self, segment: Segment, *, world_size: int, bucket_elements: int, queue: ReductionQueue):
+        self.segment, self.world_size, self.queue = segment, world_size, queue
+        self.bucket_elements = bucket_elements
+        params, partition = segment.params, segment.partition
+        self.buffer = torch.zeros(partition.total_size, dtype=params[0].dtype, device=params[0].device)
         self.slots: dict[int, torch.Tensor] = {}
-        for param, offset in zip(params, layout.offsets, strict=True):
+        for param, offset in zip(params, partition.offsets, strict=True):
             slot = self.buffer[offset : offset + param.numel()].view_as(param)
             self.slots[id(param)] = slot
-            if param.grad is not None:  # computed before the optimizer existed, or before a rebuild
+            if param.grad is not None:  # computed before the optimizer existed, or before it was unfrozen
                 slot.copy_(dense_grad(param))
                 param.grad = slot
-        self._in_boundary = False
-        self.averaged: set[int] = set(averaged or ())  # parameters whose slot holds grad / N this step
-        self._handles = [  # a frozen parameter gets no gradient, so no hook (torch refuses one)
-            param.register_post_accumulate_grad_hook(self._hook()) for param in params if param.requires_grad
-        ]
+        self.averaged: set[int] = set()  # parameters whose slot holds grad / N this step
+        self.set_active(segment.active)
 
-    def _hook(self):
-        grads_ref = weakref.ref(self)  # a parameter must not keep the buffer of a dropped optimizer alive
+    def set_active(self, active: tuple[bool, ...]) -> None:
+        """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
+        self.buckets: list[Bucket] = gradient_buckets(self.segment.partition, self.bucket_elements, active)
+        self.bucket_of = {index: k for k, bucket in enumerate(self.buckets) for index in bucket.indices}
 
-        def into_slot(param: torch.Tensor) -> None:
-            grads = grads_ref()
-            if grads is not None and param.grad is not None:
-                grads._accept(param)
-
-        return into_slot
-
-    def _accept(self, param: torch.Tensor) -> None:
-        """Move `param.grad` into its slot (divided by N inside boundary_backward())."""
+    def accept(self, param: torch.Tensor, *, boundary: bool) -> None:
+        """Move `param.grad` into its slot (divided by N in the boundary backward)."""
         key = id(param)
         if key in self.averaged:
             raise RuntimeError(
@@ -84,7 +68,7 @@ class FlatGradients:
             )
         slot = self.slots[key]
         fresh = dense_grad(param).data_ptr() != slot.data_ptr()
-        if self._in_boundary:
+        if boundary:
             if fresh:
                 torch.div(param.grad, self.world_size, out=slot)
             else:
@@ -94,38 +78,35 @@ class FlatGradients:
             slot.copy_(param.grad)
         param.grad = slot
 
-    @contextlib.contextmanager
-    def boundary_backward(self):
-        """The backward inside completes this step's gradients: hooks write them already divided by N."""
-        self._in_boundary = True
-        try:
-            yield
-        finally:
-            self._in_boundary = False
+    def _average(self, param: torch.Tensor) -> None:
+        """Make the slot hold grad / N (zero without a gradient: DDP's rule), unless a hook already did."""
+        key = id(param)
+        if key in self.averaged:
+            return
+        slot = self.slots[key]
+        if param.grad is None:
+            slot.zero_()
+        elif param.grad.data_ptr() != slot.data_ptr():
+            torch.div(dense_grad(param), self.world_size, out=slot)
+        else:
+            slot.div_(self.world_size)
+        self.averaged.add(key)
 
-    def average(self, params: list[torch.nn.Parameter]) -> None:
-        """Make every slot hold its gradient / N (zero without a gradient), skipping what the hooks did."""
-        for param in params:
-            if id(param) in self.averaged:
-                continue
-            slot = self.slots[id(param)]
-            if param.grad is None:
-                slot.zero_()
-            elif param.grad.data_ptr() != slot.data_ptr():
-                torch.div(param.grad, self.world_size, out=slot)
-            else:
-                slot.div_(self.world_size)
-            self.averaged.add(id(param))
+    def launch(self, k: int) -> None:
+        """Average what the hooks did not, then start reducing bucket `k` to its owners, in place."""
+        bucket = self.buckets[k]
+        for index in bucket.indices:
+            self._average(self.segment.params[index])
+        flat = self.buffer[bucket.start : bucket.stop]
+        self.queue.launch(flat, bucket.starts, bucket.lengths)
+
+    def owned(self) -> torch.Tensor:
+        """This rank's slice of the buffer: after the reduction, the averaged gradients it owns."""
+        return self.buffer[self.segment.start : self.segment.stop]
 
     def new_step(self) -> None:
         """Forget which slots were averaged (after the step or zero_grad)."""
         self.averaged.clear()
-
-    def remove_hooks(self) -> None:
-        """Detach the hooks (the optimizer rebuilds its buffers when a param group is added)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
 
 
 def dense_grad(param: torch.Tensor) -> torch.Tensor:

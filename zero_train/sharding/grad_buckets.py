@@ -1,183 +1,145 @@
-"""ZeRO-2's gradient path: buckets reduced to their owners during backward, non-owned gradients released.
+"""ZeRO-2's gradient store: buckets reduced to their owners during backward, non-owned gradients released.
 
-The trainable tensors are cut into buckets of at most zero_optimization.reduce_bucket_size elements, in
-backward order (`partition.gradient_buckets`). A post-accumulate-grad hook per parameter marks its
-gradient as arrived; as soon as the next bucket (every rank reduces them in the same order) has all its
-gradients, they are copied into one bucket buffer, divided by N (as DDP's allreduce_hook does), reduced
-to their owners (`collectives.reduce_to_owners_`: on gloo our ring, the same summation order as ZeRO-1),
-and released. The owner adds its region into its accumulator of owned gradients (Psi/N elements). At the
-end of each backward (an autograd callback) the buckets still waiting, e.g. for a gradient no rank
-produced this time, are reduced in order with zeros for what is missing (DDP's rule).
+The trainable tensors of a segment are cut into buckets of at most zero_optimization.reduce_bucket_size
+elements, in backward order (`partition.gradient_buckets`). As soon as the next bucket in the schedule
+(overlap.BucketSchedule: every rank reduces them in the same order) has all its gradients, they are
+copied into a bucket buffer divided by N (as DDP's allreduce_hook does), released, and the buffer is
+reduced to its owners without waiting (overlap.ReductionQueue: on gloo our ring, the same summation order
+as ZeRO-1). When a reduction is waited for, the owner adds its part into its accumulator of the
+gradients it owns (Psi/N elements). Two bucket buffers take turns: a third bucket waits for the oldest
+reduction. At the end of each backward the buckets still waiting, e.g. for a gradient no rank produced
+this time, are reduced with zeros for what is missing (DDP's rule), and everything is waited for once.
 
 Accumulation follows DeepSpeed's stage 2 (stage_1_and_2.py reduces every micro-batch's buckets during its
 backward; its engine refuses no_sync under gradient partitioning): each micro-step is reduced, and the
 owner accumulates the averages, (g1_avg + g2_avg), in the order the micro-steps came. So no rank ever
-holds a whole gradient beyond one bucket, at the price of one reduction per micro-step (docs/zero2.md).
+holds a whole gradient beyond two buckets, at the price of one reduction per micro-step (docs/zero2.md).
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-from zero_train.sharding import collectives
 from zero_train.sharding.flat_grads import dense_grad
-from zero_train.sharding.partition import Bucket, FlatLayout, gradient_buckets
+from zero_train.sharding.overlap import ReductionQueue
+from zero_train.sharding.partition import Bucket, gradient_buckets
+from zero_train.sharding.segments import Segment
+
+
+class BucketBuffers:
+    """The two bucket buffers the segments' copied buckets take turns in.
+
+    Args:
+        queue: the ReductionQueue (a buffer frees when the reduction using it is waited for).
+    """
+
+    def __init__(self, queue: ReductionQueue):
+        self.queue = queue
+        self.free: list[torch.Tensor] = []
+        self.size = 0
+
+    def resize(self, elements: int, *, dtype, device) -> None:
+        """Two buffers of `elements` (call only when no reduction is in flight)."""
+        self.size = elements
+        self.free = [torch.empty(elements, dtype=dtype, device=device) for _ in range(2)] if elements else []
+
+    def acquire(self) -> torch.Tensor:
+        """A free buffer, waiting for the oldest reductions in flight until one is released."""
+        while not self.free:
+            self.queue.wait_oldest()
+        return self.free.pop(0)
+
+    def release(self, buffer: torch.Tensor) -> None:
+        self.free.append(buffer)
 
 
 class GradientBuckets:
-    """The bucket buffer, the hooks, and this rank's accumulator of the gradients it owns.
+    """One segment's buckets and this rank's accumulator of the averaged gradients of its slice.
 
     Args:
-        params: the parameters in layout order (the frozen ones get no hook and no bucket).
-        layout: the owner-ordered layout (owners, active flags, offsets).
-        rank, world_size: this rank and N.
+        segment: the segment (parameters, partition, this rank's slice, active flags).
+        world_size: N.
         bucket_elements: the largest bucket, in elements.
-        receive_elements: size of the ring's receive buffer (0: torch's collectives, nothing to receive in).
-        process_group: the data-parallel group.
-        on_backward_end: called at the end of every backward that reached a hook (the optimizer
-            refreshes its trainable set there, then calls `flush`).
-        carry: (accumulator values by param id, ids seen, ids written) of the buckets this one replaces.
+        queue: where the reductions are launched.
+        buffers: the shared bucket buffers.
     """
 
     def __init__(
         self,
-        params: list[torch.nn.Parameter],
-        layout: FlatLayout,
+        segment: Segment,
         *,
-        rank: int,
         world_size: int,
         bucket_elements: int,
-        receive_elements: int,
-        process_group=None,
-        on_backward_end,
-        carry: tuple[dict[int, torch.Tensor], set[int], set[int]] | None = None,
+        queue: ReductionQueue,
+        buffers: BucketBuffers,
     ):
-        self.params, self.layout, self.rank, self.world_size = params, layout, rank, world_size
-        self.process_group = process_group
-        self.on_backward_end = on_backward_end
-        self.buckets: list[Bucket] = gradient_buckets(layout, bucket_elements)
-        dtype, device = params[0].dtype, params[0].device
-        copied = [b.size for b in self.buckets if not b.direct]
-        self.buffer = torch.empty(max(copied, default=0), dtype=dtype, device=device)
-        self.recv_buffer = (
-            torch.empty(receive_elements, dtype=dtype, device=device) if receive_elements else None
-        )
-        self.owned = torch.zeros(layout.loads()[rank], dtype=dtype, device=device)  # Psi/N, no padding
-        region_start = layout.region(rank)[0]
-        self.owned_slots = {
-            id(p): self.owned[offset - region_start : offset - region_start + p.numel()].view_as(p)
-            for p, offset, owner in zip(params, layout.offsets, layout.owners, strict=True)
-            if owner == rank
-        }
+        self.segment, self.world_size, self.bucket_elements = segment, world_size, bucket_elements
+        self.queue, self.buffers = queue, buffers
+        param = segment.params[0]
+        self.owned = torch.zeros(segment.stop - segment.start, dtype=param.dtype, device=param.device)
+        self.seen: set[int] = set()  # parameters whose gradient this rank brought to this step
+        self.set_active(segment.active)
+
+    def set_active(self, active: tuple[bool, ...]) -> None:
+        """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
+        self.buckets: list[Bucket] = gradient_buckets(self.segment.partition, self.bucket_elements, active)
         self.bucket_of = {index: k for k, bucket in enumerate(self.buckets) for index in bucket.indices}
-        values, self.seen, self.written = carry or ({}, set(), set())
-        for key, value in values.items():
-            if key in self.owned_slots:
-                self.owned_slots[key].copy_(value)
-        self._arrived = [0] * len(self.buckets)
-        self._next = 0  # the next bucket to reduce in this backward
-        self._callback_queued = False
-        self._handles = [
-            p.register_post_accumulate_grad_hook(self._hook(i))
-            for i, p in enumerate(params)
-            if p.requires_grad
-        ]
 
-    def _hook(self, index: int):
-        buckets_ref = weakref.ref(self)  # a parameter must not keep the buffers of a dropped optimizer alive
+    def copied_elements(self) -> int:
+        """The largest bucket that is copied into a bucket buffer (a direct one is reduced in its gradient)."""
+        return max((b.size for b in self.buckets if not b.direct), default=0)
 
-        def arrived(param: torch.Tensor) -> None:
-            buckets = buckets_ref()
-            if buckets is not None and param.grad is not None:
-                buckets._arrive(index, param)
-
-        return arrived
-
-    def _arrive(self, index: int, param: torch.Tensor) -> None:
-        """A gradient is complete: count it in its bucket and reduce every bucket that is due, in order."""
+    def accept(self, param: torch.Tensor) -> None:
+        """A gradient of this backward is complete (refused if sparse)."""
         dense_grad(param)
-        if not self._callback_queued:  # the end of this backward reduces what is still waiting
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-            self._callback_queued = True
-        bucket = self.bucket_of.get(index)
-        if bucket is None:
-            return  # unfrozen since the buckets were built: the end of backward rebuilds them
-        self._arrived[bucket] += 1
-        while self._next < len(self.buckets) and self._arrived[self._next] == len(
-            self.buckets[self._next].indices
-        ):
-            self._reduce(self.buckets[self._next])
-            self._next += 1
+        self.seen.add(id(param))
 
-    def _end_of_backward(self) -> None:
-        self._callback_queued = False
-        self.on_backward_end()
-
-    def flush(self) -> None:
-        """Reduce every bucket not reduced in this backward, in order. Collective."""
-        while self._next < len(self.buckets):
-            self._reduce(self.buckets[self._next])
-            self._next += 1
-        self._arrived = [0] * len(self.buckets)
-        self._next = 0
-
-    def _reduce(self, bucket: Bucket) -> None:
-        """Divide by N into the bucket, reduce to the owners, add the owned region to the accumulator."""
-        params = [self.params[i] for i in bucket.indices]
+    def launch(self, k: int) -> None:
+        """Divide bucket `k`'s gradients by N into a buffer (a direct bucket: in place), release them, and
+        start reducing it to the owners; the owner adds its part when the reduction is waited for."""
+        bucket = self.buckets[k]
+        params = [self.segment.params[i] for i in bucket.indices]
+        for param in params:
+            if param.grad is not None:
+                dense_grad(param)
+                self.seen.add(id(param))
         if bucket.direct:
-            grad = params[0].grad
-            if grad is not None:
-                self.seen.add(id(params[0]))
-            flat = (grad if grad is not None else torch.zeros_like(params[0])).reshape(-1)
-            flat.div_(self.world_size)
-        else:
-            flat = self.buffer[: bucket.size]
-            for param, offset in zip(params, bucket.offsets, strict=True):
-                slot = flat[offset : offset + param.numel()].view_as(param)
-                if param.grad is None:
-                    slot.zero_()  # no gradient here: zero in the average (DDP's rule)
-                else:
-                    torch.div(param.grad, self.world_size, out=slot)
-                    self.seen.add(id(param))
-        collectives.reduce_to_owners_(
-            flat,
-            self.recv_buffer,
-            self.process_group,
-            starts=list(bucket.starts),
-            lengths=list(bucket.lengths),
-        )
-        for index, param, offset in zip(bucket.indices, params, bucket.offsets, strict=True):
-            param.grad = None  # released: the owner keeps the average in its accumulator
-            if self.layout.owners[index] != self.rank:
-                continue
-            averaged = flat[offset : offset + param.numel()].view_as(param)
-            if id(param) in self.written:
-                self.owned_slots[id(param)].add_(averaged)
+            param = params[0]
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            flat = grad.reshape(-1).div_(self.world_size)
+
+            def done() -> None:
+                self._add_owned(bucket, flat)
+                param.grad = None  # released: the owner keeps the average in its accumulator
+
+            self.queue.launch(flat, bucket.starts, bucket.lengths, on_done=done)
+            return
+        buffer = self.buffers.acquire()
+        flat = buffer[: bucket.size]
+        for index, param in zip(bucket.indices, params, strict=True):
+            offset = self.segment.partition.offsets[index] - bucket.start
+            slot = flat[offset : offset + param.numel()].view_as(param)
+            if param.grad is None:
+                slot.zero_()  # no gradient here: zero in the average (DDP's rule)
             else:
-                self.owned_slots[id(param)].copy_(averaged)
-                self.written.add(id(param))
+                torch.div(param.grad, self.world_size, out=slot)
+            param.grad = None  # released: only the bucket travels
 
-    def carry(self) -> tuple[dict[int, torch.Tensor], set[int], set[int]]:
-        """What a rebuilt GradientBuckets must keep: the accumulated owned gradients, seen and written ids."""
-        values = {key: slot.clone() for key, slot in self.owned_slots.items() if key in self.written}
-        return values, set(self.seen), set(self.written)
+        def done() -> None:
+            self._add_owned(bucket, flat)
+            self.buffers.release(buffer)
 
-    def owned_grads(self) -> torch.Tensor:
-        """The accumulated averaged gradients this rank owns (zero where nothing was reduced this step)."""
-        for key, slot in self.owned_slots.items():
-            if key not in self.written:
-                slot.zero_()
-        return self.owned
+        self.queue.launch(flat, bucket.starts, bucket.lengths, on_done=done)
+
+    def _add_owned(self, bucket: Bucket, flat: torch.Tensor) -> None:
+        """Add this rank's part of a reduced bucket into the accumulator."""
+        rank = self.queue.rank
+        length = bucket.lengths[rank]
+        if length:
+            start = bucket.start + bucket.starts[rank] - self.segment.start
+            self.owned[start : start + length].add_(flat[bucket.starts[rank] : bucket.starts[rank] + length])
 
     def new_step(self) -> None:
         """Forget this step's gradients (after the step or zero_grad)."""
         self.seen.clear()
-        self.written.clear()
-
-    def remove_hooks(self) -> None:
-        """Detach the hooks (the optimizer rebuilds its buffers when the trainable parameters change)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self.owned.zero_()

@@ -1,236 +1,253 @@
-"""Which rank owns which parameter, and where each parameter lives in the flat buffers (pure arithmetic).
+"""Which rank owns which elements of the flat buffers, and where each tensor sits in them (pure arithmetic).
 
 ZeRO-1 (the ZeRO paper's P_os, arXiv:1910.02054 section 5.1) gives each of the N data-parallel ranks
-the optimizer state of about 1/N of the parameters. We assign WHOLE tensors to ranks, sorted-greedy
-like torch's ZeroRedundancyOptimizer: largest tensor first, each to the least-loaded rank. Whole
-tensors keep every optimizer exact (the update, the per-tensor gradient norm and the state of a
-tensor never straddle two ranks), at the cost of an imbalance of at most one tensor.
+the optimizer state of 1/N of the parameters. As DeepSpeed does, we lay the tensors end to end in ONE
+flat buffer (parameter order), pad it to a multiple of N (padding < N elements) and cut it into N equal
+slices of P = ceil(Psi / N) elements; rank r owns the slice [r P, (r + 1) P). A tensor that crosses a
+cut is split: each owner updates its own piece.
 
-The flat buffers (gradients, parameters) are laid out by owner: rank 0's tensors first, then rank
-1's, ..., each rank's region padded to the size of the largest one, so that a rank's region is one
-contiguous slice and a reduce-scatter / all-gather over equal chunks moves exactly the regions:
+    tensors  |- t0 -|------------------ t1 (embedding) ------------------|-- t2 --|- t3 -|pad|
+    ranks    |<--------- rank 0 --------->|<--------- rank 1 --------->|<--------- rank 2 ---->|
+    pieces   t0, t1[0:a]                   t1[a:a+P]                    t1[a+P:], t2, t3
 
-    | rank 0: t3 t0 ..... pad | rank 1: t1 t2 ....... | rank 2: t4 ........ pad |
-    <------ region_size ------>
+    pieces(1) == (Piece(index=1, tensor_offset=a, length=P, flat_offset=P),)
 
+Equal slices keep every rank's share of optimizer state, fp32 masters and (ZeRO-2) gradients at Psi/N
+whatever the tensor sizes (whole tensors per rank could not split a large embedding), and one
+reduce-scatter or all-gather over equal chunks moves exactly the slices. Splitting is exact for an
+elementwise optimizer (SGD, Adam, AdamW: an element's update depends only on its own parameter, gradient
+and state), the only kind the sharders accept (sharded.py); the global gradient norm adds every piece's
+partial sum of squares (norms.py).
+
+Gradients travel in buckets (ZeRO-2 during every backward, ZeRO-1 during the last one): contiguous runs
+of whole tensors taken from the end of the buffer, since backward produces gradients roughly in reverse
+parameter order. Inside a bucket, rank r's part is the bucket's overlap with its slice.
+
+A FlatPartition is one flat buffer; the sharders keep one per group of tensors that became trainable
+together (normally one for the whole model), and a ZeRO-3 can keep one per transformer block.
 Nothing here talks to other processes; `tests/test_partition.py` checks it without spawning any.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-def greedy_owners(
-    numels: Sequence[int], world_size: int, start_loads: Sequence[int] | None = None
-) -> list[int]:
-    """Owner rank of each tensor: sorted-greedy (largest first, to the least-loaded rank, lowest rank on ties).
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """The part of one tensor that lies in one rank's slice."""
 
-    Args:
-        numels: element count of each tensor.
-        world_size: number of ranks sharing the optimizer state.
-        start_loads: elements each rank already owns (when a param group is added later).
-
-    Returns:
-        owners[i] = the rank that owns tensor i.
-    """
-    assert world_size >= 1
-    loads = list(start_loads) if start_loads is not None else [0] * world_size
-    assert len(loads) == world_size
-    owners = [0] * len(numels)
-    for index in sorted(range(len(numels)), key=lambda i: (-numels[i], i)):
-        rank = min(range(world_size), key=lambda r: (loads[r], r))
-        owners[index] = rank
-        loads[rank] += numels[index]
-    return owners
+    index: int
+    """The tensor (its position in the partition's `numels`)."""
+    tensor_offset: int
+    """First element of the piece in the flattened tensor."""
+    length: int
+    """Elements in the piece."""
+    flat_offset: int
+    """Where the piece starts in the flat buffer."""
+    whole: bool
+    """The piece is the entire tensor (it was not split)."""
 
 
 @dataclass(frozen=True, slots=True)
-class FlatLayout:
-    """Where every tensor sits in a flat buffer of `world_size * region_size` elements."""
+class FlatPartition:
+    """Tensors laid end to end in a flat buffer of `world_size` equal slices (build with `flat_partition`)."""
 
     numels: tuple[int, ...]
-    """Element count of each tensor (in parameter order)."""
-    owners: tuple[int, ...]
-    """Rank that owns each tensor."""
+    """Element count of each tensor, in buffer order."""
+    world_size: int
+    """N, the number of slices."""
     offsets: tuple[int, ...]
     """Start of each tensor in the flat buffer."""
-    region_size: int
-    """Elements per rank region (the largest rank's load; the others are padded up to it)."""
-    world_size: int
-    """Number of ranks."""
-    active: tuple[bool, ...] = ()
-    """Whether each tensor is trainable now; in each region the trainable ones come first (default: all)."""
+    partition_size: int
+    """P = ceil(sum(numels) / N) elements per slice (at least 1, so that no collective is empty)."""
+
+    @property
+    def num_elements(self) -> int:
+        """Elements of the tensors (without padding)."""
+        return sum(self.numels)
 
     @property
     def total_size(self) -> int:
-        """Elements in the flat buffer, padding included."""
-        return self.region_size * self.world_size
-
-    def region(self, rank: int) -> tuple[int, int]:
-        """[start, stop) of `rank`'s contiguous region in the flat buffer."""
-        return rank * self.region_size, (rank + 1) * self.region_size
-
-    def owned(self, rank: int) -> list[int]:
-        """Indices of the tensors `rank` owns, in buffer order."""
-        return [i for i, owner in enumerate(self.owners) if owner == rank]
-
-    def loads(self) -> list[int]:
-        """Elements (without padding) each rank owns."""
-        loads = [0] * self.world_size
-        for numel, owner in zip(self.numels, self.owners, strict=True):
-            loads[owner] += numel
-        return loads
-
-    def active_loads(self) -> list[int]:
-        """Elements of the trainable tensors each rank owns: the prefix of each region that travels."""
-        loads = [0] * self.world_size
-        for numel, owner, active in zip(self.numels, self.owners, self.active, strict=True):
-            loads[owner] += numel if active else 0
-        return loads
+        """Elements in the flat buffer, padding included: N * P."""
+        return self.partition_size * self.world_size
 
     def padding(self) -> int:
-        """Padding elements in the whole flat buffer."""
-        return self.total_size - sum(self.numels)
+        """Padding elements at the end of the buffer (fewer than N when there is any data)."""
+        return self.total_size - self.num_elements
+
+    def rank_range(self, rank: int) -> tuple[int, int]:
+        """[start, stop) of `rank`'s slice in the flat buffer."""
+        return rank * self.partition_size, (rank + 1) * self.partition_size
+
+    def loads(self) -> list[int]:
+        """Elements of data (without padding) each rank owns."""
+        return [
+            max(0, min(stop, self.num_elements) - start) for start, stop in map(self.rank_range, self.ranks)
+        ]
+
+    @property
+    def ranks(self) -> range:
+        """range(N)."""
+        return range(self.world_size)
+
+    def pieces(self, rank: int) -> tuple[Piece, ...]:
+        """The pieces of tensors inside `rank`'s slice, in buffer order."""
+        start, stop = self.rank_range(rank)
+        first = max(0, bisect.bisect_right(self.offsets, start) - 1)
+        pieces = []
+        for index in range(first, len(self.numels)):
+            offset, numel = self.offsets[index], self.numels[index]
+            if offset >= stop:
+                break
+            low, high = max(start, offset), min(stop, offset + numel)
+            if high > low:
+                pieces.append(Piece(index, low - offset, high - low, low, whole=high - low == numel))
+        return tuple(pieces)
+
+    def pieces_of(self, index: int) -> tuple[tuple[int, Piece], ...]:
+        """(rank, piece) for every rank holding part of tensor `index`, in rank order."""
+        offset, numel = self.offsets[index], self.numels[index]
+        if numel == 0:
+            return ()
+        first, last = offset // self.partition_size, (offset + numel - 1) // self.partition_size
+        return tuple(
+            (rank, piece)
+            for rank in range(first, last + 1)
+            for piece in self.pieces(rank)
+            if piece.index == index
+        )
 
 
-def flat_layout(
-    numels: Sequence[int], owners: Sequence[int], world_size: int, active: Sequence[bool] | None = None
-) -> FlatLayout:
-    """Lay the tensors out by owner: each rank's tensors contiguous (in index order) in its own region.
+def flat_partition(numels: Sequence[int], world_size: int) -> FlatPartition:
+    """Lay the tensors end to end (in the given order) and cut the buffer into `world_size` equal slices.
 
     Args:
         numels: element count of each tensor.
-        owners: owner rank of each tensor (from `greedy_owners`).
-        world_size: number of ranks.
-        active: whether each tensor is trainable now (default: all). In each region the trainable
-            tensors come first, so that the prefix which travels (`active_loads`) is contiguous.
+        world_size: number of ranks sharing the buffer.
 
     Returns:
-        The layout; regions are all `max(loads)` elements long (at least 1, so no collective is empty).
+        The partition; padding (fewer than `world_size` elements) sits at the end.
     """
-    assert len(numels) == len(owners)
-    active = tuple(active) if active is not None else (True,) * len(numels)
-    loads = [0] * world_size
-    local_offsets = [0] * len(numels)
-    for first in (True, False):  # trainable tensors first, then the frozen ones
-        for index, (numel, owner) in enumerate(zip(numels, owners, strict=True)):
-            if active[index] == first:
-                local_offsets[index] = loads[owner]
-                loads[owner] += numel
-    region_size = max(max(loads), 1)
-    offsets = tuple(owners[i] * region_size + local_offsets[i] for i in range(len(numels)))
-    return FlatLayout(
-        numels=tuple(numels),
-        owners=tuple(owners),
-        offsets=offsets,
-        region_size=region_size,
-        world_size=world_size,
-        active=active,
+    assert world_size >= 1
+    offsets = tuple(itertools.accumulate(numels, initial=0))[:-1]
+    partition_size = max(1, -(-sum(numels) // world_size))
+    return FlatPartition(
+        numels=tuple(numels), world_size=world_size, offsets=offsets, partition_size=partition_size
     )
 
 
-def balance_report(layout: FlatLayout, element_size: int) -> dict:
-    """How evenly the parameters are spread (bytes of parameters each rank owns, and the padding).
+def balance_report(partition: FlatPartition, element_size: int) -> dict:
+    """How evenly the parameters are spread (bytes each rank owns, and the padding).
 
     Args:
-        layout: the flat layout.
+        partition: the flat partition.
         element_size: bytes per element (4 for fp32, 2 for bf16/fp16).
 
     Returns:
         {"bytes_per_rank": [...], "max_bytes", "min_bytes", "max_over_mean", "padding_bytes",
-        "tensors_per_rank": [...]} ; max_over_mean is 1.0 for a perfect balance.
+        "pieces_per_rank": [...]} ; max_over_mean is 1.0 for a perfect balance.
     """
-    loads = layout.loads()
-    mean = sum(loads) / layout.world_size
-    tensors = [0] * layout.world_size
-    for owner in layout.owners:
-        tensors[owner] += 1
+    loads = partition.loads()
+    mean = sum(loads) / partition.world_size
     return dict(
         bytes_per_rank=[load * element_size for load in loads],
         max_bytes=max(loads) * element_size,
         min_bytes=min(loads) * element_size,
         max_over_mean=(max(loads) / mean) if mean else 1.0,
-        padding_bytes=layout.padding() * element_size,
-        tensors_per_rank=tensors,
+        padding_bytes=partition.padding() * element_size,
+        pieces_per_rank=[len(partition.pieces(rank)) for rank in partition.ranks],
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """Tensors whose gradients ZeRO-2 reduces to their owners together, laid out by owner in one flat piece.
+    """Consecutive whole tensors whose gradients are reduced together: the flat range [start, stop).
 
-    Region r of the piece (`starts[r]`, `lengths[r]`) holds the tensors rank r owns, so one ring delivers
-    to every owner the sum of exactly its tensors.
+    Rank r's part of the bucket (`starts[r]`, `lengths[r]`, relative to `start`) is where the bucket
+    overlaps its slice, so one reduction delivers to every rank the sum of exactly the elements it owns.
     """
 
     indices: tuple[int, ...]
-    """Tensor indices (into the layout), in the order they sit in the piece."""
-    offsets: tuple[int, ...]
-    """Start of each of them in the piece."""
+    """Tensors in the bucket, in buffer order."""
+    start: int
+    """First element of the bucket in the flat buffer."""
+    stop: int
+    """One past its last element."""
     starts: tuple[int, ...]
-    """Start of each rank's region in the piece."""
+    """Start of each rank's part, relative to `start` (0 where the part is empty)."""
     lengths: tuple[int, ...]
-    """Elements of each rank's region."""
+    """Elements of each rank's part."""
     direct: bool
-    """A single tensor at least as large as the bucket: reduced in its own gradient, not copied."""
+    """A single tensor at least as large as the bucket size: ZeRO-2 reduces it in its own gradient."""
 
     @property
     def size(self) -> int:
-        """Elements in the piece."""
-        return sum(self.lengths)
+        """Elements in the bucket."""
+        return self.stop - self.start
 
 
-def gradient_buckets(layout: FlatLayout, bucket_elements: int) -> list[Bucket]:
+def gradient_buckets(
+    partition: FlatPartition, bucket_elements: int | None, active: Sequence[bool] | None = None
+) -> list[Bucket]:
     """The trainable tensors in buckets of at most `bucket_elements`, in backward order (last tensor first).
 
-    Backward produces gradients roughly in reverse parameter order, so buckets of consecutive tensors
-    taken from the end fill one after the other. A tensor of `bucket_elements` or more is a bucket alone
-    (`direct`). Frozen tensors (layout.active False) are in no bucket.
+    A bucket is a contiguous run of trainable tensors: a frozen tensor (active False) ends it and travels
+    in none. A tensor of `bucket_elements` or more is a bucket alone (`direct`).
 
     Args:
-        layout: the owner-ordered layout (its owners and active flags).
-        bucket_elements: the DeepSpeed config's zero_optimization.reduce_bucket_size.
+        partition: the flat partition.
+        bucket_elements: the DeepSpeed config's zero_optimization.reduce_bucket_size; None: no limit (one
+            bucket per run of trainable tensors).
+        active: whether each tensor is trainable now (default: all).
 
     Returns:
         The buckets, in the order every rank reduces them.
     """
+    bucket_elements = partition.num_elements + 1 if bucket_elements is None else bucket_elements
     assert bucket_elements >= 1
+    active = tuple(active) if active is not None else (True,) * len(partition.numels)
     groups: list[list[int]] = []
     current: list[int] = []
-    for index in reversed(range(len(layout.numels))):
-        numel = layout.numels[index]
-        if not layout.active[index]:
+    for index in reversed(range(len(partition.numels))):
+        numel = partition.numels[index]
+        if not active[index] or numel >= bucket_elements:
+            if current:
+                groups.append(current)
+            current = []
+            if active[index] and numel:
+                groups.append([index])
             continue
-        if numel >= bucket_elements:
-            groups.append([index])
-            continue
-        if current and sum(layout.numels[i] for i in current) + numel > bucket_elements:
+        if current and sum(partition.numels[i] for i in current) + numel > bucket_elements:
             groups.append(current)
             current = []
         current.append(index)
     if current:
         groups.append(current)
-    return [_bucket(layout, group, bucket_elements) for group in groups]
+    return [_bucket(partition, sorted(group), bucket_elements) for group in groups if _size(partition, group)]
 
 
-def _bucket(layout: FlatLayout, group: list[int], bucket_elements: int) -> Bucket:
-    """Lay one bucket's tensors out by owner (each rank's tensors contiguous, in backward order)."""
-    ordered = sorted(group, key=lambda i: layout.owners[i])  # stable: backward order within an owner
-    lengths = [0] * layout.world_size
-    for index in ordered:
-        lengths[layout.owners[index]] += layout.numels[index]
-    starts = [sum(lengths[:rank]) for rank in range(layout.world_size)]
-    offsets, filled = [], list(starts)
-    for index in ordered:
-        owner = layout.owners[index]
-        offsets.append(filled[owner])
-        filled[owner] += layout.numels[index]
-    direct = len(group) == 1 and layout.numels[group[0]] >= bucket_elements
+def _size(partition: FlatPartition, group: list[int]) -> int:
+    return sum(partition.numels[i] for i in group)
+
+
+def _bucket(partition: FlatPartition, indices: list[int], bucket_elements: int) -> Bucket:
+    start = partition.offsets[indices[0]]
+    stop = partition.offsets[indices[-1]] + partition.numels[indices[-1]]
+    starts, lengths = [], []
+    for rank in partition.ranks:
+        low, high = partition.rank_range(rank)
+        low, high = max(low, start), min(high, stop)
+        starts.append(low - start if high > low else 0)
+        lengths.append(max(0, high - low))
+    direct = len(indices) == 1 and partition.numels[indices[0]] >= bucket_elements
     return Bucket(
-        indices=tuple(ordered),
-        offsets=tuple(offsets),
+        indices=tuple(indices),
+        start=start,
+        stop=stop,
         starts=tuple(starts),
         lengths=tuple(lengths),
         direct=direct,

@@ -1,49 +1,72 @@
-"""ShardedOptimizer: what our ZeRO-1 and ZeRO-2 share (owners, the flat parameter buffer, the step).
+"""ShardedOptimizer: what our ZeRO-1 and ZeRO-2 share (segments, masters, clipping, the step, param_groups).
 
 Every rank keeps the whole model; the optimizer state (and, for a bf16/fp16 model, the fp32 master
-weights) of each parameter lives on ONE rank, its owner (`partition.py`: whole tensors, sorted-greedy).
-The model's parameters are views into one flat buffer laid out by owner, so one all-gather brings every
-rank the updated weights. What the stages differ in is only where the gradients go before the step:
+weights) of each element lives on ONE rank: the trainable tensors sit end to end in a flat buffer cut into
+N equal slices, one per rank (partition.py, segments.py). What the stages differ in is only where the
+gradients go before the step:
 
-    Zero1Optimizer (zero1.py)   a flat buffer of ALL gradients, reduce-scattered at the boundary
+    Zero1Optimizer (zero1.py)   a flat buffer of ALL gradients, reduced to the owners bucket by bucket
     Zero2Optimizer (zero2.py)   buckets reduced to their owners during backward; a rank keeps only the
                                 gradients it owns
 
-A subclass builds its gradient storage in `_build_grads()` and, in `reduce_gradients()`, hands the
-owned averaged gradients (this rank's region, `layout` order) to `_set_master_grads`. The rest is here:
-global-norm clipping, the inner optimizer's step on the owned shard, the all-gather, param_groups,
-add_param_group, and the accounting (accounting.py); state dicts are in state_dict.py.
+A subclass keeps one gradient store per segment (`_build_grads`) and, in `reduce_gradients()`, hands the
+averaged gradients of each slice to `_set_master_grads`. The rest is here: exact global-norm clipping,
+the inner optimizer's step on this rank's pieces, the all-gather, param_groups and add_param_group, the
+accounting; state dicts are in state_dict.py.
+
+No host synchronisation in a step of an fp32/bf16 model: the agreement on which parameters had a
+gradient, the norm and the clipping factor stay on the device. The flags are read back only when this
+rank itself lacked the gradient of a trainable parameter (then some parameter may have to be skipped),
+and the fp16 overflow decision is read back every step (it decides whether the step happens).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding import accounting, collectives
-from zero_train.sharding.partition import FlatLayout, balance_report, flat_layout, greedy_owners
+from zero_train.sharding import collectives, norms
+from zero_train.sharding.hooks import BackwardHooks
+from zero_train.sharding.layout import OwnedPiece, ShardedLayout
+from zero_train.sharding.overlap import ReductionQueue
+from zero_train.sharding.report import ShardedReport
+from zero_train.sharding.segments import Segment
 from zero_train.sharding.state_dict import ShardedStateDict
 
+ELEMENTWISE_OPTIMIZERS = (
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.Adamax,
+    torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Rprop, torch.optim.ASGD,
+)  # fmt: skip
+"""Optimizers whose update of an element reads only that element, so a tensor split in two pieces updates
+bit for bit as whole (tests/test_partition.py checks each); their subclasses are accepted too. Any other
+(LBFGS, Adafactor, ...) is refused: its update reads whole tensors."""
 
-class ShardedOptimizer(ShardedStateDict, torch.optim.Optimizer):
-    """Shards the state of any elementwise torch optimizer over the data-parallel ranks.
+
+class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.optim.Optimizer):
+    """Shards the state of an elementwise torch optimizer over the data-parallel ranks, element by element.
 
     Args:
         params: tensors or param-group dicts, as for any torch optimizer. A parameter with
-            requires_grad=False gets no owner, state or communication until it is unfrozen (then the
-            next reduce_gradients() gives it an owner); one frozen later keeps its owner and state but
-            stops travelling.
-        optimizer_class: the inner optimizer (torch.optim.AdamW, Adam, SGD, ...), run on the owned shard.
+            requires_grad=False gets no slice, state or communication until it is unfrozen (then the
+            next reduce_gradients() adds it in a new segment); one frozen later keeps its slice and state
+            but stops travelling.
+        optimizer_class: the inner optimizer, run on this rank's pieces: elementwise (ELEMENTWISE_OPTIMIZERS
+            or a subclass), since a tensor may be split across ranks.
         process_group: the data-parallel group (None: the default group).
-        master_dtype: dtype of the owned master weights; a model in another dtype (bf16/fp16) gets
-            fp32 masters for its owned parameters only.
+        master_dtype: dtype of the master weights; a model in another dtype (bf16/fp16) gets fp32 masters
+            of this rank's slice only.
         loss_scaler: fp16 dynamic loss scaler (`.loss_scale`, `.update_scale(overflow)`); overflowing
             steps are skipped (`last_step_skipped`).
+        bucket_elements: the largest gradient bucket, in elements (zero_optimization.reduce_bucket_size);
+            None: one bucket per run of trainable tensors (everything reduced at once).
         **defaults: the inner optimizer's keyword arguments (lr, betas, weight_decay, ...).
 
     Raises:
-        ValueError: empty parameter list (torch's message); TypeError: non-tensor entries.
-        UsageError: trainable parameters of different dtypes or devices.
+        ValueError: empty parameter list (torch's message), bucket_elements below 1; TypeError: non-tensor
+        entries. UsageError: an optimizer that is not elementwise, trainable parameters of different dtypes
+        or devices.
     """
 
     def __init__(
@@ -54,228 +77,161 @@ class ShardedOptimizer(ShardedStateDict, torch.optim.Optimizer):
         process_group=None,
         master_dtype: torch.dtype = torch.float32,
         loss_scaler=None,
+        bucket_elements: int | None = None,
         **defaults,
     ):
+        if not issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS):
+            raise UsageError(
+                f"{type(self).__name__} splits tensors across ranks, which is exact only for an elementwise "
+                f"optimizer (SGD, Adam, AdamW, ...), not {optimizer_class.__name__}; use one of those or --engine ddp"
+            )
+        if bucket_elements is not None and int(bucket_elements) < 1:
+            raise ValueError(f"bucket_elements must be at least 1, got {bucket_elements}")
         self._ready = False
         self.optimizer_class = optimizer_class
-        self.process_group = process_group
+        self.bucket_elements = int(bucket_elements) if bucket_elements is not None else None
+        self.process_group, self.master_dtype, self.loss_scaler = process_group, master_dtype, loss_scaler
         self.rank, self.world_size = collectives.group_rank_and_size(process_group)
         self.backend = collectives.backend_name(process_group)
-        self.master_dtype = master_dtype
-        self.loss_scaler = loss_scaler
         self.last_step_skipped = False
         super().__init__(params, defaults)
-        self._params: list[torch.nn.Parameter] = []  # trainable, in param-group order
-        self._owners: list[int] = []
-        self._reduced = False
+        self._params: list[
+            torch.nn.Parameter
+        ] = []  # every parameter that has been trainable, in segment order
+        self._segments: list[Segment] = []
+        self._stores: list = []  # the subclass's gradient store of each segment
+        self._pieces: list[OwnedPiece] = []
+        self._inner: torch.optim.Optimizer | None = None
+        self._queue = ReductionQueue(process_group, None)
+        self._hooks: BackwardHooks | None = None
+        self._in_backward = self._flushed = False
+        self._reduced = self._agreed = False
         self._grad_norm: torch.Tensor | None = None
-        self._local_flags: torch.Tensor | None = None  # has this rank a gradient, per entry of _params
-        self._agreed = False
-        self._has_grad: list[bool] = []
-        self._overflow_count = 0.0
+        self._local_has_grad: list[bool] = []
+        self._flags: tuple[tuple[bool, ...], torch.Tensor] | None = (
+            None  # the last local flags, on the device
+        )
+        self._agreement: torch.Tensor | None = None
         self._add_trainable([p for g in self.param_groups for p in g["params"]])
         self._ready = True
 
-    # ---------------------------------------------------------------- layout
-    def _add_trainable(self, params: list[torch.Tensor]) -> None:
-        """Assign new trainable parameters to owners, then (re)build the buffers and the inner optimizer.
-
-        Owners are never taken back: a parameter keeps its owner (and its state) once it has one.
-        """
-        known = {id(p) for p in self._params}
-        new = list({id(p): p for p in params if p.requires_grad and id(p) not in known}.values())
-        if not self._params and not new:
-            raise UsageError(
-                f"{type(self).__name__} got no trainable parameters (all have requires_grad=False)"
-            )
-        self._check_uniform(self._params + new)
-        saved_states, saved_masters = self._owned_records() if self._ready else ({}, {})
-        loads = self.layout.loads() if self._params else None
-        self._owners += greedy_owners([p.numel() for p in new], self.world_size, loads)
-        self._params += new
-        self._build_buffers()
-        self._build_inner()
-        self._load_owned(saved_states, saved_masters)
-
-    def _check_uniform(self, params: list[torch.Tensor]) -> None:
-        if len({p.dtype for p in params}) > 1 or len({p.device for p in params}) > 1:
-            found = sorted({f"{p.dtype} on {p.device}" for p in params})
-            raise UsageError(
-                f"{type(self).__name__} needs all trainable parameters in one dtype on one device, got "
-                f"{found}; cast the model with model.to(dtype) first"
-            )
-
-    def _build_buffers(self) -> None:
-        """The flat parameter buffer by owner (parameters become views into it), the gradients, the masters."""
-        self.layout: FlatLayout = flat_layout(
-            [p.numel() for p in self._params],
-            self._owners,
-            self.world_size,
-            active=[p.requires_grad for p in self._params],
-        )
-        # what travels in each region (gloo rings): its trainable tensors, never the frozen ones or padding
-        self._region_lengths = self.layout.active_loads()
-        dtype, device = self._params[0].dtype, self._params[0].device
-        self._param_buffer = torch.zeros(self.layout.total_size, dtype=dtype, device=device)
-        for param, offset in zip(self._params, self.layout.offsets, strict=True):
-            param_slot = self._param_buffer[offset : offset + param.numel()].view_as(param)
-            param_slot.copy_(param.detach())
-            param.data = param_slot
-        self._build_grads()
-        start, stop = self.layout.region(self.rank)
-        self.has_master_copies = dtype != self.master_dtype
-        region = self._param_buffer[start:stop]
-        self._master_flat = region.to(self.master_dtype, copy=True) if self.has_master_copies else region
-
-    def _build_grads(self) -> None:
-        """Build this stage's gradient storage and hooks for `self._params` in `self.layout`."""
-        raise NotImplementedError
-
-    def _build_inner(self) -> None:
-        """The inner optimizer over this rank's master views, one inner group per outer group."""
-        start = self.layout.region(self.rank)[0]
-        owned = {id(p) for p, owner in zip(self._params, self._owners, strict=True) if owner == self.rank}
-        offsets = {id(p): off - start for p, off in zip(self._params, self.layout.offsets, strict=True)}
-        self._owned_params, self._masters, self._master_offsets, inner_groups = [], [], [], []
-        for group in self.param_groups:
-            masters = []
-            for param in (p for p in group["params"] if id(p) in owned):
-                local = offsets[id(param)]
-                master = self._master_flat[local : local + param.numel()].view_as(param)
-                self._owned_params.append(param)
-                self._masters.append(master)
-                self._master_offsets.append(local)
-                masters.append(master)
-            inner_groups.append({**self._hyperparameters(group), "params": masters})
-        self._inner = self.optimizer_class(inner_groups, **self.defaults)
-        for group, inner_group in zip(self.param_groups, self._inner.param_groups, strict=True):
-            for key, value in self._hyperparameters(inner_group).items():
-                group.setdefault(key, value)  # so LR schedulers see "lr" even if it was a default
-
-    @staticmethod
-    def _hyperparameters(group: dict) -> dict:
-        return {k: v for k, v in group.items() if k != "params"}
-
-    def _refresh_trainable(self) -> bool:
-        """Rebuild the layout if a parameter was unfrozen or frozen since the last step (True if so).
-
-        Every rank must change requires_grad alike (as they run the same code). Cost: one pass over the
-        parameters per step; a rebuild (all buffers copied once) only when something changed.
-        """
-        all_params = [p for g in self.param_groups for p in g["params"]]
-        known = {id(p) for p in self._params}
-        unfrozen = any(p.requires_grad and id(p) not in known for p in all_params)
-        if not unfrozen and tuple(p.requires_grad for p in self._params) == self.layout.active:
-            return False
-        self._add_trainable(all_params)
-        return True
-
-    # ------------------------------------------------------------ the step
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` times the fp16 loss scale (identity without a loss scaler); call backward on the result."""
         return loss if self.loss_scaler is None else loss * self.loss_scaler.loss_scale
 
     def reduce_gradients(self) -> None:
-        """Average the gradients over the ranks; each rank ends with the average of what it owns.
+        """Average the gradients over the ranks; each rank ends with the average of its slice.
 
-        A subclass sets `_local_flags` (1.0 per entry of `_params` with a gradient on this rank) and
-        calls `_set_master_grads` with its owned averaged gradients.
+        A subclass sets `_local_has_grad` (per entry of `_params`: did this rank bring a gradient) and
+        calls `_set_master_grads` with each segment's averaged slice.
         """
         raise NotImplementedError
 
-    def _has_local_grad(self, param: torch.Tensor) -> bool:
-        """Whether `param` brings a gradient from this rank to this step (a frozen one never does)."""
-        return param.requires_grad and param.grad is not None
+    def _set_master_grads(self, owned_grads: list[torch.Tensor]) -> None:
+        """Each segment's averaged slice -> the master gradients of its pieces (fp32, unscaled for fp16).
 
-    def _set_master_grads(self, owned_grads: torch.Tensor) -> None:
-        """Owned averaged gradients -> master gradients (fp32 copy for bf16/fp16), unscaled for fp16.
-
-        Args:
-            owned_grads: this rank's region of averaged gradients (offsets as in the master region).
-
-        One conversion per tensor, not one of the whole region: a fresh buffer above glibc's mmap
-        threshold (32 MB at most) is page-faulted in again every step (measured: 2.4x slower).
+        One conversion per piece, not one of the whole slice: a fresh buffer above glibc's mmap threshold
+        (32 MB at most) is page-faulted in again every step (measured: 2.4x slower).
         """
-        for master, offset in zip(self._masters, self._master_offsets, strict=True):
-            grad = owned_grads[offset : offset + master.numel()].view_as(master)
-            if self.has_master_copies:
+        by_segment = {id(s): g for s, g in zip(self._segments, owned_grads, strict=True)}
+        for owned in self._pieces:
+            if not owned.param.requires_grad:  # frozen: not reduced, its slot holds nothing of this step
+                owned.master.grad = None
+                continue
+            grad = owned.segment.owned_view(by_segment[id(owned.segment)], owned.piece)
+            if grad.dtype != self.master_dtype:
                 grad = grad.to(self.master_dtype)
             if self.loss_scaler is not None:
                 grad.mul_(1.0 / self.loss_scaler.loss_scale)
-            master.grad = grad
+            owned.master.grad = grad
 
-    def _agree(self, norms: torch.Tensor | None = None) -> None:
-        """One all-reduce: [per-tensor norms] + [ranks that had a gradient, per tensor] + [overflows].
+    def _local_flags(self) -> torch.Tensor:
+        """1.0 per trainable parameter this rank brought a gradient for (float64, on the device), rebuilt
+        only when the pattern changes: a host-to-device copy in the steps where it does."""
+        key = tuple(self._local_has_grad)
+        if self._flags is None or self._flags[0] != key:
+            device = self._params[0].device
+            self._flags = key, torch.tensor([float(f) for f in key], dtype=torch.float64, device=device)
+        return self._flags[1]
+
+    def _agree(self, powers: torch.Tensor | None = None) -> None:
+        """One all-reduce of [has-gradient flags per parameter] + [sum of |g|^p] + [fp16 overflows].
 
         A parameter no rank had a gradient for is skipped exactly as the inner optimizer skips one whose
-        .grad is None (its master gradient is set to None: no state change, no update). Where only some
-        ranks had one, it counted as zero on the others (DDP's rule). The flags ride in the collective of
-        the norms when clip_grad_norm_ is called (4 bytes per tensor more), else in one all-reduce of
-        P + 1 floats in step(). Idempotent until the step ends; fills `norms` in place. Collective.
+        .grad is None (no state change, no update). Where only some ranks had one, it counted as zero on
+        the others (DDP's rule). Idempotent until the step ends; fills `powers` in place. Collective.
         """
         if self._agreed:
             return
-        overflow = torch.zeros(1, device=self._param_buffer.device)
-        if self.loss_scaler is not None and norms is None:
-            finite = all(bool(torch.isfinite(m.grad).all()) for m in self._masters)
-            overflow[0] = 0.0 if finite else 1.0
-        vector = torch.cat([*([norms] if norms is not None else []), self._local_flags, overflow])
-        collectives.all_reduce_sum_(vector, self.process_group)
-        count = len(self._params)
-        if norms is not None:
-            norms.copy_(vector[:count])
-        self._has_grad = (vector[-1 - count : -1] > 0).tolist()
-        self._overflow_count = float(vector[-1])
-        index = {id(p): i for i, p in enumerate(self._params)}
-        for param, master in zip(self._owned_params, self._masters, strict=True):
-            if not self._has_grad[index[id(param)]]:
-                master.grad = None
+        device = self._params[0].device
+        overflow = torch.zeros(1, dtype=torch.float64, device=device)
+        if self.loss_scaler is not None and powers is None:
+            local = norms.sum_of_powers(self._master_grads(), device=device)
+            overflow = (~torch.isfinite(local)).to(torch.float64).reshape(1)
+        carried = (
+            powers.reshape(1) if powers is not None else torch.zeros(1, dtype=torch.float64, device=device)
+        )
+        vector = torch.cat([self._local_flags(), carried, overflow])
+        collectives.all_reduce_(vector, self.process_group)
+        if powers is not None:
+            powers.copy_(vector[-2])
+        self._agreement = vector
+        has_grad = self._has_grad_anywhere(vector[: len(self._params)])
+        for owned in self._pieces:
+            if not has_grad[owned.position]:
+                owned.master.grad = None
         self._agreed = True
+
+    def _has_grad_anywhere(self, counts: torch.Tensor) -> list[bool]:
+        """Whether any rank had each parameter's gradient: known without reading `counts` back when this rank
+        had every trainable one itself (the usual case), read back (a host sync) otherwise."""
+        active = [p.requires_grad for p in self._params]
+        if all(local or not act for local, act in zip(self._local_has_grad, active, strict=True)):
+            return active
+        anywhere = (counts > 0).tolist()
+        return [a and act for a, act in zip(anywhere, active, strict=True)]
+
+    def _master_grads(self) -> list[torch.Tensor]:
+        return [owned.master.grad for owned in self._pieces if owned.master.grad is not None]
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the averaged gradients by their global norm, as torch.nn.utils.clip_grad_norm_ would.
 
-        The norm is bit-identical to torch's on the unsharded averaged (unscaled) gradients: each
-        owner computes the norm of each of its whole tensors, one all-reduce assembles the vector of
-        per-tensor norms in parameter order (with the has-gradient flags, `_agree`), and its norm is
-        the total. Collective.
+        Each rank adds the partial sums of |g|^p of its pieces in float64 (norms.py), one all-reduce adds
+        the ranks' (with the has-gradient flags, `_agree`), and the gradients are multiplied by torch's
+        clamped factor without reading the norm back. Collective.
 
         Args:
             max_norm: clip to this norm (math.inf: only compute the norm).
-            norm_type: the p of the p-norm.
+            norm_type: the p of the p-norm (math.inf: the largest |g|).
 
         Returns:
-            The total norm before clipping (inf/nan on fp16 overflow; then nothing is clipped).
+            The total norm before clipping, a float32 tensor on the device (inf/nan on fp16 overflow).
         """
         self.reduce_gradients()
-        index = {id(p): i for i, p in enumerate(self._params)}
-        norms = torch.zeros(len(self._params), dtype=torch.float32, device=self._param_buffer.device)
-        if self._masters:
-            owned_norms = torch._foreach_norm([m.grad for m in self._masters], norm_type)
-            positions = torch.tensor([index[id(p)] for p in self._owned_params], device=norms.device)
-            norms[positions] = torch.stack(owned_norms).to(torch.float32)
-        self._agree(norms)  # one owner per entry: the sum is exact
-        # torch's order: the parameters that have a gradient, as they come in param_groups
-        global_index = self._global_indices()
-        order = sorted(range(len(self._params)), key=lambda i: global_index[id(self._params[i])])
-        with_grad = torch.tensor([i for i in order if self._has_grad[i]], dtype=torch.long)
-        total = torch.linalg.vector_norm(norms[with_grad.to(norms.device)], norm_type)
+        device = self._params[0].device
+        powers = norms.sum_of_powers(self._master_grads(), norm_type, device=device)
+        if math.isinf(norm_type):
+            collectives.all_reduce_(powers, self.process_group, op=torch.distributed.ReduceOp.MAX)
+            self._agree()
+        else:
+            self._agree(powers)
+        total = norms.total_norm(powers, norm_type)
         self._grad_norm = total
-        clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        if bool(torch.isfinite(total)) and float(clip_coef) < 1.0:
-            for master in self._masters:
-                if master.grad is not None:
-                    master.grad.mul_(clip_coef)
+        if not math.isinf(max_norm):
+            grads = self._master_grads()
+            if grads:
+                torch._foreach_mul_(grads, norms.clip_coefficient(total, max_norm))
         return total
 
     def _overflow(self) -> bool:
-        """True if any rank's averaged gradients hold inf/nan (fp16 loss scaling)."""
+        """True if any rank's averaged gradients hold inf/nan (fp16 loss scaling; reads one number back)."""
         if self._grad_norm is not None:
             return not bool(torch.isfinite(self._grad_norm))
-        return self._overflow_count > 0
+        return bool(self._agreement[-1] > 0)
 
     def step(self, closure=None, **kwargs):
-        """Update the owned shard with the inner optimizer, then all-gather the new parameters.
+        """Update this rank's pieces with the inner optimizer, then all-gather every segment.
 
         Reduces the gradients first if reduce_gradients() was not called. With a loss scaler, an
         overflowing step is skipped (`last_step_skipped`) and the scale updated. Collective.
@@ -300,85 +256,25 @@ class ShardedOptimizer(ShardedStateDict, torch.optim.Optimizer):
             self.last_step_skipped = overflow
         if not self.last_step_skipped:
             for group, inner_group in zip(self.param_groups, self._inner.param_groups, strict=True):
-                inner_group.update(self._hyperparameters(group))  # lr set by schedulers reaches the shard
+                inner_group.update(self._hyperparameters(group))  # lr set by schedulers reaches the pieces
             self._inner.step(**kwargs)
             for group, inner_group in zip(self.param_groups, self._inner.param_groups, strict=True):
                 group.update(self._hyperparameters(inner_group))  # what the inner optimizer changed or added
-            if self.has_master_copies:
-                start, stop = self.layout.region(self.rank)
-                self._param_buffer[start:stop].copy_(self._master_flat)
-            collectives.all_gather_(self._param_buffer, self.process_group, lengths=self._region_lengths)
+            for segment in self._segments:
+                segment.publish(self.process_group)
         self._end_step()
         return loss
 
     def _end_step(self) -> None:
-        for master in self._masters:
-            master.grad = None
-        self._reduced = False
-        self._grad_norm = None
-        self._local_flags = None
-        self._agreed = False
+        for owned in self._pieces:
+            owned.master.grad = None
+        for store in self._stores:
+            store.new_step()
+        self._reduced = self._agreed = self._flushed = False
+        self._grad_norm = self._agreement = None
 
     def add_param_group(self, param_group: dict) -> None:
-        """Add a group (collective after construction): its tensors go to the least-loaded ranks."""
+        """Add a group (collective after construction): its tensors go into a new segment, split over the ranks."""
         super().add_param_group(param_group)
         if self._ready:
             self._add_trainable(list(self.param_groups[-1]["params"]))
-
-    # ---------------------------------------------------------- accounting
-    def _grad_bytes(self) -> int:
-        """Bytes of model-dtype gradients this rank holds now (without padding or comm buffers)."""
-        raise NotImplementedError
-
-    def buffer_bytes(self) -> accounting.BufferBytes:
-        """This optimizer's buffers (padding, receive buffer) as accounting.py computes them for its layout."""
-        raise NotImplementedError
-
-    def memory_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds, by category (params, grads, master_params, optimizer_states, comm_buffers).
-
-        params: every model parameter (whole model, every rank). grads: the model-dtype gradients this
-        stage keeps, plus fp32 master gradients while they exist. master_params: the owned fp32 masters
-        (mixed precision only). optimizer_states: the inner optimizer's tensors (owned parameters only).
-        comm_buffers: padding of the flat buffers and the receive buffers (`buffer_bytes()`).
-        """
-        all_params = list({id(p): p for g in self.param_groups for p in g["params"]}.values())
-        master_grads = sum(_nbytes(m.grad) for m in self._masters) if self.has_master_copies else 0
-        states = sum(
-            _nbytes(v)
-            for state in self._inner.state.values()
-            for v in state.values()
-            if isinstance(v, torch.Tensor)
-        )
-        return dict(
-            params=sum(_nbytes(p) for p in all_params),
-            grads=self._grad_bytes() + master_grads,
-            master_params=_nbytes(self._master_flat) if self.has_master_copies else 0,
-            optimizer_states=states,
-            comm_buffers=self.buffer_bytes().comm_buffers,
-        )
-
-    def comm_bytes_per_step(self) -> dict[str, int]:
-        """Bytes this rank sends per step with clipping, by collective (accounting.comm_bytes_per_step)."""
-        return accounting.comm_bytes_per_step(
-            self.layout,
-            self.rank,
-            self._param_buffer.element_size(),
-            self.backend,
-            lengths=self._region_lengths,
-        )
-
-    def owner(self, param: torch.Tensor) -> int | None:
-        """The rank that owns `param`'s optimizer state (None: it has never been trainable)."""
-        for known, owner in zip(self._params, self._owners, strict=True):
-            if known is param:
-                return owner
-        return None
-
-    def balance_report(self) -> dict:
-        """How evenly the owned parameters are spread over the ranks (see partition.balance_report)."""
-        return balance_report(self.layout, self._param_buffer.element_size())
-
-
-def _nbytes(tensor: torch.Tensor | None) -> int:
-    return 0 if tensor is None else tensor.numel() * tensor.element_size()

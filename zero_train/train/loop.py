@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 
+import torch
 import torch.distributed as dist
 
 from zero_train.memory.probe import MemoryProbe
@@ -217,25 +218,26 @@ class Trainer:
         for _ in range(self.settings.grad_accum):
             batch = next(batches)
             with self._phase("forward"):
-                losses.append(float(self.engine.forward_backward(batch)))
+                losses.append(self.engine.forward_backward(batch))  # on the device: read after the step
         with self._phase("step"):
             result = self.engine.step()
         if self.probe is not None:
             self.probe.on_step_end(self.engine, step)
         synchronize(self.dist_info.device)
         elapsed = time.perf_counter() - started
+        losses, grad_norm = read_step_values(losses, result.grad_norm)
         loss, memory, save_failed = _gather_loss_and_memory(
             sum(losses) / len(losses), self.dist_info, save_failed=self.checkpoints.failed_in_background()
         )
         self.checkpoints.check_background(save_failed)
-        self.guard.check(step=step, loss=loss, grad_norm=result.grad_norm, skipped=result.skipped)
+        self.guard.check(step=step, loss=loss, grad_norm=grad_norm, skipped=result.skipped)
         self.step_times.append(elapsed)
         self.last_loss = loss
         return dict(
             step=step,
             loss=loss,
             lr=result.lr,
-            grad_norm=result.grad_norm,
+            grad_norm=grad_norm,
             tokens_per_s=self.tokens_per_step / elapsed,
             step_time_s=elapsed,
             skipped=result.skipped,
@@ -355,6 +357,15 @@ def _run_info(config: RunConfig) -> dict:
         block_size=config.data.block_size,
         seed=config.training.seed,
     )
+
+
+def read_step_values(losses: list, grad_norm) -> tuple[list[float], float | None]:
+    """The micro-batch losses and the grad norm as floats, read from the device in ONE transfer per step
+    (a read per micro-batch would make the host wait for the device that many times)."""
+    tensors = [t for t in (*losses, grad_norm) if isinstance(t, torch.Tensor)]
+    values = iter(torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist() if tensors else [])
+    read = [next(values) if isinstance(t, torch.Tensor) else t for t in (*losses, grad_norm)]
+    return [float(x) for x in read[:-1]], None if read[-1] is None else float(read[-1])
 
 
 def _gather_loss_and_memory(

@@ -56,6 +56,7 @@ from zero_train.memory.model.peak_terms import (
     Share,
     activations,
     flat_partitions,
+    flat_shares,
     whole_tensor_shares,
 )
 from zero_train.memory.model.theory import ModelShape
@@ -151,8 +152,8 @@ def modelled_engine(engine: str | None) -> EngineSpec | None:
 
 
 def _rank_models(spec: EngineSpec, run: Run) -> list[PeakModel]:
-    """Our model of every rank that differs: whole-tensor shares (zero1, zero2, torch-zero), DeepSpeed's partitions
-    (the tensors each slice touches), one rank for DDP and FSDP2."""
+    """Our model of every rank that differs: our ZeRO-1/2's equal slices, torch-zero's whole-tensor shares,
+    DeepSpeed's partitions (the tensors each slice touches), one rank for DDP and FSDP2."""
     phases_of, engine = PHASE_MODELS[spec.peak_model], spec.name
     if spec.sharding == "per-tensor":  # FSDP2: every rank holds an even shard of every tensor: one model
         return [
@@ -160,7 +161,7 @@ def _rank_models(spec: EngineSpec, run: Run) -> list[PeakModel]:
                 engine=engine, rank=0, phases=phases_of(run, spec.stage), boundary=_state(fsdp2_boundary(run))
             )
         ]
-    if spec.sharding == "flat":  # DeepSpeed's slices of one flat buffer
+    if spec.sharding == "flat" and not spec.ours:  # DeepSpeed's slices of one flat buffer
         return [
             PeakModel(engine=engine, rank=part.rank, phases=phases_of(run, spec.stage, part),
                       boundary=_state(deepspeed_boundary(run, spec.stage, part)))
@@ -168,6 +169,8 @@ def _rank_models(spec: EngineSpec, run: Run) -> list[PeakModel]:
         ]  # fmt: skip
     if spec.sharding == "replicated":
         shares = [Share(rank=0, owned=run.shape.num_params, largest=run.largest_tensor)]
+    elif spec.sharding == "flat":  # ours: a slice's elements, tensors split at the cuts
+        shares = flat_shares(run)
     else:
         shares = whole_tensor_shares(run)
     models = []

@@ -17,6 +17,7 @@ from zero_train.memory.model.peak_terms import (
     activation_terms,
     activations,
     adamw_temporaries,
+    local_step_temporaries,
     loss_backward,
     loss_backward_moments,
     reduce_buckets,
@@ -107,7 +108,7 @@ def ddp_phases(run: Run, share: Share) -> Phases:
         step=dict(
             grads=e * psi,
             fp32_grads=FP32_BYTES * psi if run.mixed else 0,
-            adamw_temporaries=adamw_temporaries(share.largest),
+            adamw_temporaries=local_step_temporaries(run, share.owned),
         ),
     )
 
@@ -116,9 +117,9 @@ def zero1_phases(run: Run, share: Share) -> Phases:
     """Our ZeRO-1 (zero_train.sharding.zero1): every gradient lands in a flat buffer allocated once.
 
     At rest: the model, the flat gradient buffer (whole), padding and the gloo ring's receive buffer, and
-    for the owned share the fp32 masters (16-bit model) and Adam's moments. Backward only passes each
-    gradient through to its slot; the step converts the owned gradients to fp32 (16-bit model, one tensor
-    at a time, all kept until the step ends) and runs AdamW on the owned tensors. Measured on gpt2-25m:
+    for the owned slice the fp32 masters (16-bit model) and Adam's moments. Backward only passes each
+    gradient through to its slot; the step converts the owned gradients to fp32 (16-bit model, one piece
+    at a time, all kept until the step ends) and runs AdamW on the owned pieces. Measured on gpt2-25m:
     forward+backward +3.57 bytes/param (activations and the loss), step +1.01 (fp32), +5.01 (bf16, 1 rank).
     """
     e, psi = run.element_bytes, run.shape.num_params
@@ -138,7 +139,7 @@ def zero1_phases(run: Run, share: Share) -> Phases:
         backward_end=_recompute(run, {}, end),
         step=dict(
             fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
-            adamw_temporaries=adamw_temporaries(share.largest),
+            adamw_temporaries=local_step_temporaries(run, share.owned),
         ),
     )
 
@@ -174,7 +175,7 @@ def zero2_phases(run: Run, share: Share) -> Phases:
         backward_end=_recompute(run, {}, end),
         step=dict(
             fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
-            adamw_temporaries=adamw_temporaries(share.largest),
+            adamw_temporaries=local_step_temporaries(run, share.owned),
         ),
     )
 

@@ -23,7 +23,7 @@ from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
     Run,
     activation_terms,
-    adamw_temporaries,
+    local_step_temporaries,
     loss_backward,
     tied_gradient_copies,
 )
@@ -92,12 +92,11 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
         fp32_grads=FP32_BYTES * root if run.mixed else 0,  # the reduce dtype's copy of the root's gradients
         tied_gradient_copies=3 * tied_gradient_copies(run),
     )
-    largest_shard = -(-run.largest_tensor // run.world_size)
     return dict(
         forward=_add(rest, held, dict(gathered_params=during_forward, activations=saved,
                                       loss_temporaries=terms.loss_bytes)),
         backward_start=_add(rest, held, recomputed, dict(gathered_params=during_backward, activations=saved,
                                                          loss_gradients=loss_backward(run))),
         backward_end=_add(rest, grad_shards, root_reduce),
-        step=_add(rest, grad_shards, dict(adamw_temporaries=adamw_temporaries(largest_shard))),
+        step=_add(rest, grad_shards, dict(adamw_temporaries=local_step_temporaries(run, shard_elements(run)))),
     )  # fmt: skip

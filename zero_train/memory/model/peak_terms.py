@@ -23,10 +23,14 @@ from zero_train.sharding import accounting
 from zero_train.sharding.partition import gradient_buckets
 
 ADAMW_TEMPORARY_BYTES = 8
-"""torch.optim.AdamW's single-tensor step (foreach=False, what our engines and DeepSpeed's torch_adam run)
+"""torch.optim.AdamW's single-tensor step (foreach=False, what DeepSpeed's torch_adam runs on CPU)
 computes `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: two fp32 temporaries of the
 tensor it updates are alive at once, 8 bytes per element (measured: +25.17 MB = 8 x the 3,145,728-element
-embedding for the per-tensor engines, +8.0 bytes/element on DeepSpeed's flat partition)."""
+embedding, +8.0 bytes/element on DeepSpeed's flat partition)."""
+FOREACH_TEMPORARY_BYTES = 4
+"""The foreach (multi-tensor) step our local engines run on CPU (engines/optim.py) takes the square root of
+every exp_avg_sq at once (`torch._foreach_sqrt`): 4 bytes per element it updates (measured: 4.0 for AdamW,
+Adam and SGD with momentum, 5M elements in 3 tensors). On CUDA the fused kernels keep none."""
 FP32_BYTES = 4
 FP64_BYTES = 8
 
@@ -206,6 +210,11 @@ def adamw_temporaries(numel: int) -> int:
     return ADAMW_TEMPORARY_BYTES * int(numel)
 
 
+def local_step_temporaries(run: Run, updated: int) -> int:
+    """The local engines' optimizer temporaries for `updated` elements: foreach on CPU, fused (none) on CUDA."""
+    return 0 if run.backend == "nccl" else FOREACH_TEMPORARY_BYTES * int(updated)
+
+
 def reduce_buckets(run: Run, stage: int) -> int:
     """DeepSpeed's contiguous reduce bucket(s), reduce_bucket_size elements of the gradient dtype each."""
     settings = run.deepspeed
@@ -217,32 +226,44 @@ def reduce_buckets(run: Run, stage: int) -> int:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Share:
-    """What one rank owns under whole-tensor sharding (our ZeRO-1, torch's ZeroRedundancyOptimizer)."""
+    """What one rank owns: our ZeRO-1/2's slice of the flat buffer, torch's ZeroRedundancyOptimizer's tensors."""
 
     rank: int
     """The rank."""
     owned: int
     """Parameter elements whose optimizer state (and fp32 master) the rank holds."""
     largest: int
-    """Elements of the largest tensor it updates (its AdamW temporaries)."""
+    """Elements of the largest tensor (or piece of one) it updates."""
 
 
 def whole_tensor_shares(run: Run) -> list[Share]:
-    """Every rank's share under sorted-greedy whole-tensor sharding (zero_train.sharding.partition).
-
-    Without the tensor sizes: one even share (Psi / N) updating the largest known tensor.
-    """
+    """Every rank's share under torch's ZeroRedundancyOptimizer: whole tensors, sorted-greedy (largest first,
+    to the least-loaded rank). Without the tensor sizes: one even share updating the largest known tensor."""
     world_size, numels = run.world_size, run.shape.param_numels
     if not numels:
         even = -(-run.shape.num_params // world_size)
         return [Share(rank=0, owned=even, largest=run.largest_tensor)]
-    layout = accounting.owner_layout(numels, world_size)
-    owners, loads = layout.owners, layout.loads()
+    loads, largest = [0] * world_size, [0] * world_size
+    for numel in sorted(numels, reverse=True):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        loads[rank] += numel
+        largest[rank] = max(largest[rank], numel)
+    return [Share(rank=r, owned=loads[r], largest=largest[r]) for r in range(world_size)]
+
+
+def flat_shares(run: Run) -> list[Share]:
+    """Every rank's slice of our ZeRO-1/2's flat buffer (zero_train.sharding.partition: equal slices, tensors
+    split at the cuts). Without the tensor sizes: one even slice."""
+    world_size, numels = run.world_size, run.shape.param_numels
+    if not numels:
+        even = -(-run.shape.num_params // world_size)
+        return [Share(rank=0, owned=even, largest=min(run.largest_tensor, even))]
+    partition = accounting.partition_of(numels, world_size)
     return [
         Share(
             rank=rank,
-            owned=loads[rank],
-            largest=max((n for n, owner in zip(numels, owners, strict=True) if owner == rank), default=0),
+            owned=partition.loads()[rank],
+            largest=max((piece.length for piece in partition.pieces(rank)), default=0),
         )
         for rank in range(world_size)
     ]
@@ -285,30 +306,26 @@ def flat_partitions(run: Run) -> list[Partition]:
     return partitions
 
 
+def _our_partition(run: Run):
+    numels = run.shape.param_numels
+    if numels:
+        return accounting.partition_of(numels, run.world_size)
+    return accounting.even_partition(run.shape.num_params, run.world_size)
+
+
 def zero1_comm_buffers(run: Run) -> int:
-    """Our ZeRO-1's padding of its two flat buffers plus, on gloo (N > 1), the ring's receive buffer: the
-    sharder's own accounting (zero_train.sharding.accounting) for this run's layout and backend (without
-    the tensor sizes: an even split, no padding)."""
-    numels, world_size = run.shape.param_numels, run.world_size
-    layout = (
-        accounting.owner_layout(numels, world_size)
-        if numels
-        else accounting.even_layout(run.shape.num_params, world_size)
-    )
-    return accounting.zero1_buffers(layout, run.element_bytes, run.backend).comm_buffers
+    """Our ZeRO-1's padding of its two flat buffers plus, on gloo (N > 1), the rings' receive buffer: the
+    sharder's own accounting (zero_train.sharding.accounting) for this run's partition, bucket size and
+    backend (without the tensor sizes: one tensor)."""
+    bucket = run.deepspeed.reduce_bucket_size
+    return accounting.zero1_buffers(_our_partition(run), run.element_bytes, run.backend, bucket).comm_buffers
 
 
 def zero2_buffers(run: Run) -> tuple[int, int]:
-    """Our ZeRO-2's (comm_buffers bytes, largest bucket in elements) for this run's layout, bucket size and
-    backend: padding of the flat parameter buffer, the bucket buffer and on gloo the receive buffer, from
-    the sharder's own accounting (zero_train.sharding.accounting); without tensor sizes, an even split."""
-    numels, world_size = run.shape.param_numels, run.world_size
-    layout = (
-        accounting.owner_layout(numels, world_size)
-        if numels
-        else accounting.even_layout(run.shape.num_params, world_size)
-    )
-    bucket = run.deepspeed.reduce_bucket_size
-    buffers = accounting.zero2_buffers(layout, run.element_bytes, run.backend, bucket)
-    largest = max((b.size for b in gradient_buckets(layout, bucket)), default=0)
+    """Our ZeRO-2's (comm_buffers bytes, largest bucket in elements) for this run's partition, bucket size and
+    backend: padding of the flat parameter buffer, the two bucket buffers and on gloo the receive buffer, from
+    the sharder's own accounting (zero_train.sharding.accounting); without tensor sizes, one tensor."""
+    partition, bucket = _our_partition(run), run.deepspeed.reduce_bucket_size
+    buffers = accounting.zero2_buffers(partition, run.element_bytes, run.backend, bucket)
+    largest = max((b.size for b in gradient_buckets(partition, bucket)), default=0)
     return buffers.comm_buffers, largest
