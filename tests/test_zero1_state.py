@@ -208,3 +208,47 @@ def test_reshard_to_one_rank_continues_identically(saved):
         assert result["diff"] == 0.0
         assert "rank 0 of 2" in result["shard_error"]
         assert result["memory"]["optimizer_states"] == sum(saved[1][0][stage]["unsharded_state_bytes"])
+
+
+def test_shards_of_the_whole_tensor_layout_load_through_consolidation(saved, tmp_path):
+    """A checkpoint written before the partitions split tensors held, per rank, the whole state of the tensors
+    that rank owned (format zero_train.zero1_shard/1). Made here by cutting the saved state by tensor: one such
+    shard alone is refused in one line naming the layout; the checkpoint loader merges them (at the same world
+    size too) and training continues exactly like the plain optimizer from the same state."""
+    from zero_train.checkpoint.elastic import load_sharded_optimizer
+
+    consolidated = torch.load(f"{saved[0]}/z1/fp32-consolidated.pt")
+    weights = torch.load(f"{saved[0]}/z1/fp32-weights.pt")
+    old = [
+        dict(
+            format="zero_train.zero1_shard/1",
+            world_size=2,
+            rank=rank,
+            param_groups=consolidated["param_groups"],
+            state={i: s for i, s in consolidated["state"].items() if i % 2 == rank},
+            master_params={},
+            loss_scaler=None,
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    model, optimizer = _make(torch.float32, seed=1)
+    with pytest.raises(UsageError, match=r"whole-tensor layout \(zero_train.zero1_shard/1\)") as refused:
+        optimizer.load_state_dict(old[0])
+    assert "\n" not in str(refused.value) and "consolidate_shards" in str(refused.value)
+    (tmp_path / "optim").mkdir()
+    for rank, shard in enumerate(old):
+        payload = dict(client_state={"rank": rank}, counters={}, world_size=2, optimizer=shard)
+        torch.save(payload, tmp_path / "optim" / f"rank-{rank:05d}.pt")
+    own, state = load_sharded_optimizer(tmp_path, rank=1, world_size=2)
+    assert own["client_state"] == {"rank": 1}
+    assert sorted(state["state"]) == sorted(consolidated["state"])
+    for index, expected in consolidated["state"].items():
+        assert all(
+            torch.equal(torch.as_tensor(state["state"][index][k]), torch.as_tensor(v))
+            for k, v in expected.items()
+        )
+    model.load_state_dict(weights)
+    optimizer.load_state_dict(state)
+    _train(model, optimizer, 0, CONTINUE)
+    reference = _plain_continue(weights, consolidated, 1, _pieces(model, optimizer))
+    assert _max_diff(model, reference) == 0.0

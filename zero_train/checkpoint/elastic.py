@@ -1,9 +1,11 @@
 """Elastic resume: a checkpoint saved at one world size, loaded at another.
 
-Our ZeRO-1 saves one optimizer shard per rank (`optim/rank-XXXXX.pt`). At the same world size each rank
+Our ZeRO-1/2 save one optimizer shard per rank (`optim/rank-XXXXX.pt`). At the same world size each rank
 loads its own shard. At another world size every rank reads ALL shards, merges them into one plain
 optimizer state dict (`zero_train.sharding.consolidate_shards`) and `Zero1Optimizer.load_state_dict`
-re-shards it for the new ranks. DeepSpeed checkpoints: see docs/reliability.md.
+re-shards it for the new ranks. Shards of the whole-tensor layout (before the sharders split tensors
+between ranks) are merged and re-sharded the same way at any world size: a rank's new slice is not an old
+shard. DeepSpeed checkpoints: see docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from zero_train.checkpoint.files import load_rank_file
 from zero_train.sharding import consolidate_shards
+from zero_train.sharding.state_dict import WHOLE_TENSOR_FORMAT
 
 
 def load_sharded_optimizer(path, *, rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -30,10 +33,11 @@ def load_sharded_optimizer(path, *, rank: int, world_size: int) -> tuple[dict[st
     """
     first = load_rank_file(path, 0)
     saved_world_size = int(first.get("world_size", world_size))
-    if saved_world_size == world_size:
+    whole_tensor = (first.get("optimizer") or {}).get("format") == WHOLE_TENSOR_FORMAT
+    if saved_world_size == world_size and not whole_tensor:
         own = first if rank == 0 else load_rank_file(path, rank)
         return own, own["optimizer"]
-    if rank == 0:
+    if rank == 0 and saved_world_size != world_size:
         warnings.warn(
             f"resuming a checkpoint saved at world size {saved_world_size} on {world_size} ranks: the "
             "optimizer state is re-sharded exactly; per-rank RNG states are reused modulo the old world size",
