@@ -132,7 +132,11 @@ def test_ring_sums_every_part_on_its_owner_in_ring_order_whatever_the_chunks(wor
                 order = [(owner + k) % world_size for k in range(1, world_size + 1)]  # r+1, r+2, ..., r
                 for element in range(starts[owner], starts[owner] + lengths[owner]):
                     assert data[owner][element] == order  # who added, in order
-    assert ring_receive_elements([4, 4]) == 4 and ring_receive_elements([100, 0, 0], limit=8) == 2 * 4
+    assert ring_receive_elements([4, 4]) == 4  # a small bucket travels whole: one part per step
+    assert (
+        ring_receive_elements([100, 0, 0], limit=8) == 8
+        and ring_receive_elements([9, 9, 9], limit=8) == 2 * 4
+    )
 
 
 SPLIT_CASES = [(cls, {}) for cls in ELEMENTWISE_OPTIMIZERS] + [  # the options our engines and users turn on
