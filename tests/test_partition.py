@@ -112,9 +112,8 @@ def _simulate_ring(starts, lengths, chunk, world_size):
         ]
         for rank in range(world_size):
             left = (rank - 1) % world_size
-            assert (
-                sends[left] == schedules[rank][step][1]
-            )  # what the left neighbour sends is what this one expects
+            # what the left neighbour sends is what this one expects, in order
+            assert sends[left] == schedules[rank][step][1]
             for (start, _), values in zip(sends[left], messages[left], strict=True):
                 for offset, value in enumerate(values):
                     data[rank][start + offset] = value + data[rank][start + offset]
@@ -133,13 +132,12 @@ def test_ring_sums_every_part_on_its_owner_in_ring_order_whatever_the_chunks(wor
                 for element in range(starts[owner], starts[owner] + lengths[owner]):
                     assert data[owner][element] == order  # who added, in order
     assert ring_receive_elements([4, 4]) == 4  # a small bucket travels whole: one part per step
-    assert (
-        ring_receive_elements([100, 0, 0], limit=8) == 8
-        and ring_receive_elements([9, 9, 9], limit=8) == 2 * 4
-    )
+    assert ring_receive_elements([100, 0, 0], limit=8) == 8  # one part: one chunk per step, at most the limit
+    assert ring_receive_elements([9, 9, 9], limit=8) == 2 * 4  # two parts send to each rank: two chunks of 4
 
 
-SPLIT_CASES = [(cls, {}) for cls in ELEMENTWISE_OPTIMIZERS] + [  # the options our engines and users turn on
+# every accepted optimizer with its defaults, then the options our engines and users turn on
+SPLIT_CASES = [(cls, {}) for cls in ELEMENTWISE_OPTIMIZERS] + [
     (torch.optim.AdamW, dict(weight_decay=0.1)),
     (torch.optim.Adam, dict(amsgrad=True, weight_decay=0.1)),
     (torch.optim.SGD, dict(momentum=0.9, nesterov=True, weight_decay=0.01)),

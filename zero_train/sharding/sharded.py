@@ -95,9 +95,8 @@ class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.opt
         self.backend = collectives.backend_name(process_group)
         self.last_step_skipped = False
         super().__init__(params, defaults)
-        self._params: list[
-            torch.nn.Parameter
-        ] = []  # every parameter that has been trainable, in segment order
+        # every parameter that has been trainable, in segment order
+        self._params: list[torch.nn.Parameter] = []
         self._segments: list[Segment] = []
         self._stores: list = []  # the subclass's gradient store of each segment
         self._pieces: list[OwnedPiece] = []
@@ -108,9 +107,8 @@ class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.opt
         self._reduced = self._agreed = False
         self._grad_norm: torch.Tensor | None = None
         self._local_has_grad: list[bool] = []
-        self._flags: tuple[tuple[bool, ...], torch.Tensor] | None = (
-            None  # the last local flags, on the device
-        )
+        # the last pattern of local has-gradient flags and its tensor on the device
+        self._flags: tuple[tuple[bool, ...], torch.Tensor] | None = None
         self._agreement: torch.Tensor | None = None
         self._add_trainable([p for g in self.param_groups for p in g["params"]])
         self._ready = True
