@@ -102,9 +102,8 @@ class ShardedLayout:
         """The gloo rings' receive buffer, for the largest bucket of any segment (None elsewhere)."""
         if not (self.world_size > 1 and self.backend == "gloo"):
             return None
-        elements = max(
-            collectives.ring_receive_elements(list(b.lengths)) for s in self._stores for b in s.buckets
-        )
+        buckets = [bucket for store in self._stores for bucket in store.buckets]
+        elements = max((collectives.ring_receive_elements(list(b.lengths)) for b in buckets), default=1)
         param = self._params[0]
         return torch.empty(elements, dtype=param.dtype, device=param.device)
 
