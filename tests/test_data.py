@@ -1,11 +1,12 @@
-"""Loading (offline default, local files), the held-out split, packing with EOS, per-rank sharding and resume."""
+"""Loading (offline default, local files, a column, a configuration), the held-out split, packing with EOS,
+per-rank sharding and resume; conversations (--sft) and their label masks; streamed datasets and their resume."""
 
 import json
 
 import pytest
 import torch
 
-from zero_train.hf import data, offline
+from zero_train.hf import data, offline, packing
 from zero_train.hf import models as hf
 from zero_train.runtime.errors import UsageError
 
@@ -19,7 +20,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def packed_stdlib(tokenizer):
-    return data.pack_dataset(data.load_text_dataset("stdlib", seed=0), tokenizer, block_size=BLOCK)
+    return packing.pack_dataset(data.load_text_dataset("stdlib", seed=0), tokenizer, block_size=BLOCK)
 
 
 def write_docs(folder, docs):
@@ -43,7 +44,7 @@ def test_packing_is_the_eos_joined_token_stream_cut_into_blocks(tmp_path, tokeni
     docs = [f"def f{i}(x):\n    return x * {i}  # doc {i}" for i in range(40)]
     write_docs(tmp_path / "corpus", docs)
     dsd = data.load_text_dataset(str(tmp_path / "corpus"), seed=3)
-    packed = data.pack_dataset(dsd, tokenizer, block_size=8)
+    packed = packing.pack_dataset(dsd, tokenizer, block_size=8)
     for split in ("train", "validation"):
         stream = []
         for text in list(dsd[split]["text"]):
@@ -59,7 +60,7 @@ def test_stdlib_packing_numbers(packed_stdlib):
     train = packed_stdlib["train"]
     assert train.column_names == ["input_ids"]
     assert len(train[0]["input_ids"]) == BLOCK
-    assert data.num_tokens(train) > 500_000  # ~4 MB of source at ~3.6 chars/token
+    assert packing.num_tokens(train) > 500_000  # ~4 MB of source at ~3.6 chars/token
     eos_share = sum(row.count(offline.EOS_TOKEN_ID) for row in train[:2000]["input_ids"]) / (2000 * BLOCK)
     assert 0 < eos_share < 0.01  # one EOS per file
 
@@ -94,7 +95,7 @@ def test_bad_datasets_are_usage_errors(tmp_path, tokenizer):
     with pytest.raises(UsageError, match="empty"):
         data.load_text_dataset(str(tmp_path / "blank.txt"))
     (tmp_path / "notext.jsonl").write_text('{"content": "a"}\n{"content": "b"}\n')
-    with pytest.raises(UsageError, match="no 'text' column .*content"):
+    with pytest.raises(UsageError, match="no 'text' column .*content.*--text-column"):
         data.load_text_dataset(str(tmp_path / "notext.jsonl"))
     (tmp_path / "broken.jsonl").write_text('{"text": "fine"}\n{not json\n')
     with pytest.raises(UsageError, match="cannot read dataset .*broken.jsonl.* as json"):
@@ -115,21 +116,22 @@ def test_bad_datasets_are_usage_errors(tmp_path, tokenizer):
         data.load_text_dataset(str(tmp_path / "one.txt"))
     (tmp_path / "short.txt").write_text("a\n\nb\n\nc\n")
     with pytest.raises(UsageError, match="fewer than --block-size 64"):
-        data.pack_dataset(data.load_text_dataset(str(tmp_path / "short.txt")), tokenizer, block_size=64)
+        packing.pack_dataset(data.load_text_dataset(str(tmp_path / "short.txt")), tokenizer, block_size=64)
 
 
 def test_ranks_read_disjoint_shards_whose_union_is_the_single_rank_order(packed_stdlib):
     train = packed_stdlib["train"]
     world, micro = 2, 3
     per_rank = [
-        data.rank_batches(train, rank=r, world_size=world, micro_batch_size=micro, seed=5) for r in range(2)
+        packing.rank_batches(train, rank=r, world_size=world, micro_batch_size=micro, seed=5)
+        for r in range(2)
     ]
-    single = data.rank_batches(train, rank=0, world_size=1, micro_batch_size=micro * world, seed=5)
+    single = packing.rank_batches(train, rank=0, world_size=1, micro_batch_size=micro * world, seed=5)
     seen = []
     for _ in range(4):
-        parts = [next(it) for it in per_rank]
+        parts = [next(it)["input_ids"] for it in per_rank]
         assert all(p.shape == (micro, BLOCK) and p.dtype == torch.long for p in parts)
-        assert torch.equal(torch.cat(parts), next(single))
+        assert torch.equal(torch.cat(parts), next(single)["input_ids"])
         seen += [tuple(row.tolist()) for p in parts for row in p]
     assert len(set(seen)) == len(seen)
 
@@ -137,18 +139,18 @@ def test_ranks_read_disjoint_shards_whose_union_is_the_single_rank_order(packed_
 def test_resume_and_epochs(packed_stdlib):
     train = packed_stdlib["train"].select(range(10))  # 10 blocks, 2 ranks x 2 -> 2 micro-steps per epoch
     kwargs = dict(rank=1, world_size=2, micro_batch_size=2, seed=7)
-    assert data.steps_per_epoch(train, world_size=2, micro_batch_size=2) == 2
-    stream = data.rank_batches(train, **kwargs)
-    first = [next(stream) for _ in range(6)]  # three epochs
-    resumed = data.rank_batches(train, start_step=3, **kwargs)
-    assert all(torch.equal(a, next(resumed)) for a in first[3:])
+    assert packing.steps_per_epoch(train, world_size=2, micro_batch_size=2) == 2
+    stream = packing.rank_batches(train, **kwargs)
+    first = [next(stream)["input_ids"] for _ in range(6)]  # three epochs
+    resumed = packing.rank_batches(train, start_step=3, **kwargs)
+    assert all(torch.equal(a, next(resumed)["input_ids"]) for a in first[3:])
     assert all(
-        torch.equal(a, b)
-        for a, b in zip(first[2:4], data.rank_batches(train, epoch=1, **kwargs), strict=False)
+        torch.equal(a, b["input_ids"])
+        for a, b in zip(first[2:4], packing.rank_batches(train, epoch=1, **kwargs), strict=False)
     )
     assert not torch.equal(torch.cat(first[:2]), torch.cat(first[2:4]))  # reshuffled per epoch
     with pytest.raises(UsageError, match="fewer than one global micro-batch"):
-        next(data.rank_batches(train, rank=0, world_size=4, micro_batch_size=3, seed=0))
+        next(packing.rank_batches(train, rank=0, world_size=4, micro_batch_size=3, seed=0))
 
 
 def _prepare_on_rank(rank, world_size, good, bad):
@@ -172,3 +174,31 @@ def test_prepare_datasets_rank0_first_and_errors_reach_every_rank(tmp_path, rank
     )
     assert blocks == blocks_other and len(blocks) > 0
     assert error == error_other and "no 'text' column" in error
+
+
+def test_another_text_column_and_a_configuration_of_a_local_clone(tmp_path):
+    rows = [{"body": f"document number {i}", "text": ""} for i in range(20)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(UsageError, match="is empty \\(no non-blank 'text' values\\)"):
+        data.load_text_dataset(str(tmp_path / "d.jsonl"))  # the default column is there, but blank
+    dsd = data.load_text_dataset(str(tmp_path / "d.jsonl"), column="body", eval_fraction=0.25)
+    assert dsd["train"].column_names == ["text"] and len(dsd["train"]) == 15
+    assert sorted([*dsd["train"]["text"], *dsd["validation"]["text"]]) == sorted(row["body"] for row in rows)
+    clone = (
+        tmp_path / "clone"
+    )  # a hub dataset's repository as `git clone` leaves it: README.md names the configs
+    clone.mkdir()
+    for name, count in (("small", 4), ("large", 12)):
+        (clone / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"text": f"{name} {i}"}) + "\n" for i in range(count))
+        )
+    (clone / "README.md").write_text(
+        "---\nconfigs:\n- config_name: small\n  data_files: small.jsonl\n"
+        "- config_name: large\n  data_files: large.jsonl\n---\n"
+    )
+    small = data.load_text_dataset(str(clone), config_name="small", eval_fraction=0.25)
+    large = data.load_text_dataset(str(clone), config_name="large", eval_fraction=0.25)
+    assert (len(small["train"]), len(large["train"])) == (3, 9)
+    assert all(text.startswith("large") for text in large["train"]["text"])
+    with pytest.raises(UsageError, match="names configuration 'a' but --dataset-config 'b'"):
+        data.load_text_dataset("owner/set:a", config_name="b")

@@ -131,7 +131,7 @@ def test_train_step_timing_synchronises_before_both_clock_reads(monkeypatch):
     monkeypatch.setattr(loop.time, "perf_counter", lambda: events.append(("clock",)) or next(clock))
 
     class Engine:
-        def forward_backward(self, batch):
+        def forward_backward(self, batch, labels=None):
             events.append(("forward",))
             return torch.tensor(1.0)
 
@@ -149,7 +149,7 @@ def test_train_step_timing_synchronises_before_both_clock_reads(monkeypatch):
     monkeypatch.setattr(
         loop, "_gather_loss_and_memory", lambda loss, info, save_failed: (loss, [], save_failed)
     )
-    record = trainer._train_step(1, iter([torch.zeros(1, 4)]))
+    record = trainer._train_step(1, iter([{"input_ids": torch.zeros(1, 4)}]))
     assert events == [("sync", "cuda:1"), ("clock",), ("forward",), ("step",), ("sync", "cuda:1"), ("clock",)]
     assert record["step_time_s"] == 2.5
 

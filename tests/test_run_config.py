@@ -4,6 +4,7 @@ defaults; the launch command builder."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import subprocess
 import sys
@@ -91,8 +92,8 @@ def test_a_bad_file_is_one_line_naming_the_file_and_the_setting(tmp_path, text, 
 def test_bad_values_in_code_and_on_the_command_line():
     with pytest.raises(UsageError, match=r"max_steps \(--max-steps\): expected a whole number >= 1, got 0"):
         TrainingConfig(max_steps=0)
-    with pytest.raises(UsageError, match="--async-save needs --save-dir"):
-        CheckpointConfig(async_save=True)
+    with pytest.raises(UsageError, match="--async-save needs --save-dir or --output-dir"):
+        RunConfig(checkpoint=CheckpointConfig(async_save=True))
     with pytest.raises(UsageError, match="argument --block-size: expected a whole number >= 1, got 0"):
         parse_args(["--block-size", "0"])
     with pytest.raises(UsageError, match="--config /no/such.toml: No such file"):
@@ -172,3 +173,116 @@ def test_the_module_entry_point_answers_help_and_bad_flags():
     bad = subprocess.run([sys.executable, "-m", "zero_train.train", "--max-steps", "0"], capture_output=True,
                          text=True)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--max-steps" in bad.stderr
+
+
+HF_SPELLINGS = {
+    "--output_dir": ("output", "output_dir", "out"),
+    "--per_device_train_batch_size": ("training", "micro_batch_size", 4),
+    "--gradient_accumulation_steps": ("training", "grad_accum", 8),
+    "--learning_rate": ("optimizer", "lr", 2e-5),
+    "--num_train_epochs": ("training", "num_train_epochs", 3.0),
+    "--report_to": ("output", "report_to", "tensorboard"),
+    "--save_total_limit": ("checkpoint", "save_total_limit", 2),
+    "--resume_from_checkpoint": ("checkpoint", "resume", "auto"),
+}
+
+
+def test_the_hf_trainer_spellings_are_aliases_listed_in_help():
+    argv = [word for flag, (_, _, value) in HF_SPELLINGS.items() for word in (flag, str(value))]
+    config = parse_args(argv)
+    for flag, (part, name, value) in HF_SPELLINGS.items():
+        assert getattr(getattr(config, part), name) == value, flag
+    ours = parse_args(run_argv(config))  # back to our own spellings, the same run
+    assert ours == config and not any("_" in word for word in run_argv(config) if word.startswith("--o"))
+    text = " ".join(build_parser().format_help().split())
+    assert all(f"{flag} " in text for flag in HF_SPELLINGS)
+    assert "--lr LR, --learning_rate LR" in text
+
+
+def test_output_dir_holds_checkpoints_metrics_and_export_unless_given():
+    config = parse_args(["--output-dir", "run1", "--export-hf", "auto"])
+    assert (
+        config.checkpoint.save_dir == "run1/checkpoints"
+        and config.output.metrics_file == "run1/metrics.jsonl"
+    )
+    assert config.checkpoint.export_hf == "run1/hf"
+    given = parse_args(
+        ["--output-dir", "run1", "--save-dir", "ckpt", "--metrics-file", "m.jsonl", "--export-hf", "x"]
+    )
+    assert (given.checkpoint.save_dir, given.output.metrics_file, given.checkpoint.export_hf) == (
+        "ckpt",
+        "m.jsonl",
+        "x",
+    )
+    assert parse_args(["--output-dir", "run1", "--report-to", "none"]).output.metrics_file is None
+    assert (
+        parse_args(["--output-dir", "run1", "--save-every", "5", "--resume", "auto"]).checkpoint.save_every
+        == 5
+    )
+    assert parse_args(run_argv(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--export-hf", "auto"], "--export-hf auto needs --output-dir"),
+        (["--report-to", "tensorboard"], "--report-to tensorboard needs --output-dir"),
+        (["--report-to", "jsonl"], "--report-to jsonl needs --metrics-file or --output-dir"),
+        (
+            ["--report-to", "none", "--metrics-file", "m.jsonl"],
+            "--report-to none but --metrics-file is given",
+        ),
+        (
+            ["--report-to", "tensorboard,comet"],
+            "'comet' is not a tracker; use a comma list of jsonl, tensorboard",
+        ),
+        (["--report-to", "all,jsonl"], "'all' and 'none' stand alone"),
+        (["--streaming", "--dataset", "x.jsonl"], "--streaming reads the dataset lazily, so its size"),
+        (["--streaming", "--num-train-epochs", "2"], "give --max-steps"),
+        (["--resume", "auto"], "--resume auto needs --save-dir or --output-dir"),
+    ],
+)
+def test_settings_that_need_one_another_are_one_line(argv, message):
+    with pytest.raises(UsageError) as caught:
+        parse_args(argv)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_report_to_from_a_toml_list_and_help_that_says_what_happens(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[output]\noutput_dir = "o"\nreport_to = ["tensorboard", "jsonl"]\n')
+    assert parse_args(["--config", str(path)]).output.report_to == "tensorboard,jsonl"
+    helps = {action.dest: " ".join(action.help.split()) for action in build_parser()._actions if action.help}
+    assert "must agree or the run is refused" in helps["training.precision"]  # not "override"
+    from zero_train.ds_config.keys import RUN_LR_FINE_TUNING, RUN_LR_FROM_SCRATCH
+    from zero_train.hf.models import PRESETS
+
+    lr_help = helps["optimizer.lr"]  # the numbers the docstring states are the ones plan_run uses
+    assert float(re.search(r"else (\S+) for pretrained", lr_help)[1]) == RUN_LR_FINE_TUNING
+    assert float(re.search(r"and (\S+) from random", lr_help)[1]) == RUN_LR_FROM_SCRATCH
+    assert all(name in helps["model.model"] for name in PRESETS)
+
+
+def test_the_trackers_a_run_opens():
+    from zero_train.train.tracking import LIBRARIES, installed, report_targets
+
+    def targets(*argv):
+        return report_targets(parse_args(["--output-dir", "o", *argv]).output)
+
+    assert targets() == ("jsonl",) and targets("--report-to", "none") == ()
+    assert targets("--report-to", "tensorboard") == ("tensorboard",)  # as asked: no metrics.jsonl
+    assert parse_args(["--output-dir", "o", "--report-to", "tensorboard"]).output.metrics_file is None
+    assert targets("--report-to", "trackio", "--metrics-file", "m.jsonl") == (
+        "jsonl",
+        "trackio",
+    )  # never ignored
+    assert targets("--report-to", "all") == ("jsonl", *(name for name in LIBRARIES if installed(name)))
+    missing = [name for name in ("wandb", "mlflow") if not installed(name)]
+    if not missing:
+        pytest.skip("wandb and mlflow are both installed: no missing library to name")
+    with pytest.raises(UsageError) as caught:
+        targets("--report-to", f"tensorboard,{missing[0]}")
+    assert str(caught.value) == (
+        f"--report-to {missing[0]}: the {missing[0]} package is not installed; pip install 'zero-train[tracking]' "
+        f"(or pip install {missing[0]})"
+    )

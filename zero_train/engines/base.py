@@ -59,8 +59,11 @@ class Engine(Protocol):
     settings: TrainSettings
     """Batch sizes, precision, optimizer, schedule and clipping, from the DeepSpeed config."""
 
-    def forward_backward(self, batch: torch.LongTensor) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its loss (detached, unscaled, fp32)."""
+    def forward_backward(
+        self, batch: torch.LongTensor, labels: torch.LongTensor | None = None
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch (labels: the ids, or -100 where no loss is taken; None: the
+        ids themselves); returns its loss (detached, unscaled, fp32)."""
         ...
 
     def step(self) -> StepResult:

@@ -79,7 +79,9 @@ class DeepSpeedEngine:
         self.model = self.ds_engine.module
         self.micro_steps = 0
 
-    def forward_backward(self, batch: torch.LongTensor) -> torch.Tensor:
+    def forward_backward(
+        self, batch: torch.LongTensor, labels: torch.LongTensor | None = None
+    ) -> torch.Tensor:
         """Forward and DeepSpeed backward of one micro-batch (DeepSpeed divides by grad_accum).
 
         Returns:
@@ -87,7 +89,8 @@ class DeepSpeedEngine:
         """
         boundary = self.ds_engine.is_gradient_accumulation_boundary()
         batch = batch.to(self.ds_engine.device)
-        loss = self.ds_engine(input_ids=batch, labels=batch).loss
+        labels = batch if labels is None else labels.to(self.ds_engine.device)
+        loss = self.ds_engine(input_ids=batch, labels=labels).loss
         self.ds_engine.backward(loss)
         if not boundary:
             self.ds_engine.step()  # DeepSpeed counts micro-steps in step(); off the boundary it only counts

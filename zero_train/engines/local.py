@@ -41,19 +41,23 @@ class LocalEngine:
         self.global_steps = 0
         self.applied_steps = 0
 
-    def forward_backward(self, batch: torch.LongTensor) -> torch.Tensor:
-        """Forward and backward of one micro-batch (labels = inputs, shifted inside the HF model).
+    def forward_backward(
+        self, batch: torch.LongTensor, labels: torch.LongTensor | None = None
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch (labels shifted inside the HF model).
 
         Args:
             batch: token ids, shape (micro_batch_size, block_size).
+            labels: the same shape, -100 where no loss is taken (None: the ids themselves).
 
         Returns:
             The micro-batch's mean token loss (detached, unscaled, fp32).
         """
         boundary = (self.micro_steps + 1) % self.settings.grad_accum == 0
         batch = batch.to(self.dist_info.device)
+        labels = batch if labels is None else labels.to(self.dist_info.device)
         with self._no_sync(boundary):
-            loss = self._forward_module()(input_ids=batch, labels=batch).loss
+            loss = self._forward_module()(input_ids=batch, labels=labels).loss
             self._backward(loss / self.settings.grad_accum)
         self.micro_steps += 1
         return loss.detach().float()

@@ -1,14 +1,13 @@
-"""Text datasets: load (offline default, local files, hub id), tokenize + pack into blocks, shard per rank.
+"""Datasets: load (offline default, local files, hub id) the documents or conversations to train on, hold out a
+split, and prepare them once per run (rank 0 first).
 
-    dsd = load_text_dataset("stdlib", seed=0)             # DatasetDict: "train", "validation"; column "text"
-    packed = pack_dataset(dsd, tokenizer, block_size=128)  # column "input_ids", block_size tokens each
-    for batch in rank_batches(packed["train"], rank=r, world_size=n, micro_batch_size=4, seed=0):
-        ...                                                # LongTensor [4, 128], this rank's rows only
+    dsd = load_text_dataset("stdlib", seed=0)                     # DatasetDict: "train", "validation"; "text"
+    dsd = load_text_dataset("chats.jsonl", chat=True)             # column "messages" (zero_train.hf.chat)
+    dsd = load_text_dataset("Salesforce/wikitext", config_name="wikitext-2-raw-v1", column="text")
+    packed = prepare_datasets("stdlib", tokenizer, block_size=128, seed=0)   # + zero_train.hf.packing
 
-Documents are tokenized without special tokens, an EOS is appended after each one, and the token stream
-is cut into block_size blocks (the tail of each 1000-document map batch that does not fill a block is
-dropped, as in transformers' run_clm.py). Both steps run through `datasets.map`, so they are cached on disk
-by datasets' fingerprinting and a second run (or a second rank) only reads the Arrow cache.
+The column trained on keeps its name inside as "text" (documents) or "messages" (conversations, --sft); the
+others are dropped. A streamed dataset (--streaming) is read by zero_train.hf.streaming through the same loaders.
 """
 
 from __future__ import annotations
@@ -17,52 +16,74 @@ import contextlib
 import os
 import pathlib
 import sys
-import warnings
-from collections.abc import Iterator
 
 import datasets
-import torch
 import torch.distributed as dist
 
+from zero_train.hf.chat import MESSAGES_COLUMN
 from zero_train.hf.offline import DEFAULT_CORPUS_BYTES, DEFAULT_DATASET_NAME, stdlib_files
+from zero_train.hf.packing import TEXT_COLUMN, pack_dataset
 from zero_train.runtime.errors import UsageError
 
-TEXT_COLUMN = "text"
 # file suffix -> datasets' packaged builder
 LOCAL_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-_MAP_BATCH = 1000
 
 
-def load_text_dataset(spec: str | None = None, *, seed: int = 0, eval_fraction: float = 0.05):
-    """Load a text corpus with a held-out split.
+def load_text_dataset(
+    spec: str | None = None,
+    *,
+    seed: int = 0,
+    eval_fraction: float = 0.05,
+    column: str | None = None,
+    config_name: str | None = None,
+    chat: bool = False,
+):
+    """Load a text corpus (or conversations) with a held-out split.
 
     Args:
         spec: None or "stdlib" (the offline default, see zero_train.hf.offline); a local file or folder of
             .txt (one document per paragraph, i.e. blank-line separated), .json/.jsonl/.csv/.parquet (a
-            "text" column); or a hub id, optionally `id:config` (needs network or the local HF cache).
+            column of text); or a hub id, optionally `id:config` (needs network or the local HF cache).
         seed: the held-out split is a seeded shuffle, identical on every rank and every run.
         eval_fraction: share of documents held out when the source has no "validation" split.
+        column: the column to train on (default "text", or "messages" with `chat`).
+        config_name: the hub dataset's configuration (the same as `id:config`); with a local folder, one its
+            README.md declares (a clone of a hub dataset's repository).
+        chat: rows are conversations (a list of {role, content}) for supervised fine-tuning.
 
     Returns:
-        datasets.DatasetDict with "train" and "validation", each with the single column "text".
+        datasets.DatasetDict with "train" and "validation", each with the single column "text" (or "messages").
     """
     if not 0.0 < eval_fraction < 1.0:
         raise UsageError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}")
+    splits = load_splits(spec, config_name=config_name, streaming=False)
+    splits = {name: one_column(ds, spec, column=column, chat=chat) for name, ds in splits.items()}
+    if "validation" in splits:
+        return datasets.DatasetDict(train=splits["train"], validation=splits["validation"])
+    return _hold_out(splits["train"], spec, seed=seed, eval_fraction=eval_fraction)
+
+
+def load_splits(spec: str | None, *, config_name: str | None, streaming: bool) -> dict:
+    """The source's "train" (and "validation", if it has one) split, all columns; IterableDatasets when streaming."""
     if spec is None or spec == DEFAULT_DATASET_NAME:
-        splits = {"train": _load_stdlib()}
-    elif pathlib.Path(spec).expanduser().exists():
-        splits = {"train": _load_local(pathlib.Path(spec).expanduser())}
-    elif _looks_like_path(spec):
+        return {"train": _load_stdlib(streaming)}
+    if pathlib.Path(spec).expanduser().exists():
+        if config_name:  # a local copy of a hub dataset: its README.md declares the configurations
+            return _load_hub(
+                str(pathlib.Path(spec).expanduser()), config_name, spec=spec, streaming=streaming
+            )
+        return {"train": _load_local(pathlib.Path(spec).expanduser(), streaming)}
+    if _looks_like_path(spec):
         raise UsageError(
             f"dataset {spec!r} does not exist; pass a file or folder of "
             f"{'/'.join(s[1:] for s in LOCAL_BUILDERS)}, a hub id, or {DEFAULT_DATASET_NAME!r}"
         )
-    else:
-        splits = _load_hub(spec)
-    splits = {name: _text_only(ds, spec) for name, ds in splits.items()}
-    if "validation" in splits:
-        return datasets.DatasetDict(train=splits["train"], validation=splits["validation"])
-    return _hold_out(splits["train"], spec, seed=seed, eval_fraction=eval_fraction)
+    name, _, inline = spec.partition(":")
+    if inline and config_name and inline != config_name:
+        raise UsageError(
+            f"--dataset {spec!r} names configuration {inline!r} but --dataset-config {config_name!r}"
+        )
+    return _load_hub(name, config_name or inline or None, spec=spec, streaming=streaming)
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -75,10 +96,12 @@ def _looks_like_path(spec: str) -> bool:
     )
 
 
-def _load_stdlib() -> datasets.Dataset:
+def _load_stdlib(streaming: bool):
     """The offline default: one document per stdlib .py file (~4 MB, deterministic order)."""
     files = [str(path) for path in stdlib_files(DEFAULT_CORPUS_BYTES)]
-    return datasets.load_dataset("text", data_files={"train": files}, sample_by="document", split="train")
+    return datasets.load_dataset(
+        "text", data_files={"train": files}, sample_by="document", split="train", streaming=streaming
+    )
 
 
 def _local_files(path: pathlib.Path) -> tuple[str, list[str]]:
@@ -111,21 +134,27 @@ def _local_files(path: pathlib.Path) -> tuple[str, list[str]]:
     return kinds[0], [str(p) for p in files if p.stat().st_size > 0]
 
 
-def _load_local(path: pathlib.Path) -> datasets.Dataset:
+def _load_local(path: pathlib.Path, streaming: bool):
     builder, files = _local_files(path)
     kwargs = {"sample_by": "paragraph"} if builder == "text" else {}
     try:
-        return datasets.load_dataset(builder, data_files={"train": files}, split="train", **kwargs)
+        return datasets.load_dataset(
+            builder, data_files={"train": files}, split="train", streaming=streaming, **kwargs
+        )
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as err:
-        cause = err.__cause__ or err
-        raise UsageError(f"cannot read dataset {str(path)!r} as {builder}: {_first_line(cause)}") from err
+        raise UsageError(read_error(path, builder, err)) from err
 
 
-def _load_hub(spec: str) -> dict[str, datasets.Dataset]:
-    """A hub dataset, `owner/name` or `owner/name:config` (e.g. `Salesforce/wikitext:wikitext-2-raw-v1`)."""
-    name, _, config_name = spec.partition(":")
+def read_error(path, builder: str, err: BaseException) -> str:
+    """The one line for a local file datasets cannot read."""
+    return f"cannot read dataset {str(path)!r} as {builder}: {_first_line(err.__cause__ or err)}"
+
+
+def _load_hub(name: str, config_name: str | None, *, spec: str, streaming: bool) -> dict:
+    """A hub dataset, `owner/name` with an optional configuration (e.g. `Salesforce/wikitext`,
+    `wikitext-2-raw-v1`)."""
     try:
-        loaded = datasets.load_dataset(name, config_name or None)
+        loaded = datasets.load_dataset(name, config_name, streaming=streaming)
     except Exception as err:  # the hub raises many types (connection, not found, offline, bad config)
         offline = os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0") or os.environ.get(
             "HF_HUB_OFFLINE", "0"
@@ -143,21 +172,41 @@ def _load_hub(spec: str) -> dict[str, datasets.Dataset]:
     return splits
 
 
-def _text_only(ds: datasets.Dataset, spec: str | None) -> datasets.Dataset:
-    """Keep the "text" column, drop empty documents; UsageError if there is none or nothing is left."""
-    if TEXT_COLUMN not in ds.column_names:
-        raise UsageError(
-            f"dataset {spec!r} has no {TEXT_COLUMN!r} column (it has {', '.join(ds.column_names)}); "
-            f"rename the column holding the text to {TEXT_COLUMN!r}"
-        )
-    ds = ds.remove_columns([c for c in ds.column_names if c != TEXT_COLUMN])
-    ds = ds.filter(_non_empty, batched=True, desc="dropping empty documents")
+def wanted_column(column: str | None, chat: bool) -> tuple[str, str]:
+    """(the source's column, its name inside: "text" or "messages")."""
+    inside = MESSAGES_COLUMN if chat else TEXT_COLUMN
+    return column or inside, inside
+
+
+def missing_column(spec: str | None, column: str, present, chat: bool) -> UsageError:
+    """The one line for a dataset without the column to train on."""
+    kind = "a list of {role, content} messages per row" if chat else "the text"
+    return UsageError(
+        f"dataset {spec!r} has no {column!r} column (it has {', '.join(present)}); name the column holding "
+        f"{kind} with --text-column"
+    )
+
+
+def one_column(ds: datasets.Dataset, spec: str | None, *, column: str | None, chat: bool) -> datasets.Dataset:
+    """Keep the column trained on (named "text" or "messages"), drop empty rows; UsageError if there is none or
+    nothing is left."""
+    source, inside = wanted_column(column, chat)
+    if source not in ds.column_names:
+        raise missing_column(spec, source, ds.column_names, chat)
+    ds = ds.select_columns([source])
+    if source != inside:
+        ds = ds.rename_column(source, inside)
+    ds = ds.filter(non_empty, batched=True, desc="dropping empty rows")
     if len(ds) == 0:
-        raise UsageError(f"dataset {spec!r} is empty (no non-blank {TEXT_COLUMN!r} values)")
+        raise UsageError(f"dataset {spec!r} is empty (no non-blank {source!r} values)")
     return ds
 
 
-def _non_empty(batch: dict) -> list[bool]:
+def non_empty(batch: dict) -> list[bool]:
+    """Rows worth training on: non-blank text; conversations that are not empty (a wrong type fails later,
+    with its own message)."""
+    if MESSAGES_COLUMN in batch:
+        return [value is not None and value != [] for value in batch[MESSAGES_COLUMN]]
     return [isinstance(text, str) and bool(text.strip()) for text in batch[TEXT_COLUMN]]
 
 
@@ -171,75 +220,6 @@ def _hold_out(train: datasets.Dataset, spec: str | None, *, seed: int, eval_frac
     return datasets.DatasetDict(train=split["train"], validation=split["test"])
 
 
-def pack_dataset(dsd, tokenizer, *, block_size: int, num_proc: int = 1):
-    """Tokenize every split, append EOS after each document, and cut the stream into blocks.
-
-    Args:
-        dsd: a DatasetDict with a "text" column (from load_text_dataset).
-        tokenizer: a transformers tokenizer with an EOS token.
-        block_size: tokens per block (check it against the model with hf.check_block_size).
-        num_proc: worker processes for datasets.map.
-
-    Returns:
-        datasets.DatasetDict with the same splits and the single column "input_ids" (block_size int32
-        token ids per row). UsageError if "train" has fewer tokens than one block.
-    """
-    if block_size < 2:
-        raise UsageError(f"--block-size must be at least 2 tokens, got {block_size}")
-    if tokenizer.eos_token_id is None:
-        raise UsageError(
-            "the tokenizer has no EOS token, needed between packed documents; use a tokenizer "
-            "with an eos_token (or the offline default)"
-        )
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
-    packed = {}
-    for split, ds in dsd.items():
-        tokens = ds.map(
-            _tokenize,
-            fn_kwargs={"tokenizer": tokenizer},
-            batched=True,
-            batch_size=_MAP_BATCH,
-            remove_columns=ds.column_names,
-            features=features,
-            num_proc=num_proc,
-            desc=f"tokenizing {split}",
-        )
-        packed[split] = tokens.map(
-            _group_blocks,
-            fn_kwargs={"block_size": block_size},
-            batched=True,
-            batch_size=_MAP_BATCH,
-            features=features,
-            num_proc=num_proc,
-            desc=f"packing {split} into blocks of {block_size}",
-        )
-    if len(packed["train"]) == 0:
-        raise UsageError(
-            f"the training split has fewer than --block-size {block_size} tokens; "
-            "use more text or a smaller --block-size"
-        )
-    for split, ds in packed.items():
-        if split != "train" and len(ds) == 0:
-            warnings.warn(
-                f"the {split} split has fewer than {block_size} tokens, so evaluation is impossible; "
-                "raise eval_fraction or lower --block-size",
-                stacklevel=2,
-            )
-    return datasets.DatasetDict(packed)
-
-
-def _tokenize(batch: dict, tokenizer) -> dict:
-    eos = tokenizer.eos_token_id
-    ids = tokenizer(batch[TEXT_COLUMN], add_special_tokens=False, verbose=False)["input_ids"]
-    return {"input_ids": [doc + [eos] for doc in ids]}
-
-
-def _group_blocks(batch: dict, block_size: int) -> dict:
-    stream = [token for doc in batch["input_ids"] for token in doc]
-    usable = len(stream) - len(stream) % block_size
-    return {"input_ids": [stream[i : i + block_size] for i in range(0, usable, block_size)]}
-
-
 def prepare_datasets(
     spec: str | None,
     tokenizer,
@@ -247,6 +227,9 @@ def prepare_datasets(
     block_size: int,
     seed: int,
     eval_fraction: float = 0.05,
+    column: str | None = None,
+    config_name: str | None = None,
+    chat: bool = False,
     process_group=None,
 ):
     """load_text_dataset + pack_dataset, run by rank 0 first so the other ranks only read its cache.
@@ -256,27 +239,42 @@ def prepare_datasets(
     rank 0 and only on a terminal (a log file or a failing run gets no bar noise on stderr).
 
     Args:
-        spec, seed, eval_fraction: as in load_text_dataset.
-        tokenizer, block_size: as in pack_dataset.
+        spec, seed, eval_fraction, column, config_name, chat: as in load_text_dataset.
+        tokenizer, block_size: as in zero_train.hf.packing.pack_dataset.
         process_group: the data-parallel group (None: WORLD).
 
     Returns:
         The packed DatasetDict ("train", "validation").
     """
 
-    is_first = not dist.is_initialized() or dist.get_rank(process_group) == 0
-
-    def build():
+    def build(is_first: bool):
         with _progress_bars(enabled=is_first and sys.stderr.isatty()):  # other ranks read rank 0's cache
-            dsd = load_text_dataset(spec, seed=seed, eval_fraction=eval_fraction)
+            dsd = load_text_dataset(
+                spec,
+                seed=seed,
+                eval_fraction=eval_fraction,
+                column=column,
+                config_name=config_name,
+                chat=chat,
+            )
             return pack_dataset(dsd, tokenizer, block_size=block_size)
 
+    return rank0_first(build, process_group=process_group)
+
+
+def rank0_first(build, *, process_group=None):
+    """build(is_first=True) on rank 0, then build(is_first=False) on the others (it reads what rank 0 cached).
+
+    A UsageError on rank 0 is raised on every rank (one line each, no hang); without torch.distributed this
+    is build(is_first=True).
+    """
     if not dist.is_initialized():
-        return build()
-    packed, error = None, [None]
+        return build(is_first=True)
+    is_first = dist.get_rank(process_group) == 0
+    built, error = None, [None]
     if is_first:
         try:
-            packed = build()
+            built = build(is_first=True)
         except UsageError as err:
             error = [str(err)]
     dist.broadcast_object_list(
@@ -284,7 +282,7 @@ def prepare_datasets(
     )
     if error[0] is not None:
         raise UsageError(error[0])
-    return packed if is_first else build()
+    return built if is_first else build(is_first=False)
 
 
 @contextlib.contextmanager
@@ -298,73 +296,6 @@ def _progress_bars(*, enabled: bool):
     finally:
         if was_enabled and not enabled:
             datasets.enable_progress_bars()
-
-
-def num_tokens(packed: datasets.Dataset) -> int:
-    """Tokens in a packed split (rows x block_size)."""
-    return len(packed) * (len(packed[0]["input_ids"]) if len(packed) else 0)
-
-
-def steps_per_epoch(dataset, *, world_size: int, micro_batch_size: int) -> int:
-    """Micro-steps in one pass: every rank takes micro_batch_size blocks per micro-step; the rest is dropped."""
-    return len(dataset) // (micro_batch_size * world_size)
-
-
-def rank_batches(
-    dataset,
-    *,
-    rank: int,
-    world_size: int,
-    micro_batch_size: int,
-    seed: int,
-    epoch: int = 0,
-    start_step: int = 0,
-) -> Iterator[torch.LongTensor]:
-    """This rank's micro-batches, endlessly, epoch after epoch, reshuffled per epoch.
-
-    Each epoch is a permutation of all blocks drawn from torch.Generator seeded with (seed, epoch), the
-    same on every rank; micro-step s of an epoch takes the global slice [s*G, (s+1)*G) of it with
-    G = micro_batch_size * world_size, and rank r reads rows [s*G + r*m, s*G + (r+1)*m) of that slice
-    (m = micro_batch_size). So ranks never share a block, the union over ranks is the single-process
-    order, and resuming is arithmetic: pass the number of micro-steps already consumed.
-
-    Args:
-        dataset: a packed split (column "input_ids"), e.g. pack_dataset(...)["train"].
-        rank, world_size: this process's place in the data-parallel group.
-        micro_batch_size: blocks per rank per micro-step.
-        seed: shuffling seed.
-        epoch: the epoch to start in.
-        start_step: micro-steps of `epoch` already consumed (may exceed one epoch; it carries over).
-
-    Yields:
-        torch.LongTensor [micro_batch_size, block_size].
-    """
-    if not 0 <= rank < world_size:
-        raise UsageError(f"rank {rank} is outside world_size {world_size}")
-    per_epoch = steps_per_epoch(dataset, world_size=world_size, micro_batch_size=micro_batch_size)
-    if per_epoch == 0:
-        raise UsageError(
-            f"the dataset has {len(dataset)} blocks, fewer than one global micro-batch of "
-            f"micro_batch_size {micro_batch_size} x world_size {world_size} = "
-            f"{micro_batch_size * world_size}; use more data, a smaller --block-size or "
-            "--micro-batch-size"
-        )
-    epoch, step = epoch + start_step // per_epoch, start_step % per_epoch
-    rows = dataset.with_format("numpy")
-    global_batch = micro_batch_size * world_size
-    while True:
-        order = epoch_order(len(dataset), seed=seed, epoch=epoch)
-        for s in range(step, per_epoch):
-            first = s * global_batch + rank * micro_batch_size
-            indices = order[first : first + micro_batch_size].tolist()
-            yield torch.from_numpy(rows[indices]["input_ids"]).long()
-        epoch, step = epoch + 1, 0
-
-
-def epoch_order(num_blocks: int, *, seed: int, epoch: int) -> torch.Tensor:
-    """The shuffled block order of one epoch (identical on every rank and machine)."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(num_blocks, generator=generator)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -148,9 +148,19 @@ def model_config(name_or_path: str, *, vocab_size: int | None = None) -> transfo
     if vocab_size is not None and vocab_size > config.vocab_size:
         raise UsageError(
             f"tokenizer has {vocab_size} tokens but model {name_or_path!r} embeds only {config.vocab_size}; "
-            "use the tokenizer the model was trained with (--tokenizer)"
+            "use the tokenizer the model was trained with (--tokenizer, default: the model's own)"
         )
     return config
+
+
+def is_pretrained(name_or_path: str) -> bool:
+    """Whether --model names pretrained weights (a save_pretrained folder or a hub id), to fine-tune with their own
+    tokenizer and a fine-tuning lr; a preset, a published shape or a config.json file starts from random weights."""
+    return not (
+        name_or_path in PRESETS
+        or name_or_path in SHAPE_PRESETS
+        or pathlib.Path(name_or_path).expanduser().is_file()
+    )
 
 
 def import_model_module(name_or_path: str) -> None:

@@ -7,9 +7,11 @@
 - ``setup``: ``plan_run`` (run config -> a checked ``RunPlan``: DeepSpeed config, engine, tokenizer) and the model
   builder.
 - ``loop``: ``run_training``: data, engine, steps, evaluation, export, run record.
+- ``data``: the run's batches (packed up front, or streamed), the steps of an epoch, a stream's read position.
+- ``tracking``: ``--report-to``: the JSONL file, TensorBoard, trackio, W&B, MLflow.
 - ``checkpoints``: the run's saves (every --save-every steps, at the end, in the background) and its resume.
 - ``eval``: held-out loss and perplexity.
-- ``metrics``: the step line and the metrics JSONL.
+- ``metrics``: the step line, per-rank memory, the progress bar.
 - ``numerics``: what a non-finite loss or gradient norm does (stop / skip).
-- ``log``: the rank-aware logger.
+- ``log``: the rank-aware logger (and --output-dir's train.log).
 """

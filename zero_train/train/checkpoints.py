@@ -1,13 +1,15 @@
 """A run's checkpoints: resume at the start, a save every --save-every steps and at the end.
 
-    checkpoints = RunCheckpoints(config.checkpoint, plan, dist_info, max_steps=100, run_info={"model": "tiny"})
-    step, micro_steps = checkpoints.resume(engine)   # (0, 0) for a fresh start
+    checkpoints = RunCheckpoints(config.checkpoint, plan, dist_info, max_steps=100, run_info={"model": "tiny"},
+                                 data_position=data.position)
+    step, micro_steps, position = checkpoints.resume(engine)   # (0, 0, None) for a fresh start
     checkpoints.save(engine, step)                    # every rank; at once, or in the background (--async-save)
     checkpoints.check_background(failed_anywhere)     # after each step's all-gather: a failed save stops all
     checkpoints.finish(engine, last_step)             # the last save, waited for
 
 A checkpoint holds the engine's states (zero_train.checkpoint) plus what the loop needs to continue exactly:
-the step, the micro-steps consumed (the data position), the global micro-batch and every rank's RNG state.
+the step, the micro-steps consumed (the data position of a packed dataset; a stream's is each rank's own read
+position, zero_train.train.data), the global micro-batch and every rank's RNG state.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ class RunCheckpoints:
         dist_info: this process's DistInfo.
         max_steps: the run's last step (a checkpoint at or past it cannot be resumed).
         run_info: what run.json records of the run besides the engine and settings (model, data, seed).
+        data_position: this rank's read position of a stream after the last batch (None for a packed dataset).
     """
 
     def __init__(
-        self, config: CheckpointConfig, plan: RunPlan, dist_info, *, max_steps: int, run_info: dict
-    ) -> None:
+        self, config: CheckpointConfig, plan: RunPlan, dist_info, *, max_steps: int, run_info: dict,
+        data_position=lambda: None,
+    ) -> None:  # fmt: skip
         self.config, self.plan, self.dist_info, self.settings = config, plan, dist_info, plan.settings
-        self.max_steps, self.run_info = max_steps, run_info
+        self.max_steps, self.run_info, self.data_position = max_steps, run_info, data_position
         self.log = get_logger(dist_info.rank)
         self.latest = None  # the folder of this run's last complete checkpoint
         self.estimated_bytes: int | None = None
@@ -72,6 +76,7 @@ class RunCheckpoints:
             micro_steps=step * self.settings.grad_accum,
             global_micro_batch=self.settings.micro_batch_size * self.dist_info.world_size,
             rng=capture_rng(self.dist_info.device),
+            data_position=self.data_position(),
         )
         run_info = dict(
             engine=self.plan.engine.name,
@@ -113,13 +118,14 @@ class RunCheckpoints:
         if finished is not None:
             self._saved(finished)
 
-    def resume(self, engine) -> tuple[int, int]:
-        """(steps done, micro-steps consumed) from --resume, (0, 0) for a fresh start."""
+    def resume(self, engine) -> tuple[int, int, dict | None]:
+        """(steps done, micro-steps consumed, a stream's read position) from --resume, (0, 0, None) for a fresh
+        start."""
         ckpt = self.plan.resume_checkpoint  # resolved and verified by plan_run, before any collective
         if ckpt is None:
             if self.config.resume == "auto":
                 self.log.info(f"resume auto: no checkpoint in {self.config.save_dir} yet, starting fresh")
-            return 0, 0
+            return 0, 0, None
         with reading(ckpt):  # --save-total-limit never deletes a checkpoint while it is read
             client_state = engine.load_checkpoint(ckpt)
         restore_rng(client_state["rng"], self.dist_info.device)
@@ -143,4 +149,4 @@ class RunCheckpoints:
                 f"{self.settings.total_steps}; the lr curve differs from an uninterrupted run (keep --max-steps)"
             )
         self.log.info(f"resumed from {ckpt} at step {step}")
-        return step, micro_steps
+        return step, micro_steps, client_state.get("data_position")

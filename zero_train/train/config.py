@@ -14,12 +14,17 @@ Batch sizes, lr, warmup, clipping and precision default to None: with a `--deeps
 "auto" values (a concrete config value that disagrees with a given flag is an error, as in the Hugging Face
 Trainer); without one, a config is generated with every value "auto", and what no flag fills takes train.py's
 default, else the HF Trainer's (zero_train.ds_config.keys: the `run` and `hf` columns).
+
+Where the HF Trainer's argument means the same, its spelling is an alias of the flag (`--learning_rate` for
+`--lr`, `--per_device_train_batch_size` for `--micro-batch-size`, ...: the field's `names`). RunConfig fills in
+the paths --output-dir implies (checkpoints/, metrics.jsonl, hf/) and checks settings that need one another.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, dataclass, field, fields
+import os
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from zero_train.ds_config.keys import PRECISIONS
@@ -28,6 +33,7 @@ from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import non_negative_float, non_negative_int, positive_float, positive_int
 from zero_train.train.numerics import NONFINITE_POLICIES
+from zero_train.train.tracking import parse_report_to
 
 
 def flag(default: Any, *, parse=None, choices=None, names: tuple[str, ...] = (), metavar: str | None = None,
@@ -38,7 +44,8 @@ def flag(default: Any, *, parse=None, choices=None, names: tuple[str, ...] = (),
         default: the field's default (the flag's when not given).
         parse: the argparse type (zero_train.runtime.parser): it also checks values from a file or code.
         choices: the values allowed.
-        names: the flag's spellings (default: `--field-name`).
+        names: the flag's spellings, the first the one messages and run_argv use (default: `--field-name`);
+            the HF Trainer's spelling is an alias where it means the same.
         metavar: as argparse's.
         negated: a bool field True by default, switched off by this flag (e.g. "--no-progress").
         describe: a function giving the choices in words (appended to the help; derived, never written here).
@@ -76,14 +83,21 @@ def flag_names(spec) -> tuple[str, ...]:
     return meta.get("names") or ("--" + spec.name.replace("_", "-"),)
 
 
+DEFAULT_MAX_STEPS = 100
+"""The optimizer steps of a run given neither --max-steps nor --num-train-epochs."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     """[model]: what is trained."""
 
     model: str = flag(default_for("model", "train"))
-    """a preset (tiny, gpt2-25m, gpt2-small, llama-tiny, llama-60m), a save_pretrained folder, or a hub id"""
+    """a preset trained from random weights (tiny, gpt2-25m, gpt2-small, llama-tiny, llama-60m, qwen2-tiny, or a
+    published shape such as llama-3-8b), a config.json file, or pretrained weights: a save_pretrained folder or a
+    hub id"""
     tokenizer: str | None = flag(None)
-    """a tokenizer folder or hub id (default: the offline stdlib-bpe)"""
+    """a tokenizer folder or hub id, or stdlib-bpe (the shipped offline one); default: the model's own for a folder
+    or hub id, stdlib-bpe for a preset, a shape or a config.json"""
     gradient_checkpointing: bool = flag(default_for("gradient_checkpointing", "train"))
     """activation checkpointing: keep each block's input only and recompute the block in backward (Hugging Face's,
     non-reentrant; less memory, ~1/3 more compute)"""
@@ -97,9 +111,22 @@ class DataConfig:
     """[data]: what it is trained on."""
 
     dataset: str | None = flag(default_for("dataset", "train"))
-    """'stdlib' (offline default), a local file/folder (txt, json, jsonl, csv, parquet), or a hub id[:config]"""
+    """'stdlib' (the offline default: Python's own sources), a local file or folder (txt, json, jsonl, csv,
+    parquet), or a hub id"""
+    dataset_config: str | None = flag(None, metavar="NAME")
+    """the hub dataset's configuration (subset), e.g. wikitext-2-raw-v1 (or --dataset ID:NAME); also of a local
+    clone of a hub dataset (the configurations its README.md declares)"""
+    text_column: str | None = flag(None, metavar="COLUMN")
+    """the column to train on (default: text; with --sft: messages)"""
     block_size: int = flag(default_for("block_size", "train"), parse=positive_int)
     """tokens per training sequence"""
+    streaming: bool = flag(False)
+    """read the dataset lazily while training (datasets' streaming): no tokenizing pass first, each rank reads its
+    own share, the read position is in each checkpoint; needs --max-steps"""
+    sft: bool = flag(False)
+    """supervised fine-tuning on conversations (a list of {role, content} per row), rendered with the tokenizer's
+    chat template (the offline tokenizer's: 'role: content' lines, EOS after each assistant turn); the loss is on
+    the assistant turns only"""
 
     def __post_init__(self) -> None:
         check_part(self)
@@ -109,14 +136,29 @@ class DataConfig:
 class TrainingConfig:
     """[training]: how long, in which batches and precision (what the loop runs)."""
 
-    max_steps: int = flag(100, parse=positive_int)
-    """optimizer steps to train"""
-    micro_batch_size: int | None = flag(default_for("micro_batch_size", "train"), parse=positive_int)
-    """sequences per rank per micro-step"""
-    grad_accum: int | None = flag(default_for("grad_accum", "train"), parse=positive_int)
-    """micro-steps per optimizer step"""
+    max_steps: int | None = flag(None, parse=positive_int, names=("--max-steps", "--max_steps"))
+    """optimizer steps to train, over --num-train-epochs if both are given (default: --num-train-epochs' steps,
+    else 100)"""
+    num_train_epochs: float | None = flag(
+        None, parse=positive_float, names=("--num-train-epochs", "--num_train_epochs")
+    )
+    """passes over the training split, counted in optimizer steps as the HF Trainer does: ceil(epochs x
+    max(1, micro-batches per epoch // grad accum)); the size must be known (not with --streaming)"""
+    micro_batch_size: int | None = flag(
+        default_for("micro_batch_size", "train"),
+        parse=positive_int,
+        names=("--micro-batch-size", "--per_device_train_batch_size"),
+    )
+    """sequences per rank per micro-step (default: the DeepSpeed config's, else 2)"""
+    grad_accum: int | None = flag(
+        default_for("grad_accum", "train"),
+        parse=positive_int,
+        names=("--grad-accum", "--gradient_accumulation_steps"),
+    )
+    """micro-steps per optimizer step (default: the DeepSpeed config's, else 1)"""
     precision: str | None = flag(default_for("precision", "train"), choices=PRECISIONS)
-    """override the config's precision"""
+    """fills the DeepSpeed config's fp16/bf16 "enabled": "auto" (a generated config's are); a config that sets
+    them, or has neither section (fp32), must agree or the run is refused (default: the config's, else fp32)"""
     seed: int = flag(0, parse=non_negative_int)
     """model init, data order"""
     on_nonfinite: str = flag("stop", choices=NONFINITE_POLICIES)
@@ -128,16 +170,19 @@ class TrainingConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
-    """[optimizer]: values that fill the DeepSpeed config's "auto" (None: the config's, else the defaults)."""
+    """[optimizer]: values that fill the DeepSpeed config's "auto" (a concrete value there must agree)."""
 
-    lr: float | None = flag(None, parse=positive_float)
-    """peak learning rate"""
-    weight_decay: float | None = flag(None, parse=non_negative_float)
-    """AdamW's decoupled weight decay"""
-    warmup_steps: int | None = flag(None, parse=positive_int)
-    """linear warmup steps of the schedule"""
-    grad_clip: float | None = flag(None, parse=non_negative_float)
-    """max global grad norm, 0 = off"""
+    lr: float | None = flag(None, parse=positive_float, names=("--lr", "--learning_rate"))
+    """peak learning rate (default: the DeepSpeed config's, else 2e-5 for pretrained weights, a folder or hub id,
+    and 1e-3 from random weights, a preset, shape or config.json)"""
+    weight_decay: float | None = flag(
+        None, parse=non_negative_float, names=("--weight-decay", "--weight_decay")
+    )
+    """AdamW's decoupled weight decay (default: the DeepSpeed config's, else 0.0, the HF Trainer's)"""
+    warmup_steps: int | None = flag(None, parse=positive_int, names=("--warmup-steps", "--warmup_steps"))
+    """linear warmup steps of the schedule (default: the DeepSpeed config's, else max(1, max steps // 10))"""
+    grad_clip: float | None = flag(None, parse=non_negative_float, names=("--grad-clip", "--max_grad_norm"))
+    """max global grad norm, 0 = off (default: the DeepSpeed config's, else 1.0)"""
 
     def __post_init__(self) -> None:
         check_part(self)
@@ -150,12 +195,13 @@ class EngineConfig:
     engine: str = flag(
         "deepspeed", choices=(*engine_names(), *FAMILIES), metavar="ENGINE", describe=engine_help
     )
-    """the engine (zero_train.registry) or a library's alias, which follows the config's ZeRO stage"""
+    """the engine (zero_train.registry) or a library's alias, which follows the config's ZeRO stage (without
+    --deepspeed_config: deepspeed runs ds2, fsdp2 runs fsdp2-z3)"""
     deepspeed_config: str | None = flag(
         None, names=("--deepspeed_config", "--deepspeed-config"), metavar="FILE"
     )
     """DeepSpeed JSON (batch sizes, precision, optimizer, schedule, clipping, ZeRO stage) read by every engine;
-    'auto' values are filled from the flags (default: a generated config)"""
+    'auto' values are filled from the flags (default: a generated config, every value 'auto')"""
 
     def __post_init__(self) -> None:
         check_part(self)
@@ -166,39 +212,35 @@ class CheckpointConfig:
     """[checkpoint]: what the run saves, resumes from and exports."""
 
     save_dir: str | None = flag(None, metavar="DIR")
-    """checkpoint directory"""
-    save_every: int = flag(0, parse=non_negative_int)
-    """checkpoint every K steps and at the end (needs --save-dir; 0 = only at the end)"""
-    save_total_limit: int | None = flag(None, parse=positive_int, metavar="K")
+    """checkpoint directory (default: --output-dir's checkpoints/; none: no checkpoints)"""
+    save_every: int = flag(0, parse=non_negative_int, names=("--save-every", "--save_steps"))
+    """checkpoint every K steps and at the end (needs a checkpoint directory; 0 = only at the end)"""
+    save_total_limit: int | None = flag(
+        None, parse=positive_int, metavar="K", names=("--save-total-limit", "--save_total_limit")
+    )
     """keep only the last K complete checkpoints (older ones are deleted once a new one is complete; never the one
     `latest` names, nor one being read)"""
     async_save: bool = flag(False)
     """write checkpoints in a background thread (state copied to host memory first); training goes on meanwhile,
     `latest` moves when the write is complete"""
-    resume: str | None = flag(None, metavar="PATH|auto")
-    """a checkpoint dir, a save dir (follows its `latest`), or 'auto' (--save-dir's latest, if any)"""
-    export_hf: str | None = flag(None, metavar="DIR")
-    """at the end, write a Hugging Face folder (config, safetensors, tokenizer)"""
+    resume: str | None = flag(None, metavar="PATH|auto", names=("--resume", "--resume_from_checkpoint"))
+    """a checkpoint dir, a save dir (follows its `latest`), or 'auto' (the checkpoint directory's latest, if any)"""
+    export_hf: str | None = flag(None, metavar="DIR|auto")
+    """at the end, write a Hugging Face folder (config, safetensors, tokenizer) to DIR ('auto': --output-dir's
+    hf/)"""
 
     def __post_init__(self) -> None:
         check_part(self)
-        if self.save_every and not self.save_dir:
-            raise UsageError("--save-every needs --save-dir (where to write checkpoints)")
-        for name, given in (("--save-total-limit", self.save_total_limit), ("--async-save", self.async_save)):
-            if given and not self.save_dir:
-                raise UsageError(f"{name} needs --save-dir (where to write checkpoints)")
-        if self.resume == "auto" and not self.save_dir:
-            raise UsageError("--resume auto needs --save-dir (where to look for the latest checkpoint)")
 
 
 @dataclass(kw_only=True, slots=True)
 class EvalConfig:
     """[evaluation]: held-out loss and perplexity."""
 
-    eval_every: int = flag(0, parse=non_negative_int)
+    eval_every: int = flag(0, parse=non_negative_int, names=("--eval-every", "--eval_steps"))
     """eval loss + perplexity on the held-out split every K steps and at the end (0 = end only)"""
     eval_batches: int = flag(8, parse=positive_int)
-    """micro-batches per rank per evaluation"""
+    """micro-batches per rank per evaluation, at most (fewer if the held-out split is smaller)"""
 
     def __post_init__(self) -> None:
         check_part(self)
@@ -206,24 +248,38 @@ class EvalConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OutputConfig:
-    """[output]: what the run prints and writes besides checkpoints."""
+    """[output]: where the run's files go, what it prints and reports besides checkpoints."""
 
-    log_every: int = flag(1, parse=positive_int)
-    """print the step line every K steps"""
+    output_dir: str | None = flag(None, metavar="DIR", names=("--output-dir", "--output_dir"))
+    """one folder for the run: checkpoints/ (unless --save-dir), metrics.jsonl (unless --metrics-file, or
+    --report-to leaves jsonl out), train.log (what rank 0 prints), runs/ (tracking files), hf/ (with --export-hf
+    auto)"""
+    report_to: str | None = flag(
+        None, parse=parse_report_to, metavar="LIST", names=("--report-to", "--report_to")
+    )
+    """where the metrics go: a comma list of jsonl, tensorboard, trackio, wandb (offline unless WANDB_MODE is set),
+    mlflow; 'all' (every installed one) or 'none'; a metrics file (--metrics-file, --output-dir's) adds jsonl
+    (default: jsonl when there is a metrics file)"""
+    run_name: str | None = flag(None, names=("--run-name", "--run_name"))
+    """the run's name in trackio, W&B and MLflow (default: --output-dir's folder name)"""
+    log_every: int = flag(1, parse=positive_int, names=("--log-every", "--logging_steps"))
+    """print the step line, and report to the trackers, every K steps"""
     metrics_file: str | None = flag(None, metavar="FILE")
-    """JSONL: one object per step (rank 0 writes)"""
+    """JSONL: one object per step and per evaluation (rank 0 writes; default: --output-dir's metrics.jsonl)"""
     memory_report: str | None = flag(None, metavar="FILE")
     """write the per-rank memory run record (JSON)"""
     progress: bool = flag(True, negated="--no-progress")
     """a progress bar on rank 0 in a terminal (--no-progress: none; the step lines stay)"""
 
     def __post_init__(self) -> None:
+        if isinstance(self.report_to, (list, tuple)):  # a TOML list, as HF's report_to
+            self.report_to = ",".join(self.report_to)
         check_part(self)
 
 
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
-    """Every setting of one training run, by part."""
+    """Every setting of one training run, by part; the paths --output-dir implies are filled in here."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """What is trained."""
@@ -240,12 +296,61 @@ class RunConfig:
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation."""
     output: OutputConfig = field(default_factory=OutputConfig)
-    """Step lines, metrics, the memory run record."""
+    """The run's folder, step lines, metrics and trackers, the memory run record."""
 
     def __post_init__(self) -> None:
         for part in fields(self):
             if not isinstance(getattr(self, part.name), PARTS[part.name]):
                 raise ValueError(f"RunConfig.{part.name} must be a {PARTS[part.name].__name__}")
+        self.checkpoint, self.output = output_paths(self.checkpoint, self.output)
+        check_across_parts(self)
+
+
+def output_paths(checkpoint: CheckpointConfig, output: OutputConfig) -> tuple[CheckpointConfig, OutputConfig]:
+    """The paths --output-dir implies where none is given (as the HF Trainer's output_dir): new parts."""
+    folder = output.output_dir
+    if folder is None:
+        if checkpoint.export_hf == "auto":
+            raise UsageError("--export-hf auto needs --output-dir (it writes DIR/hf)")
+        return checkpoint, output
+    wants_jsonl = output.report_to in (None, "all") or "jsonl" in output.report_to.split(",")
+    if output.metrics_file is None and wants_jsonl:
+        output = replace(output, metrics_file=os.path.join(folder, "metrics.jsonl"))
+    checkpoint = replace(
+        checkpoint,
+        save_dir=checkpoint.save_dir or os.path.join(folder, "checkpoints"),
+        export_hf=os.path.join(folder, "hf") if checkpoint.export_hf == "auto" else checkpoint.export_hf,
+    )
+    return checkpoint, output
+
+
+def check_across_parts(config: RunConfig) -> None:
+    """UsageError for settings that need one another (one line naming both and the fix)."""
+    checkpoint, output, training = config.checkpoint, config.output, config.training
+    where = "--save-dir or --output-dir (where to write checkpoints)"
+    for name, given in (
+        ("--save-every", checkpoint.save_every),
+        ("--save-total-limit", checkpoint.save_total_limit),
+        ("--async-save", checkpoint.async_save),
+    ):
+        if given and not checkpoint.save_dir:
+            raise UsageError(f"{name} needs {where}")
+    if checkpoint.resume == "auto" and not checkpoint.save_dir:
+        raise UsageError(
+            "--resume auto needs --save-dir or --output-dir (where to look for the latest checkpoint)"
+        )
+    if output.report_to == "none" and output.metrics_file:
+        raise UsageError("--report-to none but --metrics-file is given; drop one of them")
+    trackers = [name for name in (output.report_to or "").split(",") if name not in ("", "none", "jsonl")]
+    if trackers and not output.output_dir:
+        raise UsageError(f"--report-to {trackers[0]} needs --output-dir (its files go to DIR/runs)")
+    if "jsonl" in (output.report_to or "").split(",") and not output.metrics_file:
+        raise UsageError("--report-to jsonl needs --metrics-file or --output-dir (the file it writes)")
+    if config.data.streaming and training.max_steps is None:
+        raise UsageError(
+            "--streaming reads the dataset lazily, so its size (and the steps of an epoch) is unknown; "
+            "give --max-steps"
+        )
 
 
 PARTS: dict[str, type] = {

@@ -1,4 +1,5 @@
-"""Held-out loss: the same blocks every time, split over ranks, averaged over every token evaluated."""
+"""Held-out loss: the same blocks every time, split over ranks, averaged over every token scored (for
+conversations, the assistant's tokens only)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import warnings
 
 import torch
 import torch.distributed as dist
+
+from zero_train.hf.chat import IGNORE_INDEX
 
 
 def evaluate(engine, dataset, *, dist_info, micro_batch_size: int, max_batches: int) -> float | None:
@@ -16,7 +19,7 @@ def evaluate(engine, dataset, *, dist_info, micro_batch_size: int, max_batches: 
 
     Args:
         engine: the training engine (engine.model is called without gradients).
-        dataset: the packed validation split (column "input_ids").
+        dataset: the packed validation split (column "input_ids", and "labels" for conversations).
         dist_info: this process's DistInfo.
         micro_batch_size: m, blocks per rank per micro-batch.
         max_batches: micro-batches per rank at most.
@@ -41,9 +44,12 @@ def evaluate(engine, dataset, *, dist_info, micro_batch_size: int, max_batches: 
     with torch.no_grad():
         for k in range(num_batches):
             first = k * global_batch + dist_info.rank * micro_batch_size
-            batch = rows[first : first + micro_batch_size]["input_ids"].long().to(dist_info.device)
-            loss = model(input_ids=batch, labels=batch).loss
-            total += torch.tensor([float(loss) * batch.numel(), batch.numel()], dtype=torch.float64)
+            picked = rows[first : first + micro_batch_size]
+            batch = picked["input_ids"].long().to(dist_info.device)
+            labels = picked["labels"].long().to(dist_info.device) if "labels" in picked else batch
+            loss = model(input_ids=batch, labels=labels).loss
+            scored = int((labels[:, 1:] != IGNORE_INDEX).sum())  # the tokens the shifted loss averages over
+            total += torch.tensor([float(loss) * scored, scored], dtype=torch.float64)
     model.train(was_training)
     if dist_info.world_size > 1:
         total = total.to(dist_info.device)

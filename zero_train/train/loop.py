@@ -6,9 +6,11 @@ The Trainer reads the run config's parts it owns (data, training, evaluation, ou
 the model's to the model builder, the checkpoint's to RunCheckpoints.
 
 One optimizer step = settings.grad_accum micro-batches through engine.forward_backward, then engine.step().
-Each rank reads its own rows of a seeded, per-epoch shuffle (zero_train.hf.data.rank_batches), so the data
-position is just the number of micro-steps consumed; a checkpoint stores it with every rank's RNG state,
-and a resumed fp32 run repeats the uninterrupted run's losses exactly.
+Each rank reads its own rows of a seeded, per-epoch shuffle (zero_train.hf.packing.rank_batches), so the data
+position is just the number of micro-steps consumed (a stream's is each rank's read position,
+zero_train.train.data); a checkpoint stores it with every rank's RNG state, and a resumed fp32 run repeats the
+uninterrupted run's losses exactly. Rank 0 reports each step to the trackers of --report-to
+(zero_train.train.tracking) and, with --output-dir, copies its lines to DIR/train.log.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
@@ -27,15 +30,13 @@ from zero_train.memory.probe import MemoryProbe
 from zero_train.memory.record import write_record
 from zero_train.runtime.device import synchronize
 from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
-from zero_train.runtime.errors import UsageError
 from zero_train.runtime.ports import free_port
 from zero_train.runtime.vitals import note_estimate
 from zero_train.train.checkpoints import RunCheckpoints
 from zero_train.train.config import RunConfig
 from zero_train.train.eval import evaluate
-from zero_train.train.log import get_logger
+from zero_train.train.log import copied_to, get_logger
 from zero_train.train.metrics import (
-    MetricsWriter,
     format_eval_line,
     format_step_line,
     memory_per_rank,
@@ -43,7 +44,8 @@ from zero_train.train.metrics import (
     progress_bar,
 )
 from zero_train.train.numerics import NonFiniteGuard
-from zero_train.train.setup import RunPlan, model_builder, num_params, plan_run
+from zero_train.train.setup import RunPlan, log_file, model_builder, num_params, plan_run, with_max_steps
+from zero_train.train.tracking import Trackers
 
 
 def run_training(config: RunConfig) -> dict:
@@ -71,18 +73,13 @@ def run_training(config: RunConfig) -> dict:
                   gradient_checkpointing=config.model.gradient_checkpointing,
                   device=dist_info.device.type)  # fmt: skip
     log = get_logger(dist_info.rank)
-    log.info(
-        f"zero_train: engine {plan.engine.name} | model {config.model.model} | world size {dist_info.world_size} | "
-        f"config {plan.config_source} | stage {plan.settings.zero_stage} | {plan.settings.precision} | "
-        f"micro batch {plan.settings.micro_batch_size} x accum {plan.settings.grad_accum} x world "
-        f"{dist_info.world_size} = {plan.settings.train_batch_size} sequences of {config.data.block_size}"
-        + (" | gradient checkpointing" if config.model.gradient_checkpointing else "")
-    )
-    trainer = Trainer(config, plan, dist_info)
-    try:
-        summary = trainer.run()
-    finally:
-        trainer.close()
+    with copied_to(log, log_file(config.output) if dist_info.is_main else None):
+        log.info(start_line(config, plan, dist_info.world_size))
+        trainer = Trainer(config, plan, dist_info)
+        try:
+            summary = trainer.run()
+        finally:
+            trainer.close()
     if (
         owns_group
     ):  # after a success only: a fault ends the process, and NCCL's destroy would wait on a dead peer
@@ -90,38 +87,42 @@ def run_training(config: RunConfig) -> dict:
     return summary
 
 
+def start_line(config: RunConfig, plan: RunPlan, world_size: int) -> str:
+    """The run's first line: engine, model and tokenizer, config, precision, batch, lr."""
+    settings = plan.settings
+    return (
+        f"zero_train: engine {plan.engine.name} | model {config.model.model} | tokenizer {plan.tokenizer_source} | "
+        f"world size {world_size} | config {plan.config_source} | stage {settings.zero_stage} | "
+        f"{settings.precision} | micro batch {settings.micro_batch_size} x accum {settings.grad_accum} x world "
+        f"{world_size} = {settings.train_batch_size} sequences of {config.data.block_size} | lr {settings.lr:g}"
+        + (" | gradient checkpointing" if config.model.gradient_checkpointing else "")
+    )
+
+
 class Trainer:
     """One run: data, engine, loop, evaluation, checkpoints, export and memory report."""
 
     def __init__(self, config: RunConfig, plan: RunPlan, dist_info) -> None:
         # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
-        from zero_train.hf.data import prepare_datasets, steps_per_epoch
+        from zero_train.train.data import RunData
 
-        self.config, self.plan, self.dist_info, self.settings = config, plan, dist_info, plan.settings
+        self.config, self.dist_info = config, dist_info
         self.training, self.output, self.evaluation = config.training, config.output, config.evaluation
-        block_size = config.data.block_size
         self.log = get_logger(dist_info.rank)
+        micro = plan.settings.micro_batch_size
         with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds, the others wait long
-            self.data = prepare_datasets(
-                config.data.dataset,
-                plan.tokenizer,
-                block_size=block_size,
-                seed=self.training.seed,
-                process_group=waiting,
+            self.data = RunData.prepare(
+                config.data, plan.tokenizer, seed=self.training.seed, dist_info=dist_info, micro_batch_size=micro,
+                eval_blocks=config.evaluation.eval_batches * micro * dist_info.world_size, process_group=waiting,
+            )  # fmt: skip
+        if plan.max_steps is None:  # --num-train-epochs: its steps, now that the data's size is known
+            steps = self.data.steps_for_epochs(
+                self.training.num_train_epochs, grad_accum=plan.settings.grad_accum
             )
-        if (
-            steps_per_epoch(
-                self.data["train"],
-                world_size=dist_info.world_size,
-                micro_batch_size=self.settings.micro_batch_size,
-            )
-            == 0
-        ):
-            raise UsageError(
-                f"the training split has {len(self.data['train'])} blocks of {block_size} tokens, fewer "
-                f"than one global micro-batch ({self.settings.micro_batch_size} x {dist_info.world_size} "
-                "ranks); use more data, a smaller --block-size or --micro-batch-size"
-            )
+            plan = with_max_steps(plan, config, steps)
+            self.log.info(f"{self.training.num_train_epochs:g} epochs = {steps} optimizer steps")
+        self.plan, self.settings, self.max_steps = plan, plan.settings, plan.max_steps
+        block_size = config.data.block_size
         self.probe = self._make_probe()
         self.engine = self._build_engine()
         self.guard = NonFiniteGuard(self.training.on_nonfinite, precision=self.settings.precision)
@@ -132,8 +133,9 @@ class Trainer:
         self.last_loss = math.nan
         self.last_eval: dict | None = None
         self.checkpoints = RunCheckpoints(
-            config.checkpoint, plan, dist_info, max_steps=self.training.max_steps, run_info=_run_info(config)
-        )
+            config.checkpoint, plan, dist_info, max_steps=self.max_steps, run_info=_run_info(config, plan),
+            data_position=self.data.position,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Release the engine (its `close()`, if it has one: DeepSpeed's engine and buffers), data and probe.
@@ -175,41 +177,25 @@ class Trainer:
         return engine
 
     def run(self) -> dict:
-        """Resume if asked, train to --max-steps, evaluate, checkpoint, export; returns the summary."""
-        start_step, micro_steps = self.checkpoints.resume(self.engine)
-        batches = self._batches(micro_steps)
-        max_steps = self.training.max_steps
-        writer = MetricsWriter(
-            self.output.metrics_file, enabled=self.dist_info.is_main, append=start_step > 0
-        )
+        """Resume if asked, train to the last step, evaluate, checkpoint, export; returns the summary."""
+        start_step, micro_steps, position = self.checkpoints.resume(self.engine)
+        batches = self.data.batches(micro_steps=micro_steps, position=position)
+        trackers = Trackers.open(self.plan.report_to, output=self.output, hparams=_hparams(self.config),
+                                 start_step=start_step, enabled=self.dist_info.is_main)  # fmt: skip
         bar = progress_bar(
-            total=max_steps, initial=start_step, enabled=self.dist_info.is_main and self.output.progress
+            total=self.max_steps, initial=start_step, enabled=self.dist_info.is_main and self.output.progress
         )
         try:
-            for step in range(start_step + 1, max_steps + 1):
+            for step in range(start_step + 1, self.max_steps + 1):
                 record = self._train_step(step, batches)
-                writer.write(record)
-                self._report(record, bar)
-                self._after_step(step, writer)
-            self._evaluate(max_steps, writer)  # the final evaluation, in the metrics file too
+                self._report(record, bar, trackers)
+                self._after_step(step, trackers)
+            self._evaluate(self.max_steps, trackers)  # the final evaluation, reported too
         finally:
-            writer.close()
+            trackers.close()
             if bar is not None:
                 bar.close()
         return self._finish(start_step)
-
-    def _batches(self, micro_steps: int):
-        # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
-        from zero_train.hf.data import rank_batches
-
-        return rank_batches(
-            self.data["train"],
-            rank=self.dist_info.rank,
-            world_size=self.dist_info.world_size,
-            micro_batch_size=self.settings.micro_batch_size,
-            seed=self.training.seed,
-            start_step=micro_steps,
-        )
 
     def _train_step(self, step: int, batches) -> dict:
         synchronize(self.dist_info.device)  # CUDA runs asynchronously: time an empty queue to an empty queue
@@ -218,7 +204,8 @@ class Trainer:
         for _ in range(self.settings.grad_accum):
             batch = next(batches)
             with self._phase("forward"):
-                losses.append(self.engine.forward_backward(batch))  # on the device: read after the step
+                # on the device: read after the step
+                losses.append(self.engine.forward_backward(batch["input_ids"], labels=batch.get("labels")))
         with self._phase("step"):
             result = self.engine.step()
         if self.probe is not None:
@@ -245,31 +232,32 @@ class Trainer:
             memory=memory,
         )
 
-    def _report(self, record: dict, bar) -> None:
+    def _report(self, record: dict, bar, trackers: Trackers) -> None:
         if not self.dist_info.is_main:
             return
-        max_steps = self.training.max_steps
-        if record["step"] % self.output.log_every == 0 or record["step"] == max_steps:
-            line = format_step_line(record, max_steps)
+        logged = record["step"] % self.output.log_every == 0 or record["step"] == self.max_steps
+        trackers.log_step(record, logged=logged)
+        if logged:
+            line = format_step_line(record, self.max_steps)
             writing = (
                 bar.external_write_mode(file=sys.stdout) if bar is not None else contextlib.nullcontext()
             )
             with writing:  # the bar (stderr) steps aside while the step line goes to stdout
-                print(line, flush=True)
+                self.log.info(line)
         if bar is not None:
             bar.update(1)
 
-    def _after_step(self, step: int, writer: MetricsWriter) -> None:
-        last = step == self.training.max_steps
+    def _after_step(self, step: int, trackers: Trackers) -> None:
+        last = step == self.max_steps
         if self.evaluation.eval_every and step % self.evaluation.eval_every == 0 and not last:
-            self._evaluate(step, writer)
+            self._evaluate(step, trackers)
         if self.checkpoints.due(step) and not last:
             self.checkpoints.save(self.engine, step)
 
-    def _evaluate(self, step: int, writer: MetricsWriter | None = None) -> None:
+    def _evaluate(self, step: int, trackers: Trackers) -> None:
         eval_loss = evaluate(
             self.engine,
-            self.data["validation"],
+            self.data.validation,
             dist_info=self.dist_info,
             micro_batch_size=self.settings.micro_batch_size,
             max_batches=self.evaluation.eval_batches,
@@ -278,11 +266,10 @@ class Trainer:
             return
         self.last_eval = dict(step=step, eval_loss=eval_loss, perplexity=perplexity(eval_loss))
         self.log.info(format_eval_line(self.last_eval))
-        if writer is not None:
-            writer.write(self.last_eval)
+        trackers.log_eval(self.last_eval)
 
     def _finish(self, start_step: int) -> dict:
-        steps_done = self.training.max_steps
+        steps_done = self.max_steps
         self.checkpoints.finish(self.engine, steps_done)
         export = self._export()
         self._write_memory_report()
@@ -348,11 +335,18 @@ class Trainer:
             self.log.info(f"memory report: {self.output.memory_report}")
 
 
-def _run_info(config: RunConfig) -> dict:
+def _hparams(config: RunConfig) -> dict:
+    """The run config as flat `part.field` -> value, for the trackers' run configuration."""
+    return {
+        f"{part}.{name}": value for part, values in asdict(config).items() for name, value in values.items()
+    }
+
+
+def _run_info(config: RunConfig, plan: RunPlan) -> dict:
     """What a checkpoint records of the run besides its engine's state (run.json)."""
     return dict(
         model=config.model.model,
-        tokenizer=config.model.tokenizer,
+        tokenizer=plan.tokenizer_source,
         dataset=config.data.dataset,
         block_size=config.data.block_size,
         seed=config.training.seed,

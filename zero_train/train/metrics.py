@@ -1,4 +1,5 @@
-"""What a training run reports: the fixed step line, the JSONL metrics file, per-rank memory, a progress bar.
+"""What a training run reports: the fixed step line, per-rank memory, a progress bar (the trackers, the JSONL
+file among them: zero_train.train.tracking).
 
     step     10/100 | loss 6.1234 | lr 9.00e-04 | grad_norm 1.234 | tok/s   5321 | mem r0 12.3/15.0 MiB ...
 
@@ -8,9 +9,7 @@ rank, current/peak, gathered to every rank with one small all_gather.
 
 from __future__ import annotations
 
-import json
 import math
-import pathlib
 import sys
 
 import torch
@@ -77,35 +76,6 @@ def format_eval_line(record: dict) -> str:
 def perplexity(loss: float) -> float:
     """exp(loss), inf when it would overflow."""
     return math.exp(loss) if loss < 700 else float("inf")
-
-
-class MetricsWriter:
-    """Appends one JSON object per line to `path` (rank 0 only; a no-op elsewhere or without a path).
-
-    Args:
-        path: the JSONL file, or None.
-        enabled: False on ranks other than 0.
-        append: keep existing lines (a resumed run continues its file).
-    """
-
-    def __init__(self, path: str | None, *, enabled: bool, append: bool = False) -> None:
-        self.file = None
-        if path and enabled:
-            target = pathlib.Path(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.file = target.open("a" if append else "w", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        """Write one record and flush (so a crash keeps every finished step)."""
-        if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        """Close the file."""
-        if self.file is not None:
-            self.file.close()
-            self.file = None
 
 
 def progress_bar(*, total: int, initial: int, enabled: bool):

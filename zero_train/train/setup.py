@@ -12,18 +12,29 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from zero_train.ds_config import load_config, resolve_auto, train_settings
 from zero_train.ds_config.accelerate import agreement_problems, launch_fields
 from zero_train.ds_config.auto import get_key
 from zero_train.ds_config.generate import ConfigRequest, generate_config
-from zero_train.ds_config.keys import AUTO, KEYS, RUN_TOTAL, RUN_WARMUP, UNSET, ConfigKey
+from zero_train.ds_config.keys import (
+    AUTO,
+    KEYS,
+    RUN_LR,
+    RUN_LR_FINE_TUNING,
+    RUN_LR_FROM_SCRATCH,
+    RUN_TOTAL,
+    RUN_WARMUP,
+    UNSET,
+    ConfigKey,
+)
 from zero_train.registry import EngineSpec, resolve_engine
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir, check_output_file
-from zero_train.train.config import ModelConfig, OptimizerConfig, RunConfig, TrainingConfig
+from zero_train.train.config import DEFAULT_MAX_STEPS, ModelConfig, OptimizerConfig, RunConfig, TrainingConfig
+from zero_train.train.tracking import report_targets
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,12 +47,25 @@ class RunPlan:
     """zero_train.ds_config.TrainSettings every engine trains with."""
     tokenizer: Any
     """The transformers tokenizer."""
+    tokenizer_source: str
+    """Where it came from: --tokenizer, else the model's own (pretrained), else the offline stdlib-bpe."""
     model_config: Any
     """The transformers PretrainedConfig of --model."""
     config_source: str
     """The config file, or a description of the generated default."""
     engine: EngineSpec
     """The engine --engine resolved to on the config's ZeRO stage (an alias becomes the engine's own name)."""
+    max_steps: int | None
+    """The run's optimizer steps: --max-steps, else DEFAULT_MAX_STEPS, or None until the data gives
+    --num-train-epochs' (settings then hold a provisional schedule: with_max_steps sets it)."""
+    report_to: tuple[str, ...]
+    """The trackers rank 0 opens (zero_train.train.tracking.report_targets: installed, "all" resolved)."""
+    raw_config: dict
+    """The DeepSpeed config as read or generated, "auto" values unfilled (with_max_steps fills them again)."""
+    world_size: int
+    """The launcher's world size."""
+    pretrained: bool
+    """--model is pretrained weights (a folder or hub id): fine-tuning defaults apply."""
     resume_checkpoint: pathlib.Path | None = None
     """The checkpoint --resume names, verified against its manifest (None: a fresh start)."""
 
@@ -49,11 +73,14 @@ class RunPlan:
 def check_outputs(config: RunConfig) -> None:
     """UsageError for an output that could not be written, checked now (writable, or creatable) rather than when
     the run first writes to it: a bad --memory-report must not cost the whole training run."""
+    if config.output.output_dir:
+        check_output_dir(config.output.output_dir, flag="--output-dir")
     if config.checkpoint.save_dir:
         check_output_dir(config.checkpoint.save_dir, flag="--save-dir")
     for flag, path in (
         ("--metrics-file", config.output.metrics_file),
         ("--memory-report", config.output.memory_report),
+        ("--output-dir", log_file(config.output)),
     ):
         if path:
             check_output_file(path, flag=flag)
@@ -62,6 +89,11 @@ def check_outputs(config: RunConfig) -> None:
         from zero_train.checkpoint.export import check_export_dir
 
         check_export_dir(config.checkpoint.export_hf)
+
+
+def log_file(output) -> str | None:
+    """Where rank 0's lines are written besides stdout: --output-dir's train.log (None without one)."""
+    return os.path.join(output.output_dir, "train.log") if output.output_dir else None
 
 
 def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
@@ -76,7 +108,8 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
     """
     # here, not at the top: plan_run's one-line errors (exit 2) come before transformers and torch load
     from zero_train.checkpoint.resume import resume_path
-    from zero_train.hf.models import check_block_size, load_tokenizer, model_config
+    from zero_train.hf.models import check_block_size, is_pretrained, model_config
+    from zero_train.hf.tokenizer import check_vocabulary, run_tokenizer, tokenizer_source
 
     check_outputs(config)
     checkpoint = config.checkpoint
@@ -94,24 +127,54 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
         problems = agreement_problems(cfg, accelerate, engine=library)
         if problems:  # the YAML and the JSON describe one run: never train with a silent disagreement
             raise UsageError(f"accelerate config vs {source}: {problems[0]}")
-    tokenizer = load_tokenizer(config.model.tokenizer)
-    hf_config = model_config(config.model.model, vocab_size=len(tokenizer))
+    model, pretrained = config.model, is_pretrained(config.model.model)
+    tokenizer = run_tokenizer(model.model, model.tokenizer)
+    hf_config = model_config(model.model, vocab_size=None if pretrained else len(tokenizer))
+    check_vocabulary(tokenizer, hf_config, model=model.model, tokenizer_given=model.tokenizer)
     check_block_size(hf_config, config.data.block_size)
-    settings = train_settings(
-        cfg,
-        world_size=world_size,
-        hidden_size=getattr(hf_config, "hidden_size", None),
-        **given_values(config.training, config.optimizer, cfg),
-    )
+    max_steps = planned_steps(config.training)
+    settings = _settings(config, cfg, world_size=world_size, model_config=hf_config, pretrained=pretrained,
+                         max_steps=max_steps or DEFAULT_MAX_STEPS)  # fmt: skip
     return RunPlan(
         engine=resolve_engine(engine_name, settings.zero_stage),  # the alias becomes the engine, once
         ds_config=resolve_auto(cfg, settings),
         settings=settings,
         tokenizer=tokenizer,
+        tokenizer_source=tokenizer_source(model.model, model.tokenizer),
         model_config=hf_config,
         config_source=source,
+        max_steps=max_steps,
+        report_to=report_targets(config.output),
+        raw_config=cfg,
+        world_size=world_size,
+        pretrained=pretrained,
         resume_checkpoint=resume_checkpoint,
     )
+
+
+def planned_steps(training: TrainingConfig) -> int | None:
+    """--max-steps (it wins, as in the HF Trainer), else DEFAULT_MAX_STEPS without --num-train-epochs, else
+    None: the epochs' steps are known once the data is (RunData.steps_for_epochs)."""
+    if training.max_steps is not None:
+        return training.max_steps
+    return DEFAULT_MAX_STEPS if training.num_train_epochs is None else None
+
+
+def with_max_steps(plan: RunPlan, config: RunConfig, max_steps: int) -> RunPlan:
+    """The plan of a run whose length is now known: the schedule's horizon and warmup default follow it."""
+    settings = _settings(config, plan.raw_config, world_size=plan.world_size, model_config=plan.model_config,
+                         pretrained=plan.pretrained, max_steps=max_steps)  # fmt: skip
+    return replace(
+        plan, settings=settings, ds_config=resolve_auto(plan.raw_config, settings), max_steps=max_steps
+    )
+
+
+def _settings(
+    config: RunConfig, cfg: dict, *, world_size: int, model_config, pretrained: bool, max_steps: int
+):
+    given = given_values(config.training, config.optimizer, cfg, pretrained=pretrained, max_steps=max_steps)
+    hidden_size = getattr(model_config, "hidden_size", None)
+    return train_settings(cfg, world_size=world_size, hidden_size=hidden_size, **given)
 
 
 def default_config(stage: int) -> dict:
@@ -121,9 +184,12 @@ def default_config(stage: int) -> dict:
     return generate_config(request)
 
 
-def given_values(training: TrainingConfig, optimizer: OptimizerConfig, cfg: dict) -> dict:
+def given_values(
+    training: TrainingConfig, optimizer: OptimizerConfig, cfg: dict, *, pretrained: bool, max_steps: int
+) -> dict:
     """train_settings keyword arguments: the values given, plus train.py's defaults (the `run` column of
-    zero_train.ds_config.keys.KEYS) for "auto" values none fills; the rest fall to the HF Trainer's."""
+    zero_train.ds_config.keys.KEYS; a pretrained model's lr is a fine-tuning one) for "auto" values none fills;
+    the rest fall to the HF Trainer's."""
     given = dict(
         micro_batch_size=training.micro_batch_size,
         grad_accum=training.grad_accum,
@@ -136,11 +202,13 @@ def given_values(training: TrainingConfig, optimizer: OptimizerConfig, cfg: dict
     )
     for key in KEYS:
         if key.run is not UNSET and given.get(key.fills) is None and get_key(cfg, key.path) == AUTO:
-            given[key.fills] = _run_default(key, training.max_steps)
+            given[key.fills] = _run_default(key, max_steps, pretrained=pretrained)
     return {name: value for name, value in given.items() if value is not None}
 
 
-def _run_default(key: ConfigKey, max_steps: int) -> Any:
+def _run_default(key: ConfigKey, max_steps: int, *, pretrained: bool) -> Any:
+    if key.run == RUN_LR:
+        return RUN_LR_FINE_TUNING if pretrained else RUN_LR_FROM_SCRATCH
     if key.run == RUN_WARMUP:
         return max(1, max_steps // 10)
     if key.run == RUN_TOTAL:
