@@ -124,6 +124,9 @@ def test_deepspeed_defaults_applied():
     assert plain.optimizer == "adam"
 
 
+@pytest.mark.filterwarnings(
+    "ignore:warmup_steps=0 still warms up"
+)  # as under the HF Trainer: said, tested below
 def test_hf_auto_filled_like_the_trainer():
     settings = train_settings(
         HF_AUTO,
@@ -303,3 +306,49 @@ def test_the_key_table_holds_deepspeeds_own_defaults():
     assert inspect.signature(lr_schedules.WarmupDecayLR).parameters["warmup_max_lr"].default == 0.001
     # the HF integration's "auto" keys (transformers/integrations/deepspeed.py trainer_config_process/finalize)
     assert set(AUTO_KEYS) == {key.path for key in KEYS if key.fills} and len(AUTO_KEYS) == 17
+
+
+def _deepspeed_lrs(cfg: dict, steps: int) -> list[float]:
+    """The lr of each of the first `steps` optimizer steps under DeepSpeed's own scheduler class."""
+    from deepspeed.runtime import lr_schedules
+
+    scheduler = cfg["scheduler"]
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg["optimizer"]["params"]["lr"])
+    built = getattr(lr_schedules, scheduler["type"])(optimizer, **scheduler["params"])
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        built.step()
+    return lrs
+
+
+@pytest.mark.parametrize("kind", ["warmup_constant", "warmup_linear", "warmup_cosine"])
+def test_warmup_zero_starts_every_generated_schedule_at_its_peak(kind):
+    from zero_train.ds_config.generate import ConfigRequest, generate_config
+
+    def config(warmup: int) -> dict:
+        return generate_config(
+            ConfigRequest(stage=1, scheduler=kind, warmup_steps=warmup, total_steps=10, lr=2e-3)
+        )
+
+    none, some = config(0), config(3)
+    lrs, with_warmup = _deepspeed_lrs(none, 10), _deepspeed_lrs(some, 10)
+    # DeepSpeed's WarmupCosineLR runs the step before its first scheduler.step() at lr 0, warmup or not
+    first = 1 if kind == "warmup_cosine" else 0
+    assert lrs[first] == 2e-3 == max(lrs) and with_warmup[first + 1] < 2e-3  # peak at once vs ramping up
+    assert lrs[first:] == sorted(lrs[first:], reverse=True)  # from the peak it only decays
+    settings = train_settings(none, world_size=1, warmup_steps=0)
+    assert [lr_at(settings, step) for step in range(10)] == lrs  # the local engines follow the same curve
+
+
+def test_warmup_zero_with_a_config_that_still_warms_up_warns():
+    cfg = copy.deepcopy(HF_AUTO)  # WarmupDecayLR from warmup_min_lr "auto" (0, as the HF Trainer fills it)
+    with pytest.warns(
+        UserWarning, match="warmup_steps=0 still warms up: DeepSpeed's WarmupDecayLR takes at least 2"
+    ):
+        settings = train_settings(
+            cfg, world_size=1, micro_batch_size=1, lr=1e-3, warmup_steps=0, total_steps=8, hidden_size=16
+        )
+    assert (
+        settings.warmup_steps == 1 and lr_at(settings, 1) == 0.0
+    )  # the curve DeepSpeed will run, not hidden

@@ -97,6 +97,31 @@ def test_a_pretrained_model_gets_a_fine_tuning_lr_unless_one_is_given(tmp_path):
     assert RUN_LR_FINE_TUNING == 2e-5  # the number docs/launch.md and --help state
 
 
+def test_warmup_steps_0_is_no_warmup_as_in_the_hf_trainer():
+    from deepspeed.runtime.lr_schedules import WarmupCosineLR
+
+    from zero_train.ds_config import lr_at
+
+    lrs = {}
+    for warmup in ("0", "3"):
+        plan = plan_run(parse_args(["--model", "tiny", "--warmup_steps", warmup, "--max-steps", "10", *COMMON]),
+                        world_size=1)  # fmt: skip
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=plan.settings.lr)
+        scheduler = WarmupCosineLR(optimizer, **plan.ds_config["scheduler"]["params"])
+        lrs[warmup] = []
+        for step in range(10):
+            lrs[warmup].append(optimizer.param_groups[0]["lr"])
+            assert lr_at(plan.settings, step) == lrs[warmup][-1]  # the local engines' lr is DeepSpeed's
+            scheduler.step()
+    peak = RUN_LR_FROM_SCRATCH
+    assert lrs["0"][:3] == [
+        0.0,
+        peak,
+        peak,
+    ]  # DeepSpeed's WarmupCosineLR runs its first step at 0, then the peak
+    assert lrs["3"][:4] == pytest.approx([0.0, 0.0, peak / 3, 2 * peak / 3])  # a warmup ramps up to it
+
+
 def _config(folder: pathlib.Path, *, lr) -> pathlib.Path:
     """A DeepSpeed JSON with a constant lr (no scheduler): a run stopped early keeps the same lr curve."""
     path = folder / f"constant-{lr}.json"

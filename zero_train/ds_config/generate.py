@@ -297,6 +297,11 @@ def scheduler_section(req: ConfigRequest) -> dict | None:
         params["cos_min_ratio"] = _or(req.min_lr_ratio, generated_default("scheduler.params.cos_min_ratio"))
     warmup = _value(req, "warmup_steps", generated_default("scheduler.params.warmup_num_steps"))
     params["warmup_num_steps"] = warmup if warmup == AUTO else max(1, warmup)  # DeepSpeed rejects 0
+    if req.warmup_steps == 0:  # none: DeepSpeed's (at least 2) warmup steps start at the peak
+        if kind == "warmup_cosine":
+            params["warmup_min_ratio"] = 1.0
+        else:
+            params["warmup_min_lr"] = params["warmup_max_lr"]
     if kind != "warmup_constant":
         params["total_num_steps"] = _value(req, "total_steps", None)
     params["warmup_type"] = req.warmup_type

@@ -175,7 +175,26 @@ def train_settings(
             stacklevel=2,
         )
     filled = fill_config(cfg, {k: v for k, v in given.items() if v is not None}, world_size=world_size)
-    return settings_from_config(filled, world_size=world_size, hidden_size=hidden_size)
+    settings = settings_from_config(filled, world_size=world_size, hidden_size=hidden_size)
+    if warmup_steps == 0 and _warms_up(settings):
+        start = (
+            "warmup_min_ratio 1.0"
+            if settings.scheduler == "warmup_cosine"
+            else "warmup_min_lr equal to the lr"
+        )
+        warnings.warn(
+            f"warmup_steps=0 still warms up: DeepSpeed's {cfg['scheduler']['type']} takes at least 2 warmup "
+            f"steps and this config starts them below the peak; give scheduler.params {start} for none",
+            stacklevel=2,
+        )
+    return settings
+
+
+def _warms_up(settings: TrainSettings) -> bool:
+    """Whether the schedule's warmup starts below its peak lr."""
+    if settings.scheduler == "warmup_cosine":
+        return settings.warmup_min_ratio < 1.0
+    return settings.scheduler != "constant" and settings.warmup_min_lr < settings.lr
 
 
 def settings_from_config(cfg: dict, *, world_size: int, hidden_size: int | None = None) -> TrainSettings:

@@ -179,8 +179,9 @@ class OptimizerConfig:
         None, parse=non_negative_float, names=("--weight-decay", "--weight_decay")
     )
     """AdamW's decoupled weight decay (default: the DeepSpeed config's, else 0.0, the HF Trainer's)"""
-    warmup_steps: int | None = flag(None, parse=positive_int, names=("--warmup-steps", "--warmup_steps"))
-    """linear warmup steps of the schedule (default: the DeepSpeed config's, else max(1, max steps // 10))"""
+    warmup_steps: int | None = flag(None, parse=non_negative_int, names=("--warmup-steps", "--warmup_steps"))
+    """linear warmup steps of the schedule (default: the DeepSpeed config's, else max(1, max steps // 10));
+    0: none, the lr starts at its peak (WarmupCosineLR's first step still runs at lr 0, as DeepSpeed sets it)"""
     grad_clip: float | None = flag(None, parse=non_negative_float, names=("--grad-clip", "--max_grad_norm"))
     """max global grad norm, 0 = off (default: the DeepSpeed config's, else 1.0)"""
 

@@ -121,7 +121,8 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
         cfg, source = load_config(config_file), config_file
     else:
         stage = resolve_engine(engine_name).stage
-        cfg, source = default_config(stage), f"generated default (ZeRO stage {stage})"
+        cfg = default_config(stage, warmup_steps=config.optimizer.warmup_steps)
+        source = f"generated default (ZeRO stage {stage})"
     if accelerate is not None:
         library = resolve_engine(engine_name).family or engine_name  # accelerate's plugin is the library's
         problems = agreement_problems(cfg, accelerate, engine=library)
@@ -177,10 +178,11 @@ def _settings(
     return train_settings(cfg, world_size=world_size, hidden_size=hidden_size, **given)
 
 
-def default_config(stage: int) -> dict:
+def default_config(stage: int, *, warmup_steps: int | None = None) -> dict:
     """The config of a run without --deepspeed_config (at its engine's stage): AdamW, warmup + cosine, every
-    value "auto"."""
-    request = ConfigRequest(stage=stage, hf_auto=True, scheduler="warmup_cosine")
+    value "auto" but warmup 0 (none: written, since a cosine without warmup needs warmup_min_ratio 1.0)."""
+    request = ConfigRequest(stage=stage, hf_auto=True, scheduler="warmup_cosine",
+                            warmup_steps=0 if warmup_steps == 0 else None)  # fmt: skip
     return generate_config(request)
 
 
