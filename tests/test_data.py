@@ -1,5 +1,5 @@
 """Loading (offline default, local files, a column, a configuration), the held-out split, packing with EOS,
-per-rank sharding and resume; conversations (--sft) and their label masks; streamed datasets and their resume."""
+per-rank sharding and resume (conversations and streamed datasets: tests/test_sft_streaming.py)."""
 
 import json
 
@@ -184,9 +184,8 @@ def test_another_text_column_and_a_configuration_of_a_local_clone(tmp_path):
     dsd = data.load_text_dataset(str(tmp_path / "d.jsonl"), column="body", eval_fraction=0.25)
     assert dsd["train"].column_names == ["text"] and len(dsd["train"]) == 15
     assert sorted([*dsd["train"]["text"], *dsd["validation"]["text"]]) == sorted(row["body"] for row in rows)
-    clone = (
-        tmp_path / "clone"
-    )  # a hub dataset's repository as `git clone` leaves it: README.md names the configs
+    # a hub dataset's repository as `git clone` leaves it: README.md names the configs
+    clone = tmp_path / "clone"
     clone.mkdir()
     for name, count in (("small", 4), ("large", 12)):
         (clone / f"{name}.jsonl").write_text(

@@ -1,6 +1,7 @@
-"""Conversations (--sft): the labels cover the assistant turns only, with the offline template and a chat template;
-packing keeps the mask. Streamed datasets (--streaming): each rank's share, the held-out documents, and a read
-position that resumes with the same tokens in the same order, across epochs."""
+"""Conversations (--sft): the labels are -100 on every prompt token and the ids themselves on the assistant turns
+(checked token by token), with the offline template and a chat template; packing keeps the mask. Streamed datasets
+(--streaming): the same documents as a whole load, read lazily, each rank's share, the held-out documents, and a
+read position that resumes with the same tokens in the same order, across epochs."""
 
 import json
 import zlib
@@ -38,6 +39,17 @@ def _supervised(ids, labels, tokenizer) -> str:
     return tokenizer.decode([label for label in labels if label != chat.IGNORE_INDEX])
 
 
+def _expected(tokenizer, pieces: list[tuple[str, bool]], eos_label: int) -> tuple[list[int], list[int]]:
+    """The ids of each piece of text tokenized alone, labelled with themselves where supervised, else -100;
+    then the EOS that ends the conversation (labelled eos_label)."""
+    ids, labels = [], []
+    for text, supervised in pieces:
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        labels += piece if supervised else [-100] * len(piece)
+    return ids + [tokenizer.eos_token_id], labels + [eos_label]
+
+
 def test_the_offline_template_supervises_the_answers_and_their_eos(tokenizer):
     ids, labels = chat.encode_conversation(CONVERSATION, tokenizer)
     assert tokenizer.decode(ids) == (
@@ -45,12 +57,21 @@ def test_the_offline_template_supervises_the_answers_and_their_eos(tokenizer):
         "assistant: It is 10.<|endoftext|>"
     )
     assert _supervised(ids, labels, tokenizer) == " 7<|endoftext|> It is 10.<|endoftext|>"
+    pieces = [("system: Be brief.\nuser: What is 3 plus 4?\nassistant:", False), (" 7", True),
+              ("<|endoftext|>", True), ("\nuser: And 5 plus 5?\nassistant:", False), (" It is 10.", True)]  # fmt: skip
+    assert (ids, labels) == _expected(tokenizer, pieces, eos_label=tokenizer.eos_token_id)
+    assert labels.count(-100) == len(ids) - 7  # every prompt token: " 7", EOS, " It", " is", " 10", ".", EOS
 
 
 def test_a_chat_template_supervises_the_assistant_turns_and_appends_eos(tokenizer):
     tokenizer.chat_template = CHATML
     ids, labels = chat.encode_conversation(CONVERSATION, tokenizer)
     assert _supervised(ids, labels, tokenizer) == "7<|im_end|>\nIt is 10.<|im_end|>\n"
+    prompt = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 3 plus 4?<|im_end|>\n"
+    pieces = [(prompt + "<|im_start|>assistant\n", False), ("7<|im_end|>\n", True),
+              ("<|im_start|>user\nAnd 5 plus 5?<|im_end|>\n<|im_start|>assistant\n", False),
+              ("It is 10.<|im_end|>\n", True)]  # fmt: skip
+    assert (ids, labels) == _expected(tokenizer, pieces, eos_label=-100)
     assert (
         ids[-1] == tokenizer.eos_token_id and labels[-1] == chat.IGNORE_INDEX
     )  # the separator is not learned
@@ -140,3 +161,61 @@ def test_streamed_shares_are_disjoint_and_the_held_out_documents_never_trained_o
         assert held_tokens == expected[: len(held_tokens)] and len(expected) - len(held_tokens) < 8
     assert set(shares[0]).isdisjoint(shares[1]) and abs(len(shares[0]) - len(shares[1])) <= 1
     assert sorted(shares[0] + shares[1]) == sorted(set(docs) - held)
+
+
+def _write_source(root, kind: str) -> tuple[str, dict]:
+    """A dataset of one kind with blank rows and another column: (spec, load_text_dataset keyword arguments)."""
+    docs = [f"doc {i} " + "tok " * (i % 5) if i % 9 else "   " for i in range(80)]  # every 9th blank
+    if kind == "txt":
+        (root / "a.txt").write_text("\n\n".join(docs[:40]) + "\n")
+        (root / "b.txt").write_text("\n\n".join(docs[40:]) + "\n")
+        return str(root), {}
+    rows = [{"body": doc, "n": i} for i, doc in enumerate(docs)]
+    if kind == "csv":
+        datasets.Dataset.from_list(rows).to_csv(root / "d.csv")
+        return str(root / "d.csv"), {"column": "body"}
+    clone = root / "clone"  # a hub dataset's repository cloned: README.md names its configurations
+    clone.mkdir()
+    (clone / "other.jsonl").write_text(json.dumps({"body": "not this configuration", "n": -1}) + "\n")
+    (clone / "main.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (clone / "README.md").write_text("---\nconfigs:\n- config_name: main\n  data_files: main.jsonl\n"
+                                     "- config_name: other\n  data_files: other.jsonl\n---\n")  # fmt: skip
+    return str(clone), {"column": "body", "config_name": "main"}
+
+
+@pytest.mark.parametrize("kind", ["txt", "csv", "clone"])
+def test_a_stream_reads_the_rows_a_whole_load_reads(tmp_path, tokenizer, kind):
+    spec, kwargs = _write_source(tmp_path, kind)
+    whole = data.load_text_dataset(spec, eval_fraction=0.25, **kwargs)
+    documents = [*whole["train"]["text"], *whole["validation"]["text"]]
+    assert len(documents) == 80 - 9  # blank rows dropped, the other configuration never read
+    streams = streaming.prepare_streams(spec, tokenizer, block_size=8, seed=1, rank=0, world_size=1,
+                                        eval_blocks=1000, **kwargs)  # fmt: skip
+    streams.train.dataset.set_epoch(0)
+    streamed = [row["text"] for row in streams.train.dataset]
+    held = [doc for doc in documents if streaming._held_out(doc)]
+    assert sorted(streamed + held) == sorted(documents) and 0 < len(held) < len(documents) // 4
+    held_in_file_order = [doc for doc in sorted(documents, key=lambda d: int(d.split()[1])) if doc in held]
+    expected = [
+        t for doc in held_in_file_order for t in tokenizer(doc)["input_ids"] + [tokenizer.eos_token_id]
+    ]
+    held_tokens = [t for ids in streams.validation["input_ids"] for t in ids]
+    assert (
+        held_tokens == expected[: len(held_tokens)] and len(expected) - len(held_tokens) < 8
+    )  # whole blocks
+
+
+def test_a_stream_trains_on_a_file_whose_end_it_has_not_read(tmp_path, tokenizer):
+    """Lazily: an 11 MB JSON Lines file whose last line is broken streams its first blocks (datasets reads 10 MiB
+    chunks), while loading it whole fails on that line."""
+    with open(tmp_path / "big.jsonl", "w") as out:
+        out.writelines(json.dumps({"body": f"document {i}: " + "word " * 16}) + "\n" for i in range(100_000))
+        out.write('{"body": "a line cut off\n')
+    with pytest.raises(UsageError, match="cannot read dataset .*big.jsonl' as json: JSON parse error"):
+        data.load_text_dataset(str(tmp_path / "big.jsonl"), column="body")
+    streams = streaming.prepare_streams(str(tmp_path / "big.jsonl"), tokenizer, block_size=16, seed=0, rank=0,
+                                        world_size=1, eval_blocks=2, column="body")  # fmt: skip
+    batch = streams.train.next_batch(4)
+    assert (
+        batch["input_ids"].shape == (4, 16) and streams.train.documents < 20
+    )  # read as the blocks need them
