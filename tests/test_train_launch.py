@@ -211,7 +211,8 @@ def loop_runs(workdir) -> tuple[pathlib.Path, list[dict]]:
     out = workdir / "loop"
     runs = [
         _flags(workdir, 0, "ddp", "--max-steps", str(STEPS), "--metrics-file", str(out / "ddp.jsonl"),
-               "--export-hf", str(out / "ddp-hf"), "--memory-report", str(out / "ddp-memory.json")),
+               "--export-hf", str(out / "ddp-hf"), "--memory-report", str(out / "ddp-memory.json"),
+               "--output-dir", str(out / "ddp-run"), "--report-to", "jsonl,tensorboard"),
         _flags(workdir, 1, "zero1", "--max-steps", str(STEPS), "--metrics-file", str(out / "full.jsonl")),
         _flags(workdir, "1-fixed", "zero1", "--max-steps", str(RESUME_AT), "--save-every", "5",
                "--metrics-file", str(out / "part.jsonl"), "--save-dir", str(out / "ckpt")),
@@ -242,6 +243,23 @@ def test_ddp_zero1_parity_resume_export_memory_report(loop_runs):
     assert record["engine"] == "ddp" and record["world_size"] == 2 and record["steps"] == STEPS
     assert [r["rank"] for r in record["ranks"]] == [0, 1]
     assert {p["name"] for p in record["ranks"][0]["phases"]} >= {"model_built", "engine_initialized", "step"}
+
+
+@pytest.mark.slow
+def test_tensorboard_holds_each_ranks_memory_as_the_jsonl_does(loop_runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = loop_runs
+    records = [r for r in map(json.loads, (out / "ddp.jsonl").read_text().splitlines()) if "loss" in r]
+    events = EventAccumulator(str(out / "ddp-run" / "runs" / "tensorboard"))
+    events.Reload()
+    for rank in (0, 1):
+        for kind in ("allocated", "peak"):
+            logged = [(event.step, event.value) for event in events.Scalars(f"memory/rank{rank}_{kind}_mib")]
+            expected = [(r["step"], r["memory"][rank][f"{kind}_bytes"] / 2**20) for r in records]
+            assert [step for step, _ in logged] == [step for step, _ in expected] and len(logged) == STEPS
+            assert [value for _, value in logged] == pytest.approx([value for _, value in expected], rel=1e-6)
+    assert all(len(r["memory"]) == 2 for r in records)  # each rank's own, gathered to rank 0
 
 
 @pytest.mark.slow
