@@ -56,6 +56,19 @@ def test_the_tokenizer_follows_the_model(tmp_path):
     assert tokenizer_source("meta-llama/Llama-3.2-1B", "stdlib-bpe") == "stdlib-bpe"  # asked for
 
 
+def test_an_uncached_hub_model_offline_is_the_models_one_line_not_its_tokenizers():
+    messages = {}
+    for name in ("meta-llama/Llama-3.2-1B", "tinyy"):
+        with pytest.raises(UsageError) as caught:
+            plan_run(parse_args(["--model", name, *COMMON]), world_size=1)
+        messages[name] = str(caught.value)
+    assert messages["meta-llama/Llama-3.2-1B"].startswith(
+        "model 'meta-llama/Llama-3.2-1B': it is not cached and HF_HUB_OFFLINE=1 forbids downloading"
+    )  # an owner/name id is no typo of a preset: no "did you mean"
+    assert messages["tinyy"].startswith("model 'tinyy' (did you mean 'tiny'?): it is not cached")
+    assert not any("\n" in message for message in messages.values())
+
+
 def test_a_folder_without_tokenizer_files_and_a_vocabulary_mismatch_are_one_line(tmp_path):
     bare = _save_model(tmp_path / "bare", tokenizer=False)
     with pytest.raises(

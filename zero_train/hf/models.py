@@ -314,7 +314,9 @@ def _check_local_path(name_or_path: str) -> None:
 
 
 def did_you_mean(name: str) -> str:
-    """' (did you mean X?)' for the closest preset name, or ''."""
+    """' (did you mean X?)' for the closest preset name, or '' (also for an `owner/name` hub id: not a typo)."""
+    if "/" in name:
+        return ""
     close = difflib.get_close_matches(name, [*PRESETS, *SHAPE_PRESETS], n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

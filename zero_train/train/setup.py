@@ -129,8 +129,10 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
         if problems:  # the YAML and the JSON describe one run: never train with a silent disagreement
             raise UsageError(f"accelerate config vs {source}: {problems[0]}")
     model, pretrained = config.model, is_pretrained(config.model.model)
+    # a pretrained model first: a name that is neither cached nor a folder is a model's error, not its tokenizer's
+    hf_config = model_config(model.model) if pretrained else None
     tokenizer = run_tokenizer(model.model, model.tokenizer)
-    hf_config = model_config(model.model, vocab_size=None if pretrained else len(tokenizer))
+    hf_config = hf_config or model_config(model.model, vocab_size=len(tokenizer))
     check_vocabulary(tokenizer, hf_config, model=model.model, tokenizer_given=model.tokenizer)
     check_block_size(hf_config, config.data.block_size)
     max_steps = planned_steps(config.training)
