@@ -149,12 +149,8 @@ def _check_request(req: ConfigRequest) -> None:
 
 
 def _check_stage_knobs(req: ConfigRequest) -> None:
-    given = [n for n in STAGE12_KNOBS + STAGE3_KNOBS if getattr(req, n) is not None]
-    given += [
-        n
-        for n in ("reduce_bucket_size", "overlap_comm", "contiguous_gradients")
-        if getattr(req, n) is not None
-    ]
+    knobs = (*STAGE12_KNOBS, *STAGE3_KNOBS, "reduce_bucket_size", "overlap_comm", "contiguous_gradients")
+    given = [name for name in knobs if getattr(req, name) is not None]
     for name in given:
         if req.stage == 0:
             raise UsageError(f"{_flag(name)} has no effect at --stage 0; drop it or use --stage 1-3")
@@ -289,19 +285,18 @@ def scheduler_section(req: ConfigRequest) -> dict | None:
     if kind == "constant":
         return None
     params: dict = {}
+    no_warmup = req.warmup_steps == 0  # then DeepSpeed's warmup (at least 2 steps) starts at the peak
     if kind != "warmup_cosine":
-        params["warmup_min_lr"] = AUTO if req.hf_auto else generated_default("scheduler.params.warmup_min_lr")
-        params["warmup_max_lr"] = _value(req, "lr", generated_default("scheduler.params.warmup_max_lr"))
+        peak = _value(req, "lr", generated_default("scheduler.params.warmup_max_lr"))
+        start = AUTO if req.hf_auto else generated_default("scheduler.params.warmup_min_lr")
+        params["warmup_min_lr"], params["warmup_max_lr"] = peak if no_warmup else start, peak
     else:
-        params["warmup_min_ratio"] = generated_default("scheduler.params.warmup_min_ratio")
+        params["warmup_min_ratio"] = (
+            1.0 if no_warmup else generated_default("scheduler.params.warmup_min_ratio")
+        )
         params["cos_min_ratio"] = _or(req.min_lr_ratio, generated_default("scheduler.params.cos_min_ratio"))
     warmup = _value(req, "warmup_steps", generated_default("scheduler.params.warmup_num_steps"))
     params["warmup_num_steps"] = warmup if warmup == AUTO else max(1, warmup)  # DeepSpeed rejects 0
-    if req.warmup_steps == 0:  # none: DeepSpeed's (at least 2) warmup steps start at the peak
-        if kind == "warmup_cosine":
-            params["warmup_min_ratio"] = 1.0
-        else:
-            params["warmup_min_lr"] = params["warmup_max_lr"]
     if kind != "warmup_constant":
         params["total_num_steps"] = _value(req, "total_steps", None)
     params["warmup_type"] = req.warmup_type
