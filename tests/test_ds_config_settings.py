@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import warnings
 
 import pytest
 import torch
@@ -349,6 +350,11 @@ def test_warmup_zero_with_a_config_that_still_warms_up_warns():
         settings = train_settings(
             cfg, world_size=1, micro_batch_size=1, lr=1e-3, warmup_steps=0, total_steps=8, hidden_size=16
         )
-    assert (
-        settings.warmup_steps == 1 and lr_at(settings, 1) == 0.0
-    )  # the curve DeepSpeed will run, not hidden
+    # the curve DeepSpeed will run, not hidden
+    assert settings.warmup_steps == 1 and lr_at(settings, 1) == 0.0
+    constant = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warmup asked, none there: nothing to say
+        assert train_settings(constant, world_size=1, warmup_steps=0).scheduler == "constant"
+    with pytest.warns(UserWarning, match="warmup_steps=3 is not used: the config has no scheduler section"):
+        train_settings(constant, world_size=1, warmup_steps=3)

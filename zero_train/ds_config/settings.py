@@ -168,7 +168,7 @@ def train_settings(
         precision=precision,
         hidden_size=hidden_size,
     )
-    if warmup_steps is not None and "scheduler" not in cfg:
+    if warmup_steps and "scheduler" not in cfg:  # 0 asks for no warmup, which a constant lr has
         warnings.warn(
             f"warmup_steps={warmup_steps} is not used: the config has no scheduler section (constant lr); "
             "generate one with `zero-train config --warmup-steps N --max-steps M`",
