@@ -4,7 +4,7 @@
     .venv/bin/python scripts/build_tokenizer.py --out /tmp/bpe  # somewhere else
 
 A byte-level BPE with 8192 tokens trained with `tokenizers` on the Python standard library's .py
-sources (see zero_train/hf/offline.py). Takes ~20 s on one core.
+sources (see zero_train/hf/offline.py). Takes seconds (docs/startup.md#the-offline-tokenizer).
 """
 
 from __future__ import annotations

@@ -17,22 +17,21 @@ fi
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 # The venv's tools first, as in an activated venv: torch builds DeepSpeed's ops with the first `ninja` on PATH,
 # and the ops must be built with the ninja every zero_train process loads them with, the venv's (pip's ninja
-# 1.13 and a system ninja 1.11 each discard the other's build log and rebuild everything, ~2 min on 2 cores;
+# 1.13 and a system ninja 1.11 each discard the other's build log and rebuild everything: docs/startup.md;
 # zero_train/__init__.py puts the venv's first in every process, zero_train/runtime/extensions.py explains).
 export PATH="$PWD/$VENV/bin:$PATH"
 
 # DeepSpeed JIT-compiles its CPU ops the first time a process needs them: the shared-memory collectives
-# every CPU rank of deepspeed.init_distributed loads (~27 s to build on 2 cores) and DeepSpeedCPUAdam for
-# optimizer offload (~43 s). Built here once per venv (in $TORCH_EXTENSIONS_DIR, which importing zero_train
-# sets to .venv/torch_extensions unless it is set), so that neither the first training run nor the test
-# suite waits on a compiler.
+# every CPU rank of deepspeed.init_distributed loads and DeepSpeedCPUAdam for optimizer offload (build times:
+# docs/startup.md#deepspeeds-cpu-ops). Built here once per venv (in $TORCH_EXTENSIONS_DIR, which importing
+# zero_train sets to .venv/torch_extensions unless it is set), so that neither the first training run nor the
+# test suite waits on a compiler.
 build_deepspeed_cpu_ops() {
   has_gpu && return 0  # GPU machines: DeepSpeed builds its CUDA-side ops when first used
   # torch builds in $TORCH_EXTENSIONS_DIR/<op>/ (zero_train/__init__.py: .venv/torch_extensions by default).
   # Per venv: torch's JIT rebuilds an op whose compiler flags changed, and the flags name the venv's include
   # paths, so venvs sharing ~/.cache/torch_extensions rebuilt each other's ops inside the tests whenever they
-  # alternated (seen: 214 s in tests/test_ds_configs_shipped.py on a 2-core AVX2 EPYC; 79 s again after a
-  # clean clone's CI on the AVX512 one)
+  # alternated (docs/startup.md#deepspeeds-cpu-ops)
   # built, and up to date for the venv's ninja (ops built by another ninja would rebuild at their first load)
   "$VENV/bin/python" - <<'PY' && return 0
 import sys

@@ -28,8 +28,9 @@ __version__ = "0.1.0"
 # DeepSpeed JIT-compiles its ops (CPU: shared-memory collectives, CPUAdam) with torch.utils.cpp_extension into
 # $TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by every environment of the user. The build
 # records the environment's include paths, so two virtual environments (two clones) rebuild each other's ops
-# whenever they alternate: ~70 s of g++ on 2 cores inside whichever run or test loads one first. In a virtual
-# environment they live in it instead (scripts/setup.sh builds them there once); an explicit setting wins.
+# whenever they alternate, inside whichever run or test loads one first (docs/startup.md#deepspeeds-cpu-ops).
+# In a virtual environment they live in it instead (scripts/setup.sh builds them there once); an explicit
+# setting wins.
 # They are built and loaded with the venv's own ninja (torch runs the first `ninja` on PATH, and ninja 1.11 and
 # 1.13 each discard the other's build log and rebuild everything): an activated venv, scripts/test.sh and a bare
 # `.venv/bin/python` then agree (zero_train.runtime.extensions; scripts/setup.sh builds with it).

@@ -12,9 +12,9 @@ collective timeout init_distributed uses ($ZT_COLLECTIVE_TIMEOUT_S, else 60 s), 
 
 Children are forked from a forkserver that has imported torch, transformers, zero_train's training loop
 (and DeepSpeed, where DS_ACCELERATOR=cpu) once: each child is still a fresh process with no collective,
-engine or DeepSpeed state of its own, but it starts in milliseconds instead of re-importing ~2-5 s of
-modules (a 2-rank run_ranks: 2.0-2.5 s -> 0.06 s on 2 cores). The server holds no thread and no device context
-when it forks (it only imports), which is what makes forking safe. ZT_SPAWN=spawn restores plain spawn.
+engine or DeepSpeed state of its own, but it starts without re-importing those modules (measured:
+docs/startup.md#test-ranks). The server holds no thread and no device context when it forks (it only
+imports), which is what makes forking safe. ZT_SPAWN=spawn restores plain spawn.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ _context = None
 
 def rank_context():
     """The multiprocessing context ranks start from: a preloaded forkserver (default) or spawn."""
-    global _context  # one forkserver per process, started on first use: its imports cost ~3-5 s once
+    global _context  # one forkserver per process, started on first use: its imports are paid once
     if _context is None:
         if os.environ.get("ZT_SPAWN", "forkserver") == "spawn":
             _context = mp.get_context("spawn")

@@ -20,8 +20,8 @@ def cpu_model() -> str:
 
 
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16")
-"""The x86 flags that decide CPU matmul speed: without avx512_bf16 / amx_bf16, bf16 math is emulated
-(measured on an AVX2-only EPYC: a bf16 step of gpt2-25m about 5x an fp32 one)."""
+"""The x86 flags that decide CPU matmul speed: without avx512_bf16 / amx_bf16, bf16 math is emulated, several
+times slower than fp32 (measured: docs/bench.md#emulated-bf16)."""
 
 
 def cpu_flags() -> list[str]:
@@ -40,7 +40,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def bf16_emulated_on_cpu() -> bool:
-    """True on an x86 CPU without AVX512-BF16 or AMX-BF16 (bf16 matmuls emulated, ~5x an fp32 step here),
+    """True on an x86 CPU without AVX512-BF16 or AMX-BF16 (bf16 matmuls emulated, slow),
     when the ranks run on the CPU (no CUDA device). Not x86 (no flags read): False, nothing is claimed."""
     # here, not at the top: bench checks its flags before torch loads (bench_command imports this module first)
     import torch

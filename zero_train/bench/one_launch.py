@@ -1,11 +1,11 @@
 """Every run of the benchmark in one launch (`--launch once`, the default): plan, launch, read back.
 
-The ranks of one `torchrun` (or `deepspeed`) launch run zero_train.bench.worker over the plan: each run
-in the interleaved order, each from a fresh model, torn down before the next. The launch costs its
-start-up once (~15 s on 2 cores) instead of once per run. Samples are the same as one-launch-per-run
-samples (zero_train.bench.run.make_sample) plus, per rank, the allocator bytes left after the teardown
-("teardown"): a run's peak is reported minus what earlier runs left behind (DeepSpeed's one-time set-up,
-ZeRO-3's engine, which its destroy() does not free), i.e. as its own launch would have measured it.
+The ranks of one `torchrun` (or `deepspeed`) launch run zero_train.bench.worker over the plan: each run in the
+interleaved order, each from a fresh model, torn down before the next. The launch costs its start-up once
+instead of once per run (docs/startup.md#launching-ranks). Samples are the same as one-launch-per-run samples
+(zero_train.bench.run.make_sample) plus, per rank, the allocator bytes left after the teardown ("teardown"): a
+run's peak is reported minus what earlier runs left behind (DeepSpeed's one-time set-up, ZeRO-3's engine,
+which its destroy() does not free), i.e. as its own launch would have measured it.
 
 A run that fails stops the launch; it is recorded with the last error line of the launch's log and the
 rest of the plan is launched again. A launch that makes no progress for --timeout seconds is killed.

@@ -2,15 +2,14 @@
 
     torchrun --nproc_per_node 2 -m zero_train.bench.worker --plan runs/bench/plan.json
 
-`zero-train bench` writes the plan (the runs in their interleaved order, each with the flags its own
-launch would give the training entry point or the Trainer peer) and starts this once, instead of paying a
-launch (~15 s: two ranks importing torch, transformers and DeepSpeed on two cores) for every run. Each run
-is the same code path as its own launch: `zero_train.train.loop.run_training` (or the Trainer peer's
-`run_peer`) on the parsed flags, from a fresh model built from the same seed, on the same data; it
-writes the same metrics JSONL and run record. After it the engine, its optimizer and DeepSpeed's
-state are released (Trainer.close(), DeepSpeed's destroy(), accelerate's singletons and the environment
-variables it set) and every rank
-measures what the allocator still holds against the level before the first run:
+`zero-train bench` writes the plan (the runs in their interleaved order, each with the flags its own launch
+would give the training entry point or the Trainer peer) and starts this once, instead of paying a launch (two
+ranks importing torch, transformers and DeepSpeed: docs/startup.md#launching-ranks) for every run. Each run is
+the same code path as its own launch: `zero_train.train.loop.run_training` (or the Trainer peer's `run_peer`)
+on the parsed flags, from a fresh model built from the same seed, on the same data; it writes the same metrics
+JSONL and run record. After it the engine, its optimizer and DeepSpeed's state are released (Trainer.close(),
+DeepSpeed's destroy(), accelerate's singletons and the environment variables it set) and every rank measures
+what the allocator still holds against the level before the first run:
 
     runs/C-rK.done.json     rank 0, per finished run: wall_s, every rank's bytes before the first run
                             (baseline) and after this run's teardown

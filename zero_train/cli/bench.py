@@ -99,16 +99,15 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
 
 
 BENCH_SAMPLER_DUTY = 0.1
-"""The CPU memory sampler's bound in every bench run, either way of launching (memory.measure.sampler_duty).
-Without it runs late in the one launch stepped slower than in their own launches (ddp +86%, zero1 / ddp 0.618
-vs 0.834: --launch compare, 2-core AVX2 EPYC); with 0.1 every verdict agreed and every peak stayed within 2%."""
+"""The CPU memory sampler's bound in every bench run, either way of launching (memory.measure.sampler_duty):
+unbounded, runs late in one launch step slower than in their own launch
+(measured: docs/bench.md#the-memory-samplers-bound)."""
 
 EMULATED_BF16 = dict(steps=2, warmup=1, repeats=1)
-"""A bf16 cell where the CPU emulates bf16 (no AVX512-BF16 / AMX: a gpt2-25m step takes ~6.5-8 s instead of
-~0.7-1 s in fp32 on the 2-core AVX2 EPYC, and the engines' differences sit inside the emulation's noise): one
-run of 2 steps, the second measured, so that the whole bench stays under 10 minutes (measured there: 3 steps,
-one run per cell, 632 s; 3 steps and 3 repeats ~16 min). Memory and bytes on the wire do not depend on it.
-The Markdown says so."""
+"""A bf16 cell where the CPU emulates bf16 (no AVX512-BF16 / AMX): one run of 2 steps, the second measured,
+so that the whole bench stays under 10 minutes; the engines' differences sit inside the emulation's noise
+anyway (measured: docs/bench.md#emulated-bf16). Memory and bytes on the wire do not depend on it. The
+Markdown says so."""
 
 SCENARIO_DEFAULTS = dict(
     model=default_for("model", "bench"),

@@ -1,7 +1,7 @@
 """Hub ids without a network: the local cache first, and one line at once when the hub cannot be reached.
 
 For a name that is not a local folder, transformers asks the hub; with no network, huggingface_hub retries
-five times with backoff (about 25 s and a dozen "Retrying in 8s" lines) before it fails. So `load` tries the
+five times with backoff before it fails (docs/startup.md#the-hub-offline). So `load` tries the
 cache first (`local_files_only=True`: a model downloaded once loads offline), then, unless HF_HUB_OFFLINE
 forbids asking at all, opens one TCP connection to the hub (HF_ENDPOINT, default huggingface.co) with a short
 timeout: unreachable is HubUnreachable within HUB_PROBE_TIMEOUT_S (zero_train.hf.models words the line); reachable, the hub answers (a 404 for an

@@ -44,17 +44,10 @@ SAMPLER_DUTY_ENV = "ZT_MEM_SAMPLER_DUTY"
 def sampler_duty() -> float | None:
     """The share of time the sampler thread may spend inside mallinfo2 ($ZT_MEM_SAMPLER_DUTY; None: no bound).
 
-    mallinfo2 walks every free chunk of every arena while holding that arena's lock, so its cost grows with
-    the heap's fragmentation: measured on 2 CPU ranks (gpt2-25m, 2-core AVX2 EPYC) 7-10 us in a fresh
-    process, 65-110 us after one DDP run, ~200 us after a DeepSpeed ZeRO-1 run. At a fixed 1 ms that is 20% of
-    a core per rank, and malloc waits on the lock: in the benchmark's one launch DDP then stepped 53-86%
-    slower after a DeepSpeed run (907 -> 1392 ms in a hand-made plan, 789 -> 1442 ms in the bench's; zero-train
-    bench --launch compare showed it).
-    Under a bound the sampler waits (last call's cost) / duty, at least SAMPLE_INTERVAL_S: with the bench's 0.1,
-    every ~2 ms at 200 us. Measured (zero-train bench --launch compare, ddp / zero1 / ds1, 3 repeats): every
-    run's peak per rank within 2% of its own launch's; with 0.02 (every ~10 ms) 3 of 18 rank-runs missed
-    DeepSpeed's or our step peak by ~90 MB. A tiny model's temporaries live for microseconds, so there is
-    no bound unless asked (profile, the memory checks and the tests keep 1 ms).
+    Under a bound the sampler waits (last call's cost) / duty between calls, at least SAMPLE_INTERVAL_S.
+    mallinfo2 walks every free chunk under the arena's lock, so on a fragmented heap a fixed 1 ms slows the
+    run it measures (measured: docs/bench.md#the-memory-samplers-bound). Unbounded unless asked: profile, the
+    memory checks and the tests keep every 1 ms, since a small model's temporaries live for microseconds.
     """
     value = os.environ.get(SAMPLER_DUTY_ENV)
     return float(value) if value else None

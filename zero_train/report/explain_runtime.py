@@ -15,10 +15,8 @@ from zero_train.report.traffic import element_bytes
 from zero_train.sharding import accounting
 
 DEEPSPEED_FIRST_INIT_BYTES = 16_000_000
-"""Library state the first `deepspeed.initialize` of a process allocates beyond the tensors it creates.
-Measured here (DeepSpeed 0.19.8, torch 2.13 CPU, one gloo rank, ZeRO-1 fp32): +15.5 MB with `tiny`,
-+16.1 MB with `gpt2-25m`, while about 570 modules are imported and DeepSpeed's shared-memory comm op
-is loaded; a second initialize in the same process adds 0.1-0.8 MB beyond its tensors."""
+"""Library state the first `deepspeed.initialize` of a process allocates beyond the tensors it creates,
+measured on `tiny` and `gpt2-25m` (docs/memory_model.md#deepspeeds-first-initialize)."""
 # The phase whose end level is where a phase starts (forward follows the previous step).
 PHASE_STARTS = {"forward": ("step", "engine_initialized"), "step": ("forward",), "engine_initialized": ()}
 

@@ -71,8 +71,7 @@ def share_cpu_threads(local_world_size: int) -> int | None:
 
     torchrun exports OMP_NUM_THREADS=1 for several ranks per machine; DeepSpeed's launcher exports nothing
     (unless --bind_cores_to_rank), so every rank starts as many OpenMP threads as there are cores and the
-    ranks spin on each other's cores. Measured with `deepspeed --num_gpus 2` on 2 cores (gpt2-25m, fp32):
-    our ZeRO-1 ran at 140 tokens/s oversubscribed against 369 with one thread per rank.
+    ranks spin on each other's cores (measured: docs/bench.md#threads-per-rank).
 
     Returns:
         The thread count set, or None when OMP_NUM_THREADS was given (or one rank per machine).

@@ -30,10 +30,9 @@ from zero_train.runtime import vitals
 PEERS_ENV = "ZT_PEERS"
 SIGTERM_GRACE_S = 10.0  # launchers SIGKILL 30 s after their SIGTERM (DeepSpeed's launcher, torchrun)
 PEER_EXIT_WAIT_S = 3.0
-"""How long a survivor waits for the dead peer's process to show as exited. A killed process closes its
-sockets (the survivor's "Connection reset by peer") before it becomes a zombie, and on a loaded 2-core
-machine the survivor looked in between and named no rank (CI of 2026-11-25, tests/test_faults.py, zero1).
-A peer that hangs instead costs its report these seconds."""
+"""How long a survivor waits for the dead peer's process to show as exited: a killed process closes its
+sockets before it becomes a zombie, so a survivor that looks at once may name no rank
+(docs/reliability.md#faults-a-rank-dies). A peer that hangs instead costs its report these seconds."""
 # process-wide, like the signal it guards: set once the main thread has started its one-line report
 _reporting = threading.Event()
 DIST_ERROR_HINTS = (
