@@ -19,7 +19,10 @@ import pathlib
 import sys
 import time
 
+from zero_train.ds_config import resolve_auto, train_settings
+from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.runtime.errors import run_cli
+from zero_train.runtime.parser import OneLineParser
 
 CASES = {
     "ds2-offload": dict(stage=2, offload_optimizer="cpu", offload_param="none"),
@@ -31,8 +34,6 @@ MICRO_BATCH = (2, 32)  # sequences x tokens
 
 
 def _parser():
-    from zero_train.runtime.parser import OneLineParser
-
     parser = OneLineParser(prog="measure_offload.py", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--extensions-dir", default="/tmp/zt-ext", help="TORCH_EXTENSIONS_DIR (default /tmp/zt-ext)"
@@ -43,8 +44,6 @@ def _parser():
 
 def _config(case: dict, world_size: int) -> tuple:
     """(settings, resolved DeepSpeed config) as `zero-train config` generates them."""
-    from zero_train.ds_config import resolve_auto, train_settings
-    from zero_train.ds_config.generate import ConfigRequest, generate_config
     from zero_train.hf.models import model_config
 
     request = ConfigRequest(precision=PRECISION, micro_batch_size=MICRO_BATCH[0], grad_accum=GRAD_ACCUM,

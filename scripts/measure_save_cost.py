@@ -17,15 +17,14 @@ import shutil
 import statistics
 import time
 
+from zero_train.runtime.dist import init_distributed
 from zero_train.testing import run_ranks
+from zero_train.train.args import parse_args
+from zero_train.train.loop import Trainer
+from zero_train.train.setup import plan_run
 
 
 def _train(rank: int, world_size: int, argv: list[str]) -> dict:
-    from zero_train.runtime.dist import init_distributed
-    from zero_train.train.args import parse_args
-    from zero_train.train.loop import Trainer
-    from zero_train.train.setup import plan_run
-
     args = parse_args(argv)
     trainer = Trainer(args, plan_run(args, world_size=world_size), init_distributed())
     after_step, blocked = trainer._after_step, []

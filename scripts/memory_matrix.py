@@ -21,12 +21,33 @@ leave behind cancels out of the headline figure; it does raise the "baseline". T
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import pathlib
 import sys
 import time
+from dataclasses import asdict
 
+from zero_train.ds_config import write_config
+from zero_train.launch.cells import cell_config, cell_name
+from zero_train.launch.launcher import model_meta
+from zero_train.memory.record import error_record, load_record, write_record
+from zero_train.registry import engine_spec
+from zero_train.report.matrix import (
+    ARCHITECTURES,
+    BLOCK_SIZE,
+    MICRO_BATCH_SIZE,
+    OFFLOAD_SUFFIX,
+    base_engine,
+    design,
+    summarize,
+)
 from zero_train.runtime.errors import UsageError, run_cli
+from zero_train.runtime.outputs import check_output_dir
+from zero_train.runtime.parser import OneLineParser, positive_float, positive_int
+from zero_train.train import config as run
+from zero_train.train.args import parse_args, run_argv
+from zero_train.train.setup import plan_run
 
 GOAL = 0.10
 CHUNK = 8
@@ -34,8 +55,6 @@ CHUNK = 8
 
 
 def _parser() -> argparse.ArgumentParser:
-    from zero_train.runtime.parser import OneLineParser, positive_float, positive_int
-
     parser = OneLineParser(prog="memory_matrix.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--cells", default=None, help="comma-separated cell names (default: all 48)")
@@ -60,7 +79,6 @@ def build_model_folder(architecture: str, out: pathlib.Path) -> pathlib.Path:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from zero_train.hf.offline import EOS_TOKEN_ID, OFFLINE_VOCAB_SIZE
-    from zero_train.report.matrix import ARCHITECTURES
 
     folder = out / "models" / architecture
     if (folder / "config.json").exists():
@@ -76,8 +94,6 @@ def build_model_folder(architecture: str, out: pathlib.Path) -> pathlib.Path:
 
 def _paths(cell, args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]:
     """(its DeepSpeed config, its run record) under OUT/<architecture>/, named as `zero-train profile` does."""
-    from zero_train.launch.cells import cell_name
-
     arch_out = pathlib.Path(args.out) / cell.architecture
     stem = cell_name(cell.engine, cell.world_size, cell.precision, grad_accum=cell.grad_accum,
                      checkpointing=cell.gradient_checkpointing)  # fmt: skip
@@ -86,13 +102,6 @@ def _paths(cell, args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]:
 
 def _train_argv(cell, args: argparse.Namespace) -> list[str]:
     """The training run's flags for one cell (config generated as `zero-train profile` does)."""
-    from zero_train.ds_config import write_config
-    from zero_train.launch.cells import cell_config
-    from zero_train.launch.launcher import model_meta
-    from zero_train.report.matrix import BLOCK_SIZE, MICRO_BATCH_SIZE, base_engine
-    from zero_train.train import config as run
-    from zero_train.train.args import run_argv
-
     model = build_model_folder(cell.architecture, pathlib.Path(args.out))
     config_path, record_path = _paths(cell, args)
     for path in (config_path, record_path):
@@ -115,8 +124,6 @@ def _train_argv(cell, args: argparse.Namespace) -> list[str]:
 def _with_offload(config: dict, engine: str) -> dict:
     """An offload cell's config: offload_optimizer cpu (ZeRO-2, ZeRO-3) and offload_param cpu (ZeRO-3), as
     zero_train.ds_config.generate writes them (DeepSpeedCPUAdam: no torch_adam)."""
-    from zero_train.report.matrix import OFFLOAD_SUFFIX
-
     if engine.endswith(OFFLOAD_SUFFIX):
         config.get("optimizer", {}).get("params", {}).pop("torch_adam", None)
         zero = config["zero_optimization"]
@@ -128,12 +135,8 @@ def _with_offload(config: dict, engine: str) -> dict:
 
 def _train_cells(rank: int, world_size: int, argvs: list[list[str]]) -> list[str | None]:
     """In each rank: train every cell in turn (one process for all: no per-cell imports); errors by cell."""
-    import gc
-
     from zero_train.runtime.dist import init_distributed
-    from zero_train.train.args import parse_args
     from zero_train.train.loop import Trainer
-    from zero_train.train.setup import plan_run
 
     errors: list[str | None] = []
     for argv in argvs:
@@ -161,8 +164,6 @@ def _chunks(cells: list, size: int = CHUNK) -> list[list]:
 
 def recorded(cells: list, args: argparse.Namespace) -> dict[str, dict]:
     """The run records already in OUT, by cell name (cells not run yet left out)."""
-    from zero_train.memory.record import load_record
-
     paths = {cell.name: _paths(cell, args)[1] for cell in cells}
     return {name: load_record(path) for name, path in paths.items() if path.exists()}
 
@@ -170,10 +171,6 @@ def recorded(cells: list, args: argparse.Namespace) -> dict[str, dict]:
 def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
     """Run the cells (by world size, DeepSpeed ZeRO-3 last: transformers keeps its config global), each rank
     one process for its whole group; returns every cell's run record by name."""
-    from zero_train.launch.launcher import model_meta
-    from zero_train.memory.record import error_record, load_record, write_record
-    from zero_train.registry import engine_spec
-    from zero_train.report.matrix import BLOCK_SIZE, base_engine
     from zero_train.testing import run_ranks
 
     records, todo = {}, []
@@ -220,8 +217,6 @@ def _build_kernel(extensions_dir: str) -> None:
 
 def compare(cell, record: dict) -> dict:
     """The report's comparison row of one record, with the matrix cell's name and factors."""
-    from dataclasses import asdict
-
     from zero_train.report.compare import compare_cell
     from zero_train.report.models import model_facts
 
@@ -231,8 +226,6 @@ def compare(cell, record: dict) -> dict:
 
 
 def _selected(names: str | None) -> list:
-    from zero_train.report.matrix import design
-
     cells = design()
     if not names:
         return cells
@@ -245,9 +238,7 @@ def _selected(names: str | None) -> list:
 
 def main(argv: list[str]) -> int:
     """Run the selected cells, compare, write OUT/matrix.json and OUT/matrix.md."""
-    from zero_train.report.matrix import summarize
     from zero_train.report.matrix_markdown import render_matrix
-    from zero_train.runtime.outputs import check_output_dir
 
     args = _parser().parse_args(argv)
     cells = _selected(args.cells)

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from zero_train.runtime.dist import collective_timeout_s
 from zero_train.runtime.ports import free_port
 
 __all__ = [
@@ -75,8 +76,6 @@ def _child(
     torch.set_num_threads(1)
     gc.freeze()  # the forkserver's imports: this rank's collections skip them (zero_train.runtime.startup)
     try:
-        from zero_train.runtime.dist import collective_timeout_s
-
         timeout = datetime.timedelta(seconds=collective_timeout_s())
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
         result = fn(rank, world_size, *args)
@@ -151,7 +150,6 @@ def _serve(rank: int, world_size: int, port: int, tasks, results, environ: dict[
     )
     torch.set_num_threads(1)
     gc.freeze()  # the forkserver's imports: this rank's collections skip them (zero_train.runtime.startup)
-    from zero_train.runtime.dist import collective_timeout_s
 
     timeout = datetime.timedelta(seconds=collective_timeout_s())
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)

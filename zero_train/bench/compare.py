@@ -24,6 +24,8 @@ import pathlib
 import statistics
 import sys
 
+from zero_train.bench.one_launch import run_all
+from zero_train.bench.run import run_one
 from zero_train.bench.summary import WIRE_TOLERANCE
 
 
@@ -33,9 +35,6 @@ def run_both(order: list, args, out: pathlib.Path, hidden_size: int | None) -> t
     Returns (one-launch samples, per-run samples), each in `order`. Their files go under OUT/once and
     OUT/per-run (the same layout as a bench of that way alone).
     """
-    from zero_train.bench.one_launch import run_all
-    from zero_train.bench.run import run_one
-
     once, per_run = [], []
     for repeat in sorted({r for r, _ in order}):
         runs = [(r, cell) for r, cell in order if r == repeat]

@@ -26,6 +26,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from accelerate.state import AcceleratorState, GradientState
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from zero_train.comm.ledger import CommLedger
@@ -187,8 +188,6 @@ def release_trainer(trainer) -> None:
     process that trains again (zero-train bench in one launch) must start from neither. The process group
     (accelerate's PartialState) stays: the next run reuses it.
     """
-    from accelerate.state import AcceleratorState, GradientState
-
     engine = getattr(trainer, "model_wrapped", None)
     if hasattr(engine, "destroy"):
         engine.destroy()

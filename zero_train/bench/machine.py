@@ -42,7 +42,6 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 def bf16_emulated_on_cpu() -> bool:
     """True on an x86 CPU without AVX512-BF16 or AMX-BF16 (bf16 matmuls emulated, slow),
     when the ranks run on the CPU (no CUDA device). Not x86 (no flags read): False, nothing is claimed."""
-    # here, not at the top: bench checks its flags before torch loads (bench_command imports this module first)
     import torch
 
     if torch.cuda.is_available() or platform.machine() not in ("x86_64", "AMD64", "i686"):
@@ -68,7 +67,6 @@ def load_average() -> list[float] | None:
 
 def machine_info() -> dict:
     """CPU model, logical cores, GPUs, OS, Python and library versions."""
-    # here, not at the top: bench checks its flags before torch loads (bench_command imports this module first)
     import torch
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

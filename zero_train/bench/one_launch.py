@@ -21,8 +21,12 @@ import time
 
 from zero_train.bench.cells import Cell, bench_launch, cell_ds_config, run_argv, steps_of
 from zero_train.bench.run import make_sample, run_paths
+from zero_train.ds_config import write_config
+from zero_train.launch.cells import last_error_line
 from zero_train.launch.command import launch_command, shell_text
 from zero_train.launch.launcher import KILL_GRACE_S, stop_process_tree
+from zero_train.runtime.errors import UsageError
+from zero_train.runtime.ports import free_port
 
 WORKER_MODULE = "zero_train.bench.worker"
 
@@ -76,11 +80,6 @@ def run_all(
         label: put in the plan's and the launch log's names (OUT/plan-LABEL0.json), when several
             benches of one directory each make their own launches (--launch compare: one per repeat).
     """
-    from zero_train.ds_config import write_config
-    from zero_train.launch.cells import last_error_line
-    from zero_train.runtime.errors import UsageError
-    from zero_train.runtime.ports import free_port
-
     samples: dict[tuple[int, str], dict] = {}
     pending = []
     for repeat, cell in order:

@@ -28,11 +28,16 @@ import pathlib
 import sys
 import time
 
+import torch.distributed as dist
+
+from zero_train.memory import measure
+from zero_train.runtime.dist import init_distributed
+from zero_train.runtime.errors import run_cli
+from zero_train.runtime.startup import collector_paused
+
 
 def settled_bytes(device) -> int:
     """Allocator bytes in use once Python's cycles are collected (DeepSpeed's hooks form cycles)."""
-    from zero_train.memory import measure
-
     gc.collect()
     gc.collect()
     return measure.allocated_bytes(device)
@@ -70,8 +75,6 @@ def train_one(run: dict) -> None:
 
 def gather_bytes(value: int, dist_info) -> list[int]:
     """Every rank's value, by rank (on every rank)."""
-    import torch.distributed as dist
-
     values: list = [None] * dist_info.world_size
     dist.all_gather_object(values, value)
     return values
@@ -79,9 +82,6 @@ def gather_bytes(value: int, dist_info) -> list[int]:
 
 def run_plan(plan_path: pathlib.Path) -> int:
     """Every run of the plan in order; rank 0 writes each one's done file. Returns 0."""
-    from zero_train.runtime.dist import init_distributed
-    from zero_train.runtime.startup import collector_paused
-
     plan = json.loads(plan_path.read_text())
     dist_info = init_distributed()
     with collector_paused():  # faster start-up (zero_train.runtime.startup)
@@ -96,7 +96,6 @@ def run_plan(plan_path: pathlib.Path) -> int:
             done = dict(name=run["name"], wall_s=wall_s, baseline_bytes=baseline, after_teardown_bytes=after)
             pathlib.Path(run["done"]).write_text(json.dumps(done) + "\n")
         print(f"bench worker: {run['name']} done in {wall_s:.1f} s", flush=True)
-    import torch.distributed as dist
 
     dist.destroy_process_group()  # as run_training does for the group a launched run makes
     return 0
@@ -104,8 +103,6 @@ def run_plan(plan_path: pathlib.Path) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse --plan and run it; a user error prints one line and exits 2."""
-    from zero_train.runtime.errors import run_cli
-
     parser = argparse.ArgumentParser(
         prog="python -m zero_train.bench.worker", description=__doc__.splitlines()[0]
     )

@@ -21,7 +21,11 @@ import pathlib
 import sys
 import time
 
+from zero_train.bench import machine
 from zero_train.bench.cells import BENCH_ENGINES, BENCH_PRECISIONS, DEFAULT_ENGINES, Cell, interleaved
+from zero_train.bench.one_launch import run_all
+from zero_train.bench.run import run_one
+from zero_train.bench.targets import TARGET_ENGINES
 from zero_train.cli.commands import COMMANDS
 from zero_train.launch.command import RANK_LAUNCHERS
 from zero_train.launch.launcher import check_launcher, model_meta
@@ -141,10 +145,7 @@ def resolve_scenario(args: argparse.Namespace) -> None:
             setattr(args, name, value)
     missing = [name for name in EMULATED_BF16 if getattr(args, f"bf16_{name}", None) is None]
     if missing:  # the bf16 flags not given: as the fp32 ones, or few where the CPU emulates bf16
-        # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); torch loads to look for CUDA
-        from zero_train.bench.machine import bf16_emulated_on_cpu
-
-        emulated = "bf16" in args.precisions and bf16_emulated_on_cpu()
+        emulated = "bf16" in args.precisions and machine.bf16_emulated_on_cpu()
         for name in missing:
             value = getattr(args, name, 3)  # --steps, --warmup, --repeats (3: its default)
             setattr(args, f"bf16_{name}", min(value, EMULATED_BF16[name]) if emulated else value)
@@ -169,7 +170,6 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def bench_meta(args: argparse.Namespace) -> dict:
     """What every run shares: model shape, batch, world size, backend, steps."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     import torch
 
     return dict(
@@ -196,7 +196,6 @@ def bench_meta(args: argparse.Namespace) -> dict:
 
 def summarize(samples: list[dict], meta: dict) -> tuple[list[dict], list[dict]]:
     """(per-cell summaries in table order, target ratios)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.bench.summary import cell_summary, target_ratios
 
     cells = []
@@ -219,13 +218,9 @@ def _runs_of(cell: Cell, args: argparse.Namespace, target_engines) -> int:
 
 def bench_command(args: argparse.Namespace) -> int:
     """Run every (repeat, cell) in interleaved order; write bench.json + bench.md; exit 1 if all runs failed."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from tqdm import tqdm
 
-    from zero_train.bench.machine import load_average, machine_info
     from zero_train.bench.markdown import render
-    from zero_train.bench.run import run_one
-    from zero_train.bench.targets import TARGET_ENGINES
     from zero_train.memory.measure import SAMPLER_DUTY_ENV
 
     resolve_scenario(args)
@@ -236,15 +231,13 @@ def bench_command(args: argparse.Namespace) -> int:
     out = pathlib.Path(args.out)
     for sub in ("configs", "runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    started, load_start = time.perf_counter(), load_average()
+    started, load_start = time.perf_counter(), machine.load_average()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cells = [Cell(engine, precision) for precision in args.precisions for engine in args.engines]
     repeats = [_runs_of(cell, args, TARGET_ENGINES) for cell in cells]
     order = interleaved(cells, repeats)
     launch, check = getattr(args, "launch", "once"), None
     if launch == "once":
-        from zero_train.bench.one_launch import run_all
-
         print(f"bench: {len(order)} runs in one launch (logs: {out / 'logs'})", file=sys.stderr)
         samples = run_all(order, args, out, meta["hidden_size"])
     elif launch == "compare":
@@ -265,8 +258,8 @@ def bench_command(args: argparse.Namespace) -> int:
     result = dict(
         schema="zero_train.bench/1",
         meta=meta,
-        machine=machine_info(),
-        load_average=dict(start=load_start, end=load_average()),
+        machine=machine.machine_info(),
+        load_average=dict(start=load_start, end=machine.load_average()),
         started=when,
         wall_s=time.perf_counter() - started,
         cells=cell_summaries,

@@ -17,9 +17,12 @@ import pathlib
 import sys
 
 from zero_train.cli.commands import COMMANDS
+from zero_train.ds_config import config_text, load_config, write_config
+from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.registry import FAMILIES
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.outputs import check_output_file
 from zero_train.runtime.parser import (
     OneLineParser,
     betas_pair,
@@ -161,9 +164,6 @@ def _add_comm_and_fp16_flags(parser: argparse.ArgumentParser) -> None:
 
 def request_from_args(args: argparse.Namespace):
     """The ConfigRequest the flags describe (the model's hidden size looked up for --model)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.ds_config.generate import ConfigRequest
-
     return ConfigRequest(
         stage=args.stage,
         precision=args.precision,
@@ -207,7 +207,6 @@ def request_from_args(args: argparse.Namespace):
 
 def model_hidden_size(name_or_path: str) -> int:
     """The hidden size of a preset or HF config folder, found the way the HF DeepSpeed integration does."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import model_config
 
     config = model_config(name_or_path)
@@ -223,10 +222,6 @@ def model_hidden_size(name_or_path: str) -> int:
 
 def config_command(args: argparse.Namespace) -> int:
     """Generate the config and print it (or write it to -o)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.ds_config import config_text, write_config
-    from zero_train.ds_config.generate import generate_config
-
     if args.accelerate:
         raise UsageError("--accelerate YAML belongs to `zero-train config check FILE --accelerate YAML`")
     cfg = generate_config(request_from_args(args))
@@ -241,10 +236,7 @@ def config_command(args: argparse.Namespace) -> int:
 
 def write_accelerate(cfg: dict, args: argparse.Namespace) -> int:
     """-o accel.yaml: the accelerate YAML there and the DeepSpeed JSON beside it (accel.json)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.ds_config import write_config
     from zero_train.ds_config.accelerate import accelerate_config_text
-    from zero_train.runtime.outputs import check_output_file
 
     if not args.output or not args.output.endswith((".yaml", ".yml")):
         raise UsageError("--format accelerate needs -o FILE.yaml (the DeepSpeed JSON goes beside it)")
@@ -269,7 +261,6 @@ def write_accelerate(cfg: dict, args: argparse.Namespace) -> int:
 
 def block_class(model: str) -> str | None:
     """The transformer block class FSDP wraps (the first of HF's _no_split_modules), None if it names none."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from transformers import AutoModelForCausalLM
 
     from zero_train.hf.models import model_config
@@ -291,13 +282,11 @@ def _refuse_generator_flags(args: argparse.Namespace) -> None:
 
 def config_check_command(args: argparse.Namespace) -> int:
     """Validate a config: a summary and exit 0, or every problem and exit 2."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.ds_config import load_config
-    from zero_train.ds_config.check import check_config
-
     _refuse_generator_flags(args)
     path = args.file
     cfg = load_config(path)
+    from zero_train.ds_config.check import check_config
+
     report = check_config(cfg, world_size=args.world_size)
     if args.accelerate:
         from zero_train.ds_config.accelerate import agreement_problems, launch_fields, load_accelerate_config

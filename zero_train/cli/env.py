@@ -23,7 +23,11 @@ import subprocess
 import sys
 from importlib import metadata
 
+from zero_train import __version__
+from zero_train.bench.machine import bf16_emulated_on_cpu, cpu_model
 from zero_train.cli.commands import COMMANDS
+from zero_train.runtime.device import launched_device_type
+from zero_train.runtime.extensions import built_ops, extensions_dir, ninja_on_path, would_rebuild
 
 PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "peft", "datasets", "tokenizers",
             "safetensors", "huggingface_hub", "ninja")  # fmt: skip
@@ -59,8 +63,6 @@ def env_command(args: argparse.Namespace) -> int:
 
 def collect() -> dict:
     """Everything the report shows, JSON-ready."""
-    from zero_train import __version__
-
     return dict(
         zero_train=dict(version=__version__, path=str(pathlib.Path(__file__).resolve().parents[1])),
         python=dict(
@@ -86,9 +88,6 @@ def torch_report() -> dict:
     """Device, CUDA / NCCL / gloo, bf16 as a run here would see them."""
     import torch
     import torch.distributed as dist
-
-    from zero_train.bench.machine import bf16_emulated_on_cpu
-    from zero_train.runtime.device import launched_device_type
 
     cuda = torch.cuda.is_available()
     gpus = [
@@ -117,8 +116,6 @@ def torch_report() -> dict:
 
 def cpu_report() -> dict:
     """Model, the flags that decide matmul speed, cores (all, and the ones this process may use)."""
-    from zero_train.bench.machine import cpu_model
-
     flags: set[str] = set()
     cpuinfo = pathlib.Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -154,8 +151,6 @@ def memory_report() -> dict:
 def deepspeed_ops_report() -> dict:
     """Ops installed pre-built with DeepSpeed, and JIT-built ones in TORCH_EXTENSIONS_DIR (up to date for the
     ninja on PATH, or how many build steps their first load would run)."""
-    from zero_train.runtime.extensions import built_ops, extensions_dir, ninja_on_path, would_rebuild
-
     ninja = ninja_on_path()
     jit = {
         name: ("up to date" if not (steps := would_rebuild(folder, ninja)) else f"would rebuild ({len(steps)} steps)")

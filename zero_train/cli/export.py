@@ -40,7 +40,6 @@ def export_command_parser(subparsers) -> argparse.ArgumentParser:
 
 def export_command(args: argparse.Namespace) -> int:
     """Export, then print where the folder is and how to load it."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     import torch
 
     from zero_train.checkpoint.export import export_checkpoint

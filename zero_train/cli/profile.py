@@ -21,15 +21,19 @@ import pathlib
 import sys
 
 from zero_train.cli.commands import COMMANDS
+from zero_train.ds_config import write_config
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.launch.cells import cell_config, cell_name, last_error_line
 from zero_train.launch.command import RANK_LAUNCHERS, Launch, launch_command
 from zero_train.launch.launcher import check_launcher, model_meta, run_logged
+from zero_train.memory.record import error_record, load_record, write_record
 from zero_train.registry import engine_names, engine_spec
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.device import launched_device_type
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.outputs import check_output_dir
 from zero_train.runtime.parser import int_list, name_list, positive_float, positive_int
+from zero_train.runtime.ports import free_port
 from zero_train.train.args import run_argv
 from zero_train.train.config import (
     DataConfig,
@@ -98,11 +102,6 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         out: the profile directory.
         meta: record fields shared by all cells (model, num_params, hidden_size, precision, ...).
     """
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.ds_config import write_config
-    from zero_train.memory.record import error_record, load_record, write_record
-    from zero_train.runtime.ports import free_port
-
     name = _cell_name(engine, world_size, args)
     config_path, record_path = out / "configs" / f"{name}.json", out / "cells" / f"{name}.json"
     log_path = out / "logs" / f"{name}.log"
@@ -153,9 +152,6 @@ def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_p
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.runtime.outputs import check_output_dir
-
     check_output_dir(args.out, flag="--out")  # before any cell runs
     unknown = [name for name in args.engines if name not in engine_names()]
     if unknown:
@@ -197,7 +193,6 @@ def _summary_line(record: dict) -> str:
 
 def profile_command(args: argparse.Namespace) -> int:
     """Run every cell with a progress bar; print one line per cell; exit 1 only if every cell failed."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from tqdm import tqdm
 
     _check_args(args)

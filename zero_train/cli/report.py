@@ -11,6 +11,7 @@ import argparse
 import pathlib
 
 from zero_train.cli.commands import COMMANDS
+from zero_train.report.build import REPORT_NAME, write_report
 
 
 def report_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -30,9 +31,6 @@ def report_command_parser(subparsers) -> argparse.ArgumentParser:
 
 def report_command(args: argparse.Namespace) -> int:
     """Write the report; print where each file went."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.report.build import REPORT_NAME, write_report
-
     out = pathlib.Path(args.out) if args.out else pathlib.Path(args.directory) / "report"
     paths = write_report(args.directory, out)
     print(f"report: {paths[REPORT_NAME]} ({len(paths)} files in {out})")

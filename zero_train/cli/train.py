@@ -27,7 +27,6 @@ def train_command_parser(subparsers) -> argparse.ArgumentParser:
 
 def train_command(args: argparse.Namespace) -> int:
     """Train as the flags (and --config file) say; returns 0."""
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.train.main import train
 
     return train(config_from_flags(vars(args)))

@@ -26,6 +26,8 @@ import os
 import pathlib
 from collections.abc import Mapping
 
+import yaml
+
 from zero_train.ds_config.parse import precision_of
 from zero_train.runtime.errors import UsageError
 
@@ -106,17 +108,11 @@ def accelerate_config(
 
 def accelerate_config_text(cfg: dict, **kwargs) -> str:
     """`accelerate_config` as YAML text (same arguments)."""
-    # here, not at the top: PyYAML loads only when an accelerate YAML is read or written
-    import yaml
-
     return yaml.safe_dump(accelerate_config(cfg, **kwargs), sort_keys=False)
 
 
 def load_accelerate_config(path: str | os.PathLike) -> dict:
     """Read an accelerate YAML (UsageError: missing, unreadable, or not a mapping)."""
-    # here, not at the top: PyYAML loads only when an accelerate YAML is read or written
-    import yaml
-
     try:
         data = yaml.safe_load(pathlib.Path(path).read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:

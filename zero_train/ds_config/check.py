@@ -13,8 +13,16 @@ import copy
 import dataclasses
 import difflib
 import functools
+import logging
 import pathlib
 import re
+
+import deepspeed
+from deepspeed.runtime.config import DeepSpeedConfig
+from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+from deepspeed.utils import logger
+from pydantic import ValidationError
 
 from zero_train.ds_config.auto import auto_keys, get_key
 from zero_train.ds_config.keys import AUTO, AUTO_KEYS
@@ -60,9 +68,6 @@ class CheckReport:
 @functools.cache
 def deepspeed_known_keys() -> frozenset[str]:
     """Every key name DeepSpeed's config code mentions (string literals in its config/constants modules)."""
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
-    import deepspeed
-
     root = pathlib.Path(deepspeed.__file__).parent
     names: set[str] = set()
     for path in root.rglob("*.py"):
@@ -74,9 +79,6 @@ def deepspeed_known_keys() -> frozenset[str]:
 @functools.cache
 def zero_field_names() -> frozenset[str]:
     """Field names and aliases of DeepSpeed's DeepSpeedZeroConfig (keys that belong in zero_optimization)."""
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
     fields = DeepSpeedZeroConfig.model_fields
     return frozenset(fields) | frozenset(f.alias for f in fields.values() if f.alias)
 
@@ -129,9 +131,6 @@ def _check_zero_section(cfg: dict, report: CheckReport) -> None:
     if not isinstance(zero, dict):
         report.problems.append(f"zero_optimization must be a JSON object, got {zero!r}")
         return
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-    from pydantic import ValidationError
 
     try:
         DeepSpeedZeroConfig(**zero)
@@ -194,8 +193,6 @@ def _check_cross_fields(cfg: dict, report: CheckReport) -> None:
 def _check_scheduler(cfg: dict, report: CheckReport) -> None:
     if not isinstance(cfg.get("scheduler"), dict):
         return
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
-    from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
 
     kind = get_key(cfg, "scheduler.type")
     if kind not in VALID_LR_SCHEDULES:
@@ -274,12 +271,6 @@ def _ds_ready_copy(cfg: dict) -> dict:
 
 
 def _check_with_deepspeed(cfg: dict, report: CheckReport) -> None:
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; a missing or unreadable file is reported before it
-    import logging
-
-    from deepspeed.runtime.config import DeepSpeedConfig
-    from deepspeed.utils import logger
-
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:

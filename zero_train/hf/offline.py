@@ -19,6 +19,9 @@ import pathlib
 import sys
 import sysconfig
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
 DEFAULT_TOKENIZER_NAME = "stdlib-bpe"
 DEFAULT_DATASET_NAME = "stdlib"
 OFFLINE_VOCAB_SIZE = 8192
@@ -108,10 +111,6 @@ def train_stdlib_tokenizer(out_dir: pathlib.Path, *, vocab_size: int = OFFLINE_V
     Returns:
         What was trained on (also written to out_dir/build_info.json).
     """
-    # here, not at the top: training the tokenizer is a one-off (scripts/build_tokenizer.py); loading it needs neither
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     files = stdlib_files()
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

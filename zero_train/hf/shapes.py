@@ -15,6 +15,7 @@ import json
 import pathlib
 
 import transformers
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from zero_train.runtime.errors import UsageError
 
@@ -87,9 +88,6 @@ def config_from_file(path: str | pathlib.Path) -> transformers.PretrainedConfig:
 
 def check_causal_lm(config: transformers.PretrainedConfig, name: str) -> None:
     """Raise UsageError unless AutoModelForCausalLM can build `config` (what every engine trains)."""
-    # here, not at the top: the check runs only for a config.json file, not for the presets
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise UsageError(
             f"{name!r} is a {config.model_type!r} config, not a causal LM (AutoModelForCausalLM cannot build it); "

@@ -8,6 +8,7 @@ zero_train.launch.command.
 
 from __future__ import annotations
 
+from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.registry import engine_spec
 
 
@@ -32,8 +33,6 @@ def cell_config(
     hidden_size: int | None = None,
 ) -> dict:
     """The DeepSpeed config of one cell, from zero_train.ds_config's generator at the engine's ZeRO stage."""
-    from zero_train.ds_config.generate import ConfigRequest, generate_config  # here: keeps `--help` light
-
     request = ConfigRequest(
         stage=engine_spec(engine).stage,
         precision=precision,

@@ -17,6 +17,7 @@ import time
 
 from zero_train.launch.command import shell_text
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.vitals import RUN_DIR_ENV, launcher_report
 
 KILL_GRACE_S = 10.0  # after SIGTERM: torchrun and the deepspeed launcher stop their ranks, then SIGKILL
 
@@ -35,7 +36,6 @@ def model_meta(model: str, block_size: int) -> dict:
     Raises:
         UsageError: an unknown model, or a block size above its context (before any cell runs).
     """
-    # here, not at the top: cli/profile and cli/bench import this module while building the CLI parser (--help stays light)
     from zero_train.hf.models import check_block_size, model_config
     from zero_train.memory.model.theory import model_shape
 
@@ -66,9 +66,6 @@ def run_logged(
     Returns:
         The exit code, or None if the run timed out.
     """
-    # here, not at the top: the CLI's --help imports this module
-    from zero_train.runtime.vitals import RUN_DIR_ENV, launcher_report
-
     with tempfile.TemporaryDirectory(prefix="zero_train-run-") as run_dir, open(log_path, "w") as log:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
                    **{RUN_DIR_ENV: run_dir})  # fmt: skip
@@ -96,7 +93,7 @@ def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> None:
     The group holds the launcher and the ranks it forked (deepspeed's); torchrun starts each rank in a
     session of its own, so descendants are signalled one by one too.
     """
-    import psutil  # here, not at the top: cli/profile imports this module to build its parser
+    import psutil
 
     tree: dict[int, psutil.Process] = {}
     for sig in (signal.SIGTERM, signal.SIGKILL):

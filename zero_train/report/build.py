@@ -31,8 +31,6 @@ def analyze(records: list[dict]) -> list[dict]:
     Returns:
         One row per record; successful rows carry "explanations" (a list of sentences).
     """
-    # here, not at the top: a missing directory or a bad record is reported before torch loads (the comparison
-    # imports the peak model, which imports sharding/ and so torch)
     from zero_train.report.compare import cell_sort_key, compare_cell
     from zero_train.report.explain import explain_cell
     from zero_train.report.models import model_facts
@@ -66,7 +64,6 @@ def _load(directory: pathlib.Path) -> list[dict]:
 
 def _generate(rows: list[dict], directory: pathlib.Path, staging: pathlib.Path) -> list[str]:
     """Write plots, summary.json and report.md into `staging`; return the file names."""
-    # here, not at the top: as in analyze (the writers import the comparison)
     from zero_train.report.markdown import render_report
     from zero_train.report.plots import write_plots
     from zero_train.report.summary import build_summary, write_summary

@@ -25,8 +25,11 @@ labelled "old": it borrows "other" from the measurement itself
 
 from __future__ import annotations
 
+import torch
+
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.memory.model import theory
+from zero_train.memory.model.activations import count_activations
 from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
 from zero_train.memory.model.peak import (
     MEASURED_PHASE,
@@ -174,10 +177,6 @@ def activation_count(record: dict, lookup: FactsLookup):
     when the model's config is unknown (our model then uses GPT-2's formula)."""
     if lookup.facts is None or lookup.facts.config is None:
         return None
-    # here, not at the top: torch and the fake-tensor count load only for records whose model config is known
-    import torch
-
-    from zero_train.memory.model.activations import count_activations
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[record["precision"]]
     return count_activations(

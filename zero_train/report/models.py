@@ -12,6 +12,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from zero_train.memory.model.theory import ModelShape, model_shape
 from zero_train.runtime.errors import UsageError
 
@@ -40,8 +42,6 @@ class FactsLookup:
 
 @functools.lru_cache(maxsize=16)
 def _facts_of(name: str) -> FactsLookup:
-    # here, not at the top: a model is rebuilt (meta device) only for a record whose facts are not cached
-    import torch
     from transformers import AutoModelForCausalLM
 
     from zero_train.hf.models import model_config

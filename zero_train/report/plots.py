@@ -13,6 +13,9 @@ from __future__ import annotations
 import pathlib
 import re
 
+import matplotlib
+import matplotlib.pyplot as plt
+
 from zero_train.memory.model import theory
 from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
 from zero_train.memory.model.peak import backend_for, engine_peak, modelled_engine
@@ -30,15 +33,7 @@ CATEGORY_COLORS = {
 STAGE_COLORS = {0: "#4c72b0", 1: "#55a868", 2: "#dd8452", 3: "#c44e52"}
 DPI = 110
 
-
-def _pyplot():
-    # here, not at the top: matplotlib takes a second and must get the Agg backend first
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+matplotlib.use("Agg")  # files only: no display, whatever MPLBACKEND says
 
 
 def _marker(engine: str) -> str:
@@ -52,7 +47,6 @@ def _engines(rows: list[dict]) -> list[str]:
 
 def plot_categories(rows: list[dict], path: pathlib.Path, title: str) -> None:
     """Stacked bars of the reported rank's categories (MB) per engine, one panel per world size."""
-    plt = _pyplot()
     sizes = sorted({row["world_size"] for row in rows})
     figure, axes = plt.subplots(
         1, len(sizes), figsize=(4.2 * len(sizes) + 1.5, 4.6), sharey=True, squeeze=False
@@ -126,7 +120,6 @@ def _ours_curves(axis, rows: list[dict], x_values: list[int], facts) -> None:
 
 def plot_bytes_per_param(rows: list[dict], path: pathlib.Path, title: str) -> None:
     """Bytes/param vs world size: model states with the theory curves; the peak with our peak model."""
-    plt = _pyplot()
     lookup = model_facts(rows[0]["model"], rows[0]["num_params"])
     largest = lookup.facts.shape.largest_layer_params if lookup.facts else 0
     sizes = sorted({row["world_size"] for row in rows})

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from zero_train.runtime.errors import UsageError
 
-if TYPE_CHECKING:  # torch is imported where it is used: the CLI's --help imports this module
+if TYPE_CHECKING:
     import torch
 
 DEVICE_ENV = "ZT_DEVICE"
@@ -62,7 +62,6 @@ def choose_device(
     Raises:
         UsageError: the request, the group and the machine disagree (one line naming the fix).
     """
-    # here, not at the top: the CLI imports this module (via profile) while building its parser and must not load torch
     import torch
 
     cpu_group = existing_backend is not None and "nccl" not in existing_backend  # gloo, mpi, ...
@@ -104,7 +103,6 @@ def launched_device_type() -> str:
     For records written by a parent process (a profile cell that failed before its ranks did): the same
     choice init_distributed makes, without a process group.
     """
-    # here, not at the top: the CLI imports this module (via profile) while building its parser and must not load torch
     import torch
 
     requested = requested_device()
@@ -128,7 +126,6 @@ def synchronize(device: torch.device | str) -> None:
 
     CUDA kernels run asynchronously: a wall-clock timing is only right if the queue is empty at both ends.
     """
-    # here, not at the top: the CLI imports this module (via profile) while building its parser and must not load torch
     import torch
 
     device = torch.device(device)

@@ -75,7 +75,6 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
         _fault(str(err))
     except RuntimeError as err:
         _hold_sigterm()
-        # here: only a failing run needs it; it loads socket/signal, which `zero-train --help` should not
         from zero_train.runtime.faults import describe_fault, is_distributed_fault
 
         if isinstance(err, NonFiniteError):
@@ -96,7 +95,6 @@ def _hold_sigterm() -> None:
     failure; the handler zero_train.runtime.faults installs would raise inside this report (or in an atexit
     hook) and print a traceback, and its watcher thread would print a second line.
     """
-    # here, not at the top: the CLI's --help and its flag errors need no signal handling
     from zero_train.runtime.faults import mark_reporting
 
     mark_reporting()

@@ -62,7 +62,7 @@ def record_peers(world_size: int) -> list[tuple[str, int]] | None:
     """
     if world_size <= 1:
         return None
-    import torch.distributed as dist  # here: the CLI imports this module (via errors) and must not load torch
+    import torch.distributed as dist
 
     peers: list = [None] * world_size
     dist.all_gather_object(peers, [socket.gethostname(), os.getpid()])
