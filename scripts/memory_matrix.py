@@ -1,6 +1,6 @@
 """Run the out-of-sample memory matrix and compare our peak model with every measured peak.
 
-    python scripts/memory_matrix.py --out runs/memory-matrix                 # the 48 cells (~15-25 min here)
+    python scripts/memory_matrix.py --out runs/memory-matrix                 # the 48 cells (docs/memory_matrix.md)
     python scripts/memory_matrix.py --out runs/memory-matrix --list          # the design, nothing run
     python scripts/memory_matrix.py --out DIR --cells llama-ds2-w2-bf16-ga4-ckpt,qwen2-zero1-w3-fp32
     python scripts/memory_matrix.py --out runs/memory-matrix --reuse         # re-summarize, rerun only missing
