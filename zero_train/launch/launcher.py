@@ -17,7 +17,6 @@ import time
 
 from zero_train.launch.command import shell_text
 from zero_train.runtime.errors import UsageError
-from zero_train.runtime.vitals import RUN_DIR_ENV, launcher_report
 
 KILL_GRACE_S = 10.0  # after SIGTERM: torchrun and the deepspeed launcher stop their ranks, then SIGKILL
 
@@ -66,6 +65,8 @@ def run_logged(
     Returns:
         The exit code, or None if the run timed out.
     """
+    from zero_train.runtime.vitals import RUN_DIR_ENV, launcher_report
+
     with tempfile.TemporaryDirectory(prefix="zero_train-run-") as run_dir, open(log_path, "w") as log:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
                    **{RUN_DIR_ENV: run_dir})  # fmt: skip
