@@ -57,13 +57,14 @@ def _ours(stage: int, ds_config: dict, rank: int, world_size: int) -> dict[str, 
     """Our offload terms for this rank's partition: host_terms, and the device staging buffer."""
     from zero_train.hf.models import model_config
     from zero_train.memory.model import offload
-    from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run, flat_partitions
+    from zero_train.memory.model.flat_partition import partition_of
+    from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run
     from zero_train.memory.model.theory import model_shape
 
     run = Run(shape=model_shape(model_config("tiny")), world_size=world_size, precision=PRECISION,
               micro_batch_size=MICRO_BATCH[0], block_size=MICRO_BATCH[1],
               deepspeed=DeepSpeedSettings.from_config(ds_config, stage), grad_accum=GRAD_ACCUM)  # fmt: skip
-    part = next(p for p in flat_partitions(run) if p.rank == rank)
+    part = partition_of(run, rank)
     inputs, settings = offload.rank_inputs(stage, run, part), offload.OffloadSettings.from_config(ds_config)
     device = {} if stage == 3 else dict(offload_grad_buffer=inputs.element_bytes * inputs.largest_tensor)
     return dict(host=offload.host_terms(inputs, settings), device=device)

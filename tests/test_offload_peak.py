@@ -14,8 +14,9 @@ import pytest
 from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.hf.models import model_config
 from zero_train.memory.model import offload
+from zero_train.memory.model.flat_partition import partition_of
 from zero_train.memory.model.peak import engine_peak
-from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run, flat_partitions, loss_backward_moments
+from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run, loss_backward_moments
 from zero_train.memory.model.theory import model_shape
 
 MEASURED = {  # scripts/measure_offload.py, DeepSpeed 0.19.8, 2 CPU ranks: bytes of DeepSpeed's buffers by rank
@@ -45,7 +46,7 @@ def test_offload_terms_equal_deepspeeds_measured_buffers(stage):
     run = Run(shape=model_shape(model_config("tiny")), world_size=2, precision="bf16", micro_batch_size=2,
               block_size=32, deepspeed=DeepSpeedSettings.from_config(config, stage), grad_accum=2)  # fmt: skip
     settings = offload.OffloadSettings.from_config(config)
-    for part in flat_partitions(run):
+    for part in (partition_of(run, rank) for rank in range(run.world_size)):
         inputs = offload.rank_inputs(stage, run, part)
         host = offload.host_terms(inputs, settings)
         assert host == {term: by_rank[part.rank] for term, by_rank in MEASURED[stage].items()}
@@ -65,7 +66,7 @@ def test_cpu_run_adds_host_terms_to_every_device_phase(engine):
     plain = engine_peak(engine, shape, 2, backend="nccl", rank=cpu.rank, **dict(common, ds_config=None))
     run = Run(shape=shape, world_size=2, precision="bf16", micro_batch_size=2, block_size=32,
               deepspeed=DeepSpeedSettings.from_config(config, stage), grad_accum=2)  # fmt: skip
-    part = next(p for p in flat_partitions(run) if p.rank == cpu.rank)
+    part = partition_of(run, cpu.rank)
     host = offload.host_terms(
         offload.rank_inputs(stage, run, part), offload.OffloadSettings.from_config(config)
     )

@@ -55,15 +55,23 @@ what 64k fp32 elements take to move (64 MB in 34 ms), so smaller buckets travel 
 
 def _senders(lengths: list[int]) -> int:
     """Chunks a rank may receive in one ring step: one per non-empty part, at most N - 1."""
-    return max(1, min(len(lengths) - 1, sum(1 for length in lengths if length)))
+    return _senders_of(len(lengths), sum(1 for length in lengths if length))
+
+
+def _senders_of(parts: int, nonempty: int) -> int:
+    return max(1, min(parts - 1, nonempty))
 
 
 def ring_chunk(lengths: list[int], receive_elements: int) -> int:
     """Chunk size of a gloo reduction ring: an N-th of the data (equal parts then travel whole, as in a
     classic ring, and a part alone in the bucket is pipelined over N chunks), at least MIN_CHUNK_ELEMENTS, at
     most the largest part, and small enough that one step's receives fit `receive_elements`."""
-    per_part = max(-(-sum(lengths) // len(lengths)), MIN_CHUNK_ELEMENTS)
-    return max(1, min(per_part, max(lengths), receive_elements // _senders(lengths)))
+    return _chunk_of(len(lengths), sum(lengths), max(lengths), _senders(lengths), receive_elements)
+
+
+def _chunk_of(parts: int, total: int, largest: int, senders: int, receive_elements: int) -> int:
+    per_part = max(-(-total // parts), MIN_CHUNK_ELEMENTS)
+    return max(1, min(per_part, largest, receive_elements // senders))
 
 
 def ring_receive_elements(lengths: list[int], limit: int | None = None) -> int:
@@ -71,8 +79,21 @@ def ring_receive_elements(lengths: list[int], limit: int | None = None) -> int:
     elements (default RECV_BUFFER_ELEMENTS)."""
     if len(lengths) < 2:
         return 0
+    nonempty = sum(1 for length in lengths if length)
+    return ring_receive_elements_of(parts=len(lengths), nonempty=nonempty, total=sum(lengths),
+                                    largest=max(lengths), limit=limit)  # fmt: skip
+
+
+def ring_receive_elements_of(
+    *, parts: int, nonempty: int, total: int, largest: int, limit: int | None = None
+) -> int:
+    """`ring_receive_elements` from the parts' numbers alone (how many, how many hold data, their sum and the
+    largest): the memory model's answer at any world size without a list of N lengths."""
+    if parts < 2:
+        return 0
     limit = RECV_BUFFER_ELEMENTS if limit is None else limit
-    return _senders(lengths) * ring_chunk(lengths, limit)
+    senders = _senders_of(parts, nonempty)
+    return senders * _chunk_of(parts, total, largest, senders, limit)
 
 
 def ring_schedule(

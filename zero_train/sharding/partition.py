@@ -208,12 +208,23 @@ def gradient_buckets(
         The buckets, in the order every rank reduces them.
     """
     bucket_elements = partition.num_elements + 1 if bucket_elements is None else bucket_elements
+    return [
+        _bucket(partition, group, bucket_elements)
+        for group in bucket_groups(partition.numels, bucket_elements, active)
+    ]
+
+
+def bucket_groups(
+    numels: Sequence[int], bucket_elements: int, active: Sequence[bool] | None = None
+) -> list[list[int]]:
+    """The tensors (indices, ascending) of each of `gradient_buckets`' buckets, in the same order: the grouping
+    alone, which depends on the tensor sizes and not on the ranks (the memory model reads it at any N)."""
     assert bucket_elements >= 1
-    active = tuple(active) if active is not None else (True,) * len(partition.numels)
+    active = tuple(active) if active is not None else (True,) * len(numels)
     groups: list[list[int]] = []
     current: list[int] = []
-    for index in reversed(range(len(partition.numels))):
-        numel = partition.numels[index]
+    for index in reversed(range(len(numels))):
+        numel = numels[index]
         if not active[index] or numel >= bucket_elements:
             if current:
                 groups.append(current)
@@ -221,17 +232,13 @@ def gradient_buckets(
             if active[index] and numel:
                 groups.append([index])
             continue
-        if current and sum(partition.numels[i] for i in current) + numel > bucket_elements:
+        if current and sum(numels[i] for i in current) + numel > bucket_elements:
             groups.append(current)
             current = []
         current.append(index)
     if current:
         groups.append(current)
-    return [_bucket(partition, sorted(group), bucket_elements) for group in groups if _size(partition, group)]
-
-
-def _size(partition: FlatPartition, group: list[int]) -> int:
-    return sum(partition.numels[i] for i in group)
+    return [sorted(group) for group in groups if sum(numels[i] for i in group)]
 
 
 def _bucket(partition: FlatPartition, indices: list[int], bucket_elements: int) -> Bucket:

@@ -248,14 +248,14 @@ def estimate_engine(
 def _offload_inputs(stage, shape, world_size, rank, run) -> offload.OffloadInputs:
     """The partition of the modelled rank (DeepSpeed's flat slices; ZeRO-3 splits every tensor)."""
     # here, not at the top: only an offloading stage needs the partition arithmetic
-    from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run, flat_partitions
+    from zero_train.memory.model.flat_partition import partition_of
+    from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run
 
     deepspeed = DeepSpeedSettings.from_config(run["ds_config"], stage)
     probe = Run(shape=shape, world_size=world_size, precision=run["precision"],
                 micro_batch_size=run["micro_batch_size"], block_size=run["block_size"], deepspeed=deepspeed,
                 grad_accum=run["grad_accum"])  # fmt: skip
-    parts = flat_partitions(probe)
-    return offload.rank_inputs(stage, probe, next((p for p in parts if p.rank == rank), parts[0]))
+    return offload.rank_inputs(stage, probe, partition_of(probe, rank))
 
 
 def _notes(result: SetupEstimate, settings: offload.OffloadSettings, count, ds_config) -> list[str]:

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zero_train.memory.model.peak_terms import FP32_BYTES, Partition, Run, loss_backward_moments
+from zero_train.memory.model.flat_partition import Partition
+from zero_train.memory.model.peak_terms import FP32_BYTES, Run, loss_backward_moments
 
 DEVICES = ("none", "cpu", "nvme")
 OPTIMIZER_MOVES = (

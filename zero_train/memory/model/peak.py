@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zero_train.memory.model import offload
+from zero_train.memory.model.flat_partition import Partition, distinct_partitions, partition_of
 from zero_train.memory.model.peak_engines import (
     ddp_phases,
     deepspeed_boundary,
@@ -49,16 +50,8 @@ from zero_train.memory.model.peak_engines import (
     zero2_phases,
 )
 from zero_train.memory.model.peak_fsdp2 import fsdp2_boundary, fsdp2_phases
-from zero_train.memory.model.peak_terms import (
-    ActivationTerms,
-    DeepSpeedSettings,
-    Run,
-    Share,
-    activations,
-    flat_partitions,
-    flat_shares,
-    whole_tensor_shares,
-)
+from zero_train.memory.model.peak_terms import ActivationTerms, DeepSpeedSettings, Run, activations
+from zero_train.memory.model.sharder_layout import Share, sharder_layout, whole_tensor_layout
 from zero_train.memory.model.theory import ModelShape
 from zero_train.memory.model.versions import warn_if_versions_differ
 from zero_train.registry import ENGINES, EngineSpec, find_engine
@@ -151,34 +144,81 @@ def modelled_engine(engine: str | None) -> EngineSpec | None:
     return spec if spec is not None and spec.peak_model is not None else None
 
 
-def _rank_models(spec: EngineSpec, run: Run) -> list[PeakModel]:
-    """Our model of every rank that differs: our ZeRO-1/2's equal slices, torch-zero's whole-tensor shares,
-    DeepSpeed's partitions (the tensors each slice touches), one rank for DDP and FSDP2."""
+def _undominated(items: list, fields) -> list:
+    """The items (in rank order) that no lower rank matches or beats on every one of `fields(item)`.
+
+    Each rank-dependent term of an engine's phases grows with what the rank owns (its elements, its largest
+    tensor or piece) and with nothing else, so its peak does too: a rank matched or beaten on every field by a
+    lower rank is never the one with the highest peak (ties go to the lower rank). The ranks left are few.
+    """
+    kept: list = []
+    for item in items:
+        values = fields(item)
+        if not any(all(mine >= theirs for mine, theirs in zip(fields(k), values, strict=True)) for k in kept):
+            kept.append(item)
+    return kept
+
+
+def _deepspeed_ranks(run: Run, stage: int, *, optimizer_offloaded: bool) -> list[Partition]:
+    """The DeepSpeed ranks that may hold the highest peak, lowest first.
+
+    ZeRO-3 splits every tensor over all ranks: every rank holds the same (rank 0 stands for all). ZeRO-1/2 ranks
+    differ by the whole tensors their slice touches and their largest piece, and a rank holding more of both
+    holds more (`_undominated`); with offload_optimizer the step's norm copy of a piece is gone from the device
+    (offload._optimizer_offloaded), so only the touched tensors tell ranks apart, and not always upwards (offload
+    moves the gradient partition's copy but not the tied embedding's copies, the larger of which the end of
+    backward holds): one rank per number of touched elements, none dropped.
+    """
+    if stage == 3:
+        return [partition_of(run, 0)]
+    parts = distinct_partitions(run)
+    if optimizer_offloaded:
+        by_touched: dict[int, Partition] = {}
+        for part in parts:
+            by_touched.setdefault(part.touched, part)
+        return list(by_touched.values())
+    return _undominated(parts, lambda part: (part.touched, part.largest_piece))
+
+
+def _rank_models(
+    spec: EngineSpec, run: Run, rank: int | None, *, optimizer_offloaded: bool = False
+) -> tuple[list[tuple[PeakModel, Partition | None]], bool]:
+    """Our model of `rank` (0 <= rank < N), else of every rank that may hold the highest peak: our ZeRO-1/2's
+    equal slices and torch-zero's whole tensors (sharder_layout), DeepSpeed's partitions (the tensors each slice
+    touches), one rank for DDP and FSDP2; each with its DeepSpeed partition (None for the others). And whether every rank
+    holds the same (then the rank asked for stands for all)."""
     phases_of, engine = PHASE_MODELS[spec.peak_model], spec.name
+    asked = rank is not None and 0 <= rank < run.world_size
     if spec.sharding == "per-tensor":  # FSDP2: every rank holds an even shard of every tensor: one model
-        return [
-            PeakModel(
-                engine=engine, rank=0, phases=phases_of(run, spec.stage), boundary=_state(fsdp2_boundary(run))
-            )
-        ]
+        model = PeakModel(
+            engine=engine, rank=0, phases=phases_of(run, spec.stage), boundary=_state(fsdp2_boundary(run))
+        )
+        return [(model, None)], True
     if spec.sharding == "flat" and not spec.ours:  # DeepSpeed's slices of one flat buffer
-        return [
+        alike = not run.shape.param_numels or run.world_size == 1
+        if asked and not alike:
+            parts = [partition_of(run, rank)]
+        else:
+            parts = _deepspeed_ranks(run, spec.stage, optimizer_offloaded=optimizer_offloaded)
+        models = [
             PeakModel(engine=engine, rank=part.rank, phases=phases_of(run, spec.stage, part),
                       boundary=_state(deepspeed_boundary(run, spec.stage, part)))
-            for part in flat_partitions(run)
+            for part in parts
         ]  # fmt: skip
+        return list(zip(models, parts, strict=True)), alike
     if spec.sharding == "replicated":
-        shares = [Share(rank=0, owned=run.shape.num_params, largest=run.largest_tensor)]
-    elif spec.sharding == "flat":  # ours: a slice's elements, tensors split at the cuts
-        shares = flat_shares(run)
-    else:
-        shares = whole_tensor_shares(run)
+        layout, shares = None, [Share(rank=0, owned=run.shape.num_params, largest=run.largest_tensor)]
+        alike = True
+    else:  # ours: equal slices of one flat buffer; torch's ZeroRedundancyOptimizer: whole tensors
+        layout = sharder_layout(run) if spec.sharding == "flat" else whole_tensor_layout(run)
+        shares = [layout.share(rank)] if asked and not layout.alike else list(layout.shares)
+        shares, alike = _undominated(shares, lambda share: (share.owned, share.largest)), layout.alike
     models = []
     for share in shares:
-        phases = phases_of(run, share)
+        phases = phases_of(run, share, layout)
         boundary = _state(phases["step"])  # the step's transients are not categories
-        models.append(PeakModel(engine=engine, rank=share.rank, phases=phases, boundary=boundary))
-    return models
+        models.append((PeakModel(engine=engine, rank=share.rank, phases=phases, boundary=boundary), None))
+    return models, alike
 
 
 def engine_peak(
@@ -236,23 +276,23 @@ def engine_peak(
     run = Run(shape=shape, world_size=world_size, precision=precision, micro_batch_size=micro_batch_size,
               block_size=block_size, deepspeed=settings, backend=backend, grad_accum=grad_accum,
               gradient_checkpointing=gradient_checkpointing, activation_count=activation_count)  # fmt: skip
-    models = _rank_models(spec, run)
     settings_offload = offload.OffloadSettings.from_config(ds_config)
+    moved = settings_offload.optimizer_device != "none"
+    pairs, alike = _rank_models(spec, run, rank, optimizer_offloaded=moved)
     if spec.family == "deepspeed" and settings_offload.active:
         one = run.backend == "gloo" if host_in_phases is None else host_in_phases
-        models = [_offloaded(model, run, settings_offload, one=one) for model in models]
-    chosen = [model for model in models if model.rank == rank]
-    model = chosen[0] if chosen else max(models, key=lambda m: (m.peak_bytes, -m.rank))
-    alike = len(models) == 1  # DDP, FSDP2 (and a model without tensor sizes): every rank holds the same
+        pairs = [(_offloaded(model, run, part, settings_offload, one=one), part) for model, part in pairs]
+    model = max((model for model, _ in pairs), key=lambda m: (m.peak_bytes, -m.rank))
     return PeakModel(engine=engine, rank=(rank or 0) if alike else model.rank, phases=model.phases,
                      boundary=dict(model.boundary, activations=activations(run)))  # fmt: skip
 
 
-def _offloaded(model: PeakModel, run: Run, settings: offload.OffloadSettings, *, one: bool) -> PeakModel:
-    """`model` with DeepSpeed's offload: the device's phases without what moved (offload.device_phases) and,
-    on a CPU run (gloo: one memory), the host's terms beside them in every phase."""
+def _offloaded(
+    model: PeakModel, run: Run, part: Partition, settings: offload.OffloadSettings, *, one: bool
+) -> PeakModel:
+    """`model` (of the rank owning `part`) with DeepSpeed's offload: the device's phases without what moved
+    (offload.device_phases) and, on a CPU run (gloo: one memory), the host's terms beside them in every phase."""
     stage = find_engine(model.engine).stage
-    part = next(p for p in flat_partitions(run) if p.rank == model.rank)
     inputs = offload.rank_inputs(stage, run, part)
     phases = offload.device_phases(model.phases, inputs, settings)
     if one:

@@ -8,12 +8,11 @@ keeps between steps, i.e. during the next forward.
 
 from __future__ import annotations
 
+from zero_train.memory.model.flat_partition import Partition
 from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
     FP64_BYTES,
-    Partition,
     Run,
-    Share,
     activation_terms,
     activations,
     adamw_temporaries,
@@ -22,9 +21,8 @@ from zero_train.memory.model.peak_terms import (
     loss_backward_moments,
     reduce_buckets,
     tied_gradient_copies,
-    zero1_comm_buffers,
-    zero2_buffers,
 )
+from zero_train.memory.model.sharder_layout import SharderLayout, Share, zero1_comm_buffers, zero2_buffers
 
 Phases = dict[str, dict[str, int]]
 
@@ -81,8 +79,11 @@ def _recompute(run: Run, held: dict, end: dict) -> dict:
     return _largest(end, _add(held, dict(recomputed_block=recompute))) if recompute else end
 
 
-def ddp_phases(run: Run, share: Share) -> Phases:
+def ddp_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> Phases:
     """torch DDP (zero_train.engines.ddp; `share` owns everything) or ZeroRedundancyOptimizer under DDP.
+
+    `layout` is not read (neither holds a sharder's buffers): taken so every replicated or whole-tensor model is
+    called alike (zero_train.memory.model.peak).
 
     At rest: the model, DDP's flat gradient buckets (a second copy of every gradient,
     gradient_as_bucket_view=False), fp32 masters of a 16-bit model (whole, also under torch's ZeRO), Adam's
@@ -113,7 +114,7 @@ def ddp_phases(run: Run, share: Share) -> Phases:
     )
 
 
-def zero1_phases(run: Run, share: Share) -> Phases:
+def zero1_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
     """Our ZeRO-1 (zero_train.sharding.zero1): every gradient lands in a flat buffer allocated once.
 
     At rest: the model, the flat gradient buffer (whole), padding and the gloo ring's receive buffer, and
@@ -128,7 +129,7 @@ def zero1_phases(run: Run, share: Share) -> Phases:
         grads=e * psi,
         master_params=FP32_BYTES * share.owned if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * share.owned,
-        comm_buffers=zero1_comm_buffers(run),
+        comm_buffers=zero1_comm_buffers(run, layout),
     )
     forward, backward_start = _forward_terms(run)  # accumulation: in the flat buffer, already at rest
     end = _add(dict(tied_gradient_copies=3 * tied_gradient_copies(run)), _accumulating(run))
@@ -144,7 +145,7 @@ def zero1_phases(run: Run, share: Share) -> Phases:
     )
 
 
-def zero2_phases(run: Run, share: Share) -> Phases:
+def zero2_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
     """Our ZeRO-2 (zero_train.sharding.zero2): each gradient is reduced to its owner with its bucket.
 
     At rest: the model, the accumulator of the owned gradients (e x owned), and, kept between steps
@@ -156,7 +157,7 @@ def zero2_phases(run: Run, share: Share) -> Phases:
     (fp32, 2 ranks): forward+backward 350 MB and step 268 MB above "other", ours 349.6 and 266.
     """
     e, psi = run.element_bytes, run.shape.num_params
-    comm_buffers, largest_bucket = zero2_buffers(run)
+    comm_buffers, largest_bucket = zero2_buffers(run, layout)
     rest = dict(
         params=e * psi,
         grads=e * share.owned,

@@ -10,7 +10,6 @@ h width.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 from zero_train.memory.model.theory import (
@@ -19,8 +18,6 @@ from zero_train.memory.model.theory import (
     ModelShape,
     activation_bytes,
 )
-from zero_train.sharding import accounting
-from zero_train.sharding.partition import gradient_buckets
 
 ADAMW_TEMPORARY_BYTES = 8
 """torch.optim.AdamW's single-tensor step (foreach=False, what DeepSpeed's torch_adam runs on CPU)
@@ -222,110 +219,3 @@ def reduce_buckets(run: Run, stage: int) -> int:
         return 0
     count = 2 if settings.overlap_comm and stage < 3 else 1
     return count * settings.reduce_bucket_size * run.element_bytes
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Share:
-    """What one rank owns: our ZeRO-1/2's slice of the flat buffer, torch's ZeroRedundancyOptimizer's tensors."""
-
-    rank: int
-    """The rank."""
-    owned: int
-    """Parameter elements whose optimizer state (and fp32 master) the rank holds."""
-    largest: int
-    """Elements of the largest tensor (or piece of one) it updates."""
-
-
-def whole_tensor_shares(run: Run) -> list[Share]:
-    """Every rank's share under torch's ZeroRedundancyOptimizer: whole tensors, sorted-greedy (largest first,
-    to the least-loaded rank). Without the tensor sizes: one even share updating the largest known tensor."""
-    world_size, numels = run.world_size, run.shape.param_numels
-    if not numels:
-        even = -(-run.shape.num_params // world_size)
-        return [Share(rank=0, owned=even, largest=run.largest_tensor)]
-    loads, largest = [0] * world_size, [0] * world_size
-    for numel in sorted(numels, reverse=True):
-        rank = min(range(world_size), key=lambda r: (loads[r], r))
-        loads[rank] += numel
-        largest[rank] = max(largest[rank], numel)
-    return [Share(rank=r, owned=loads[r], largest=largest[r]) for r in range(world_size)]
-
-
-def flat_shares(run: Run) -> list[Share]:
-    """Every rank's slice of our ZeRO-1/2's flat buffer (zero_train.sharding.partition: equal slices, tensors
-    split at the cuts). Without the tensor sizes: one even slice."""
-    world_size, numels = run.world_size, run.shape.param_numels
-    if not numels:
-        even = -(-run.shape.num_params // world_size)
-        return [Share(rank=0, owned=even, largest=min(run.largest_tensor, even))]
-    partition = accounting.partition_of(numels, world_size)
-    return [
-        Share(
-            rank=rank,
-            owned=partition.loads()[rank],
-            largest=max((piece.length for piece in partition.pieces(rank)), default=0),
-        )
-        for rank in range(world_size)
-    ]
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Partition:
-    """One rank's slice of DeepSpeed's flat parameter buffer (ZeRO-1/2: even slices, tensors split)."""
-
-    rank: int
-    """The rank."""
-    elements: int
-    """P = ceil(Psi / N), the slice's length."""
-    touched: int
-    """Elements of the WHOLE tensors that overlap the slice: ZeRO-1/2 size the gradients a rank keeps by the
-    tensors in its partition (stage_1_and_2.py `grads_in_partition`), whole; measured on `tiny`, whose
-    embedding is 82% of the model: 2.10 MB (rank 0) and 2.56 MB (rank 1) for 1.28 MB slices."""
-    largest_piece: int
-    """Elements of the largest part of one tensor inside the slice: DeepSpeed takes every gradient's norm in
-    fp64 (zero/utils.py get_norm_dtype), one piece at a time, an 8-byte copy each (measured: +2.56 MB on
-    `tiny`'s 320,384-element piece of its embedding)."""
-
-
-def flat_partitions(run: Run) -> list[Partition]:
-    """Every rank's slice of the flat buffer, tensors in parameter order (without tensor sizes: one even
-    slice whose largest piece is the largest known tensor, capped at the slice)."""
-    psi, world_size, numels = run.shape.num_params, run.world_size, run.shape.param_numels
-    size = -(-psi // world_size)
-    if not numels:
-        return [Partition(rank=0, elements=size, touched=size, largest_piece=min(run.largest_tensor, size))]
-    starts = [0, *itertools.accumulate(numels)][:-1]
-    partitions = []
-    for rank in range(world_size):
-        low, high = rank * size, min((rank + 1) * size, psi)
-        pieces = [min(start + n, high) - max(start, low) for start, n in zip(starts, numels, strict=True)]
-        touched = sum(n for n, piece in zip(numels, pieces, strict=True) if piece > 0)
-        partitions.append(
-            Partition(rank=rank, elements=size, touched=touched, largest_piece=max(max(pieces), 0))
-        )
-    return partitions
-
-
-def _our_partition(run: Run):
-    numels = run.shape.param_numels
-    if numels:
-        return accounting.partition_of(numels, run.world_size)
-    return accounting.even_partition(run.shape.num_params, run.world_size)
-
-
-def zero1_comm_buffers(run: Run) -> int:
-    """Our ZeRO-1's padding of its two flat buffers plus, on gloo (N > 1), the rings' receive buffer: the
-    sharder's own accounting (zero_train.sharding.accounting) for this run's partition, bucket size and
-    backend (without the tensor sizes: one tensor)."""
-    bucket = run.deepspeed.reduce_bucket_size
-    return accounting.zero1_buffers(_our_partition(run), run.element_bytes, run.backend, bucket).comm_buffers
-
-
-def zero2_buffers(run: Run) -> tuple[int, int]:
-    """Our ZeRO-2's (comm_buffers bytes, largest bucket in elements) for this run's partition, bucket size and
-    backend: padding of the flat parameter buffer, the two bucket buffers and on gloo the receive buffer, from
-    the sharder's own accounting (zero_train.sharding.accounting); without tensor sizes, one tensor."""
-    partition, bucket = _our_partition(run), run.deepspeed.reduce_bucket_size
-    buffers = accounting.zero2_buffers(partition, run.element_bytes, run.backend, bucket)
-    largest = max((b.size for b in gradient_buckets(partition, bucket)), default=0)
-    return buffers.comm_buffers, largest
