@@ -64,7 +64,7 @@ def _ours(stage: int, ds_config: dict, rank: int, world_size: int) -> dict[str, 
     run = Run(shape=model_shape(model_config("tiny")), world_size=world_size, precision=PRECISION,
               micro_batch_size=MICRO_BATCH[0], block_size=MICRO_BATCH[1],
               deepspeed=DeepSpeedSettings.from_config(ds_config, stage), grad_accum=GRAD_ACCUM)  # fmt: skip
-    part = partition_of(run, rank)
+    part = partition_of(run.shape, run.world_size, rank)
     inputs, settings = offload.rank_inputs(stage, run, part), offload.OffloadSettings.from_config(ds_config)
     device = {} if stage == 3 else dict(offload_grad_buffer=inputs.element_bytes * inputs.largest_tensor)
     return dict(host=offload.host_terms(inputs, settings), device=device)

@@ -46,7 +46,7 @@ def test_offload_terms_equal_deepspeeds_measured_buffers(stage):
     run = Run(shape=model_shape(model_config("tiny")), world_size=2, precision="bf16", micro_batch_size=2,
               block_size=32, deepspeed=DeepSpeedSettings.from_config(config, stage), grad_accum=2)  # fmt: skip
     settings = offload.OffloadSettings.from_config(config)
-    for part in (partition_of(run, rank) for rank in range(run.world_size)):
+    for part in (partition_of(run.shape, run.world_size, rank) for rank in range(run.world_size)):
         inputs = offload.rank_inputs(stage, run, part)
         host = offload.host_terms(inputs, settings)
         assert host == {term: by_rank[part.rank] for term, by_rank in MEASURED[stage].items()}
@@ -66,7 +66,7 @@ def test_cpu_run_adds_host_terms_to_every_device_phase(engine):
     plain = engine_peak(engine, shape, 2, backend="nccl", rank=cpu.rank, **dict(common, ds_config=None))
     run = Run(shape=shape, world_size=2, precision="bf16", micro_batch_size=2, block_size=32,
               deepspeed=DeepSpeedSettings.from_config(config, stage), grad_accum=2)  # fmt: skip
-    part = partition_of(run, cpu.rank)
+    part = partition_of(run.shape, run.world_size, cpu.rank)
     host = offload.host_terms(
         offload.rank_inputs(stage, run, part), offload.OffloadSettings.from_config(config)
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 import pytest
 
@@ -168,14 +169,16 @@ def test_one_ranks_slice_and_the_distinct_slices_equal_every_slice_cut_tensor_by
                   deepspeed=DeepSpeedSettings())  # fmt: skip
         every = every_slice(run)
         if not shape.param_numels:
-            assert distinct_partitions(run) == every == [partition_of(run, 0)]
+            assert (
+                list(distinct_partitions(shape, world_size)) == every == [partition_of(shape, world_size, 0)]
+            )
             continue
-        assert [partition_of(run, rank) for rank in range(world_size)] == every
+        assert [partition_of(shape, world_size, rank) for rank in range(world_size)] == every
         lowest = {}
         for part in every:
             lowest.setdefault(part.key, part)
-        assert distinct_partitions(run) == list(lowest.values())
-        assert len(distinct_partitions(run)) <= 2 * len(shape.param_numels) + 6
+        assert list(distinct_partitions(shape, world_size)) == list(lowest.values())
+        assert len(distinct_partitions(shape, world_size)) <= 2 * len(shape.param_numels) + 6
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
@@ -235,3 +238,54 @@ def test_engine_peak_equals_every_ranks_model_to_the_byte(engine):
                 engine, shape, world_size, ds_config=CONFIGS[name], rank=rank, **settings
             )
             assert ours.as_dict() == oracle.as_dict(), (name, world_size, backend, precision, rank, shape)
+
+
+def _interleaved_minimums(answer, sizes: tuple[int, ...], repeats: int = 3) -> dict[int, float]:
+    """The fastest of `repeats` runs of answer(size) for each size, the sizes taken in turn (a shared machine's
+    load then weighs on every size alike)."""
+    answer(
+        sizes[0]
+    )  # the activations are counted once per process (activations.count_activations caches them)
+    best = dict.fromkeys(sizes, float("inf"))
+    for _ in range(repeats):
+        for size in sizes:
+            started = time.perf_counter()
+            answer(size)
+            best[size] = min(best[size], time.perf_counter() - started)
+    return best
+
+
+def test_estimate_at_a_million_ranks_costs_at_most_twice_what_8_ranks_cost():
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.estimate import estimate_setup
+
+    config, answers = model_config("llama-2-70b"), {}
+
+    def answer(world_size: int) -> None:
+        answers[world_size] = estimate_setup(config, world_size=world_size, block_size=512, gpu_memory_bytes=80e9,
+                                             gradient_checkpointing=True, host_memory_bytes=2000e9)  # fmt: skip
+
+    seconds = _interleaved_minimums(answer, (8, 10**6))
+    assert seconds[10**6] <= 2 * seconds[8], seconds
+    zero3 = answers[10**6].stages[3]
+    assert zero3.fits and zero3.paper_bytes == 16 * answers[10**6].num_params / 10**6
+
+
+def test_plan_for_llama_2_70b_on_2048_gpus_costs_at_most_twice_what_8_gpus_cost():
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.plan import PlanRequest, make_plan
+    from zero_train.memory.model.theory import model_shape
+
+    config = model_config("llama-2-70b")
+    shape, plans = model_shape(config), {}
+
+    def answer(nodes: int) -> None:
+        request = PlanRequest(shape=shape, config=config, nodes=nodes, gpus_per_node=8, gpu_memory_gb=80,
+                              host_memory_gb=2000, global_batch_size=8 * nodes, block_size=512)  # fmt: skip
+        plans[nodes] = make_plan(request)
+
+    seconds = _interleaved_minimums(answer, (1, 256))
+    assert seconds[256] <= 2 * seconds[1], seconds
+    for plan in plans.values():
+        assert all(c.device_bytes <= plan.request.usable_bytes for c in plan.fitting)
+    assert plans[256].chosen.setup.engine == "ds3" and not plans[256].chosen.setup.offload_optimizer

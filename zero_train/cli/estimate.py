@@ -2,8 +2,9 @@
 
 "ours" is our PEAK model (zero_train.memory.model.estimate.estimate_setup): the most one rank holds in any phase
 of a step, with activations counted on the real architecture (fake tensors), DeepSpeed's offload moved to the
-host, and on GPUs the named headroom terms (assumed, not measured here); the paper and DeepSpeed's estimators
-count model states only.
+host; on GPUs it is compared with the GPU's memory minus a named margin (assumed, not measured here;
+--gpu-margin); the paper and DeepSpeed's estimators count model states only (DeepSpeed's with the set-up's
+offload).
 
 zero-train estimate --params 7.5e9 --world-size 64                 # the paper: 120 / 31.4 / 16.6 / 1.88 GB
 zero-train estimate --model llama-3-8b --world-size 8 --gpu-memory 80 --block-size 8192 --gradient-checkpointing
@@ -20,9 +21,10 @@ import math
 
 from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
+from zero_train.memory.model.limits import flag_type
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
-from zero_train.runtime.parser import positive_float, positive_int
+from zero_train.runtime.parser import non_negative_float, positive_float, positive_int, size_int
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 GB = 1e9
@@ -37,16 +39,21 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         "own estimators (model states only), (c) our model of the PEAK over a training step: model states as "
         "the engines hold them, communication buckets (from --config), activations counted on the model's real "
         "architecture (fake tensors: no memory), gradients before they are reduced, fp32 gradient copies, "
-        "optimizer temporaries, DeepSpeed offload (host bytes per node), and on GPUs the CUDA context, the "
-        "caching allocator's reserve and NCCL buffers (assumed, not measured here). GB = 1e9 bytes.",
+        "optimizer temporaries, DeepSpeed offload (host bytes per node); on GPUs it is compared with the GPU's "
+        "memory minus a margin for the CUDA context, NCCL buffers and allocator slack (assumed, not measured "
+        "here; --gpu-margin). GB = 1e9 bytes.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--model",
         help="a preset (tiny, llama-3-8b, qwen2.5-7b, ...), a config.json, a local HF folder or a hub id",
     )
-    source.add_argument("--params", type=positive_float, help="a raw parameter count instead, e.g. 7.5e9")
-    parser.add_argument("--world-size", type=positive_int, required=True, help="data-parallel ranks")
+    source.add_argument(
+        "--params", type=flag_type("params", positive_float), help="a raw parameter count instead, e.g. 7.5e9"
+    )
+    parser.add_argument(
+        "--world-size", type=flag_type("world_size", size_int), required=True, help="data-parallel ranks"
+    )
     parser.add_argument("--config", help="a DeepSpeed config (bucket sizes, precision, offload)")
     parser.add_argument(
         "--precision",
@@ -54,32 +61,24 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         default=default_for("precision", "estimate"),
         help="default: the config's, else bf16",
     )
-    parser.add_argument(
-        "--gpu-memory", type=positive_float, help="device memory per rank in GB: say which fit"
-    )
-    parser.add_argument(
-        "--host-memory", type=positive_float, help="host memory per node in GB (needed with offload)"
-    )
-    parser.add_argument(
-        "--gpus-per-node", type=positive_int, help="ranks per node (default: min(world size, 8))"
-    )
+    add = parser.add_argument
+    add("--gpu-memory", type=flag_type("gpu_memory_gb", positive_float),
+        help="device memory per rank in GB: say which fit (after the GPU margin)")  # fmt: skip
+    add("--gpu-margin", type=flag_type("gpu_memory_gb", non_negative_float), metavar="GB",
+        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: 0.5 + 1 "
+        "+ 10%% of --gpu-memory; assumed, see docs/gpu.md)")  # fmt: skip
+    add("--host-memory", type=flag_type("host_memory_gb", positive_float),
+        help="host memory per node in GB (needed with offload)")  # fmt: skip
+    add("--gpus-per-node", type=flag_type("gpus_per_node", positive_int),
+        help="ranks per node (default: min(world size, 8))")  # fmt: skip
     micro_batch_size = default_for("micro_batch_size", "estimate")
-    parser.add_argument(
-        "--micro-batch-size",
-        type=positive_int,
-        default=micro_batch_size,
-        help=f"for activations (default {micro_batch_size})",
-    )
-    parser.add_argument(
-        "--block-size", type=positive_int, help="tokens per sample (default: the model's context)"
-    )
+    add("--micro-batch-size", type=flag_type("micro_batch_size", positive_int), default=micro_batch_size,
+        help=f"for activations (default {micro_batch_size})")  # fmt: skip
+    add("--block-size", type=flag_type("block_size", positive_int),
+        help="tokens per sample (default: the model's context, at most 4096)")  # fmt: skip
     grad_accum = default_for("grad_accum", "estimate")
-    parser.add_argument(
-        "--grad-accum",
-        type=positive_int,
-        default=grad_accum,
-        help=f"micro-batches per optimizer step (default {grad_accum})",
-    )
+    add("--grad-accum", type=flag_type("grad_accum", positive_int), default=grad_accum,
+        help=f"micro-batches per optimizer step (default {grad_accum})")  # fmt: skip
     parser.add_argument(
         "--gradient-checkpointing",
         action="store_true",
@@ -89,7 +88,7 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
-        help="where the ranks run (cpu: gloo collectives, no GPU headroom terms); default cuda",
+        help="where the ranks run (cpu: gloo collectives, no GPU margin); default cuda",
     )
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.set_defaults(func=estimate_command)
@@ -117,15 +116,16 @@ def _model(args: argparse.Namespace):
             raise UsageError(
                 "--block-size and --gradient-checkpointing need --model (activations need its shape)"
             )
-        return int(args.params), 0
+        return args.params, 0
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import max_context, model_config
 
     config = model_config(args.model)
-    block_size = args.block_size or max_context(config)
-    if block_size > max_context(config):
-        raise UsageError(f"--block-size {block_size} exceeds {args.model}'s context ({max_context(config)})")
-    return config, block_size
+    if args.block_size and args.block_size > max_context(config):
+        raise UsageError(
+            f"--block-size {args.block_size} exceeds {args.model}'s context ({max_context(config)})"
+        )
+    return config, args.block_size or 0
 
 
 def build_estimate(args: argparse.Namespace) -> dict:
@@ -147,13 +147,19 @@ def build_estimate(args: argparse.Namespace) -> dict:
             f"{args.config} offloads to the host: give --host-memory GB (per node) to say if it fits"
         )
     model, block_size = _model(args)
-    result = estimate_setup(
-        model, world_size=args.world_size, precision=precision, micro_batch_size=args.micro_batch_size,
-        block_size=block_size, grad_accum=args.grad_accum, gradient_checkpointing=args.gradient_checkpointing,
-        ds_config=ds_config, device=args.device, gpus_per_node=args.gpus_per_node,
-        gpu_memory_bytes=args.gpu_memory * GB if args.gpu_memory else None,
-        host_memory_bytes=args.host_memory * GB if args.host_memory else None,
-    ).as_dict()  # fmt: skip
+    if args.gpu_margin is not None and not args.gpu_memory:
+        raise UsageError("--gpu-margin is kept free of --gpu-memory: give --gpu-memory GB too")
+    try:
+        result = estimate_setup(
+            model, world_size=args.world_size, precision=precision, micro_batch_size=args.micro_batch_size,
+            block_size=block_size, grad_accum=args.grad_accum, gradient_checkpointing=args.gradient_checkpointing,
+            ds_config=ds_config, device=args.device, gpus_per_node=args.gpus_per_node,
+            gpu_memory_bytes=args.gpu_memory * GB if args.gpu_memory else None,
+            gpu_margin_bytes=args.gpu_margin * GB if args.gpu_margin is not None else None,
+            host_memory_bytes=args.host_memory * GB if args.host_memory else None,
+        ).as_dict()  # fmt: skip
+    except ValueError as err:
+        raise UsageError(str(err)) from err
     for row in result["stages"]:
         row.update(ours_bytes=row["device_peak_bytes"], ours_peak_phase=row["device_peak_phase"],
                    ours_phases=row["device_phases"], ours_categories=row["boundary"])  # fmt: skip
@@ -189,13 +195,14 @@ def _words() -> dict[str, str]:
 def _header(result: dict, unit_name: str, exponent: int) -> str:
     block = ""
     if result["block_size"]:
-        block = f", micro-batch {result['micro_batch_size']} x block {result['block_size']}"
+        default = " (default: the context, at most 4,096)" if result["default_block_size"] else ""
+        block = f", micro-batch {result['micro_batch_size']} x block {result['block_size']}{default}"
         block += f" x {result['grad_accum']} accumulated" if result["grad_accum"] > 1 else ""
         block += ", activation checkpointing" if result["gradient_checkpointing"] else ""
     offload = result["offload"]
     moved = [f"{what} -> {where}" for what, where in offload.items() if where != "none"]
     return (
-        f"{result['num_params']:,} params, {result['world_size']} ranks ({result['gpus_per_node']} per node), "
+        f"{result['num_params']:,} params, {result['world_size']:,} ranks ({result['gpus_per_node']} per node), "
         f"{result['precision']}{block}{'; offload ' + ', '.join(moved) if moved else ''}; "
         f"{unit_name} per rank (1 {unit_name} = 1e{exponent} bytes)"
     )
@@ -204,21 +211,22 @@ def _header(result: dict, unit_name: str, exponent: int) -> str:
 def _print_table(result: dict) -> None:
     unit, unit_name = (GB, "GB") if result["stages"][0]["paper_bytes"] >= GB else (1e6, "MB")
     print(_header(result, unit_name, 9 if unit_name == "GB" else 6))
-    columns = f"{'stage':<14} {'paper':>8} {'DeepSpeed':>10} {'ours':>8} {'peak phase':<15} {'+headroom':>9}"
-    print(columns + f" {'host/node':>9}" + ("  fits" if result["gpu_memory_bytes"] else ""))
+    columns = f"{'stage':<14} {'paper':>8} {'DeepSpeed':>10} {'ours':>8} {'peak phase':<15} {'host/node':>9}"
+    print(columns + f" {'DS host/node':>12}" + ("  fits" if result["gpu_memory_bytes"] else ""))
     for row in result["stages"]:
         line = (
             f"{STAGE_NAMES[row['stage']]:<14} {_gb(row['paper_bytes'], unit):>8} "
             f"{_gb(row['deepspeed_bytes'], unit):>10} {_gb(row['device_peak_bytes'], unit):>8} "
-            f"{row['device_peak_phase']:<15} {_gb(row['device_needed_bytes'], unit):>9} "
-            f"{_gb(row['host_per_node_bytes'], unit):>9}"
+            f"{row['device_peak_phase']:<15} {_gb(row['host_per_node_bytes'], unit):>9} "
+            f"{_gb(row['deepspeed_host_per_node_bytes'], unit):>12}"
         )
         print(line + ("" if row["fits"] is None else f"  {_fits_word(row)}"))
-    print("ours = predicted allocated peak on the device; +headroom = with the GPU terms; host/node = host bytes of "
-          "one node's ranks; each phase's total, and the peak phase's terms:")  # fmt: skip
+    print("ours = predicted allocated peak on the device; DeepSpeed = its estimator per GPU (with the set-up's "
+          "offload); host/node = host bytes of one node's ranks (ours, DeepSpeed's); each phase's total, and the "
+          "peak phase's terms:")  # fmt: skip
     for row in result["stages"]:
         print(_phase_line(row, unit))
-    _print_headroom_and_host(result, unit)
+    _print_host(result, unit)
     for note in result["notes"]:
         print(f"note: {note}")
     _print_verdict(result)
@@ -230,16 +238,7 @@ def _fits_word(row: dict) -> str:
     return "no (host)" if row["fits_device"] else "no"
 
 
-def _print_headroom_and_host(result: dict, unit: float) -> None:
-    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.memory.model.gpu_terms import HEADROOM_WORDS
-
-    headroom = result["stages"][-1]["headroom"]
-    if headroom:
-        words = ", ".join(
-            f"{HEADROOM_WORDS[name]} {_gb(value, unit)}" for name, value in headroom.items() if value
-        )
-        print(f"GPU headroom added to ours (NOT measured on this hardware; ZeRO-3 row): {words}")
+def _print_host(result: dict, unit: float) -> None:
     for row in result["stages"]:
         if row["host_per_rank"]:
             terms = ", ".join(
@@ -251,13 +250,20 @@ def _print_headroom_and_host(result: dict, unit: float) -> None:
 
 
 def _print_verdict(result: dict) -> None:
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
+    from zero_train.memory.model.gpu_terms import margin_line
+
     capacity = result["gpu_memory_bytes"]
     if capacity is None:
-        print("give --gpu-memory GB to see which stages fit")
-    elif result["recommended_stage"] is None:
-        print(
-            f"nothing fits in {_gb(capacity)} GB: add ranks, offload, checkpointing, or shrink the micro-batch"
-        )
+        print("give --gpu-memory GB to see which stages fit (after the GPU margin: CUDA context, NCCL buffers, "
+              "allocator slack)")  # fmt: skip
+        return
+    if result["gpu_margin"]:
+        print(margin_line(result["gpu_margin"], capacity))
+    usable = result["usable_gpu_bytes"]
+    if result["recommended_stage"] is None:
+        print(f"nothing fits in {_gb(usable)} GB usable of {_gb(capacity)} GB: add ranks, offload, "
+              "checkpointing, or shrink the micro-batch")  # fmt: skip
     else:
         stage = result["recommended_stage"]
         print(

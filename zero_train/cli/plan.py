@@ -18,10 +18,11 @@ import sys
 
 from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import PRECISIONS
+from zero_train.memory.model.limits import flag_type
 from zero_train.registry import ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
-from zero_train.runtime.parser import positive_float, positive_int
+from zero_train.runtime.parser import non_negative_float, positive_float, positive_int
 
 GB = 1e9
 HF_TRAINER_ENGINES = tuple(spec.name for spec in ENGINES if spec.planned and spec.family == "deepspeed")
@@ -34,20 +35,32 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
         "plan",
         help=COMMANDS["plan"],
         description="Rank set-ups by expected speed (less traffic, no recomputation, no offload first), "
-        "predict each one's peak per rank with the per-phase memory model, write the cheapest that fits.",
+        "predict each one's peak per rank with the per-phase memory model, write the cheapest whose peak stays "
+        "within the GPU's memory minus the GPU margin (CUDA context, NCCL buffers, allocator slack: assumed, "
+        "see docs/gpu.md).",
     )
     add = parser.add_argument
     add("--model", required=True, help="a preset, a shape preset (llama-3-8b, ...) or an HF config folder")
-    add("--nodes", type=positive_int, default=1, help="machines (default 1)")
-    add("--gpus-per-node", type=positive_int, required=True, help="ranks per machine")
-    add("--gpu-memory", type=positive_float, required=True, metavar="GB", help="memory of one GPU (1e9 B)")
-    add("--host-memory", type=positive_float, required=True, metavar="GB", help="CPU memory of one machine")
-    add("--global-batch-size", type=positive_int, required=True, help="sequences per optimizer step")
-    add("--block-size", type=positive_int, required=True, help="tokens per sequence")
+    add("--nodes", type=flag_type("nodes", positive_int), default=1, help="machines (default 1)")
+    add(
+        "--gpus-per-node",
+        type=flag_type("gpus_per_node", positive_int),
+        required=True,
+        help="ranks per machine",
+    )
+    add("--gpu-memory", type=flag_type("gpu_memory_gb", positive_float), required=True, metavar="GB",
+        help="memory of one GPU (1e9 B)")  # fmt: skip
+    add("--gpu-margin", type=flag_type("gpu_memory_gb", non_negative_float), metavar="GB",
+        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: 0.5 + 1 "
+        "+ 10%% of --gpu-memory; assumed, see docs/gpu.md)")  # fmt: skip
+    add("--host-memory", type=flag_type("host_memory_gb", positive_float), required=True, metavar="GB",
+        help="CPU memory of one machine")  # fmt: skip
+    add("--global-batch-size", type=flag_type("global_batch_size", positive_int), required=True,
+        help="sequences per optimizer step")  # fmt: skip
+    add("--block-size", type=flag_type("block_size", positive_int), required=True, help="tokens per sequence")
     add("--precision", choices=PRECISIONS, default=default_for("precision", "plan"))
     add("--headroom", type=float, default=0.0,
-        help="extra fraction of GPU memory kept free beyond the estimate's GPU terms (CUDA context, allocator "
-        "reserve, NCCL buffers), default 0")  # fmt: skip
+        help="extra fraction of GPU memory kept free beyond the GPU margin, default 0")  # fmt: skip
     add("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: CPU ranks with gloo (tests here)")
     add("--format", choices=("deepspeed", "accelerate"), default="deepspeed")
     add("--hf-auto", action="store_true",
@@ -85,7 +98,8 @@ def request_from_args(args: argparse.Namespace):
             shape=shape, config=config, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
             gpu_memory_gb=args.gpu_memory, host_memory_gb=args.host_memory,
             global_batch_size=args.global_batch_size, block_size=args.block_size, precision=args.precision,
-            headroom=args.headroom, backend="gloo" if args.device == "cpu" else "nccl",
+            headroom=args.headroom, gpu_margin_gb=args.gpu_margin,
+            backend="gloo" if args.device == "cpu" else "nccl",
         )  # fmt: skip
     except ValueError as err:
         raise UsageError(str(err)) from err
@@ -122,16 +136,24 @@ def _count(num_params: int) -> str:
 
 
 def render(plan, args: argparse.Namespace) -> str:
-    """The table of fitting set-ups and the reasons the cheaper ones do not fit."""
+    """The table of fitting set-ups, the reasons the cheaper ones do not fit, and how to run the chosen one."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
+    from zero_train.memory.model.gpu_terms import margin_line
+
     request = plan.request
     lines = [
-        f"{args.model}: {_count(request.shape.num_params)} params | {args.nodes} x {args.gpus_per_node} "
-        f"ranks of {args.gpu_memory:g} GB (usable {args.gpu_memory * (1 - args.headroom):.1f}) | host "
-        f"{args.host_memory:g} GB per machine | {args.global_batch_size} x {args.block_size} tokens | "
+        f"{args.model}: {_count(request.shape.num_params)} params | {args.nodes:,} x {args.gpus_per_node} "
+        f"ranks of {args.gpu_memory:g} GB (usable {request.usable_bytes / GB:.1f}) | host "
+        f"{args.host_memory:g} GB per machine | {args.global_batch_size:,} x {args.block_size} tokens | "
         f"{args.precision}",
-        f"{'':2}{'set-up (cheapest first)':<50} {'micro x accum':>13} {'need/rank':>10} {'phase':>14} "
-        f"{'host/machine':>12}",
     ]
+    if request.margin:
+        extra = f", minus --headroom {args.headroom:.0%}" if args.headroom else ""
+        lines.append(margin_line(request.margin, args.gpu_memory * GB) + extra)
+    lines.append(
+        f"{'':2}{'set-up (cheapest first)':<50} {'micro x accum':>13} {'peak/rank':>10} {'phase':>14} "
+        f"{'host/machine':>12}"
+    )
     for index, candidate in enumerate(plan.fitting):
         mark = "->" if index == 0 else "  "
         lines.append(
@@ -141,7 +163,14 @@ def render(plan, args: argparse.Namespace) -> str:
     if plan.rejected:
         lines.append("cheaper set-ups that do not fit:")
         lines += [f"  {c.setup.name}: {c.reason}" for c in plan.rejected]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *run_lines(plan)]) + "\n"
+
+
+def run_lines(plan) -> list[str]:
+    """How to run the chosen set-up (one line today; one block per launcher is issue 28's next part)."""
+    setup = plan.chosen.setup
+    flags = " --gradient-checkpointing" if setup.checkpointing else ""
+    return [f"run: scripts/train.py --engine {setup.engine} --deepspeed_config FILE{flags}"]
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -159,8 +188,6 @@ def plan_command(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from err
     sys.stdout.write(render(plan, args))
     setup = plan.chosen.setup
-    flags = " --gradient-checkpointing" if setup.checkpointing else ""
-    print(f"run: scripts/train.py --engine {setup.engine} --deepspeed_config FILE{flags}")
     if args.hf_auto:
         print(f"HF Trainer: {trainer_arguments(plan, args.output)}")
     if args.output:

@@ -82,6 +82,21 @@ def positive_float(text: str) -> float:
     return value
 
 
+def at_most(parse, maximum: float, why: str):
+    """argparse type: `parse`'s value, refused above `maximum` in one line that says why (the bound's reason)."""
+
+    def bounded(text: str):
+        value = parse(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"{value:,.6g} is beyond what is answered ({maximum:,.6g}: {why})"
+            )
+        return value
+
+    bounded.__name__ = parse.__name__  # argparse names the type in its own messages
+    return bounded
+
+
 def int_list(text: str) -> list[int]:
     """argparse type: comma-separated integers >= 1, e.g. `1,2,4`."""
     return [positive_int(part.strip()) for part in text.split(",") if part.strip()]

@@ -3,20 +3,21 @@
     from zero_train.hf.models import model_config
     result = estimate_setup(model_config("llama-3-8b"), world_size=8, block_size=8192, gpu_memory_bytes=80e9,
                             gradient_checkpointing=True)
-    result.stages[3].device_needed_bytes, result.stages[3].host_per_node_bytes, result.as_dict()
+    result.stages[3].device_peak_bytes, result.usable_gpu_bytes, result.stages[3].host_per_node_bytes
 
 Parts: the activations counted on the real architecture (activations.count_activations, fake tensors), the
-per-phase peak model of each engine (peak.engine_peak), DeepSpeed's offload (offload), the GPU headroom terms
-(gpu_terms, assumed, not measured here) and the host memory our train.py needs to build the model. Used by
-`zero-train estimate` and `zero-train plan`.
+per-phase peak model of each engine (peak.engine_peak), DeepSpeed's offload (offload), the GPU margin taken off
+the GPU's memory (gpu_terms, assumed, not measured here), the host memory our train.py needs to build the model,
+and DeepSpeed's own estimators beside them (deepspeed_estimate). Used by `zero-train estimate` and `zero-train
+plan`; the inputs are bounded (limits).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from zero_train.memory.model import offload, theory
-from zero_train.memory.model.gpu_terms import GpuHeadroom
+from zero_train.memory.model import limits, offload, theory
+from zero_train.memory.model.gpu_terms import gpu_margin
 from zero_train.registry import engine_spec, family_engines
 
 STAGE_ENGINES = {
@@ -25,6 +26,9 @@ STAGE_ENGINES = {
 }
 """The engine our peak model uses for each stage: torch DDP, DeepSpeed ZeRO-1/2/3."""
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DEFAULT_BLOCK_SIZE = 4096
+"""Tokens per sample when none is given: the model's context, at most this (a 128k-context model is rarely
+trained at full context, and its activations at 131,072 tokens fit nowhere)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,7 +40,9 @@ class StageEstimate:
     paper_bytes: float
     """The ZeRO paper's model states (theory.paper_bytes)."""
     deepspeed_bytes: int | None
-    """DeepSpeed's own estimator (stages 2, 3; no offload), None where it has none."""
+    """DeepSpeed's own estimator, per GPU (stages 2, 3; with the set-up's offload), None where it has none."""
+    deepspeed_host_per_node_bytes: int | None
+    """DeepSpeed's own estimator, host bytes per node (its 1.5 buffer factor included), None where it has none."""
     device_phases: dict[str, dict[str, int]]
     """Device bytes at each phase's highest point, by term (offloaded terms removed)."""
     device_peak_phase: str
@@ -44,10 +50,6 @@ class StageEstimate:
     """The allocated peak our model predicts on the device."""
     boundary: dict[str, int]
     """Categories at the step boundary (as the probe attributes them) + one micro-batch's activations."""
-    headroom: dict[str, int]
-    """GPU terms beside the allocated peak (gpu_terms; {} on CPU ranks)."""
-    device_needed_bytes: int
-    """device_peak_bytes + headroom: what the device must have."""
     host_per_rank: dict[str, int]
     """Host bytes per rank while training, by term (offload; {} without)."""
     host_startup_per_rank: int
@@ -82,7 +84,14 @@ class SetupEstimate:
     gradient_checkpointing: bool
     device: str
     gpu_memory_bytes: int | None
+    gpu_margin: dict[str, int]
+    """Device bytes kept free beyond our peak (gpu_terms: CUDA context, NCCL, allocator slack; assumed, not
+    measured), by term; {} on CPU ranks or without gpu_memory_bytes."""
+    usable_gpu_bytes: int | None
+    """gpu_memory_bytes minus the margin: what our peak is compared with."""
     host_memory_bytes: int | None
+    default_block_size: bool
+    """No block size was given: the model's context, at most DEFAULT_BLOCK_SIZE."""
     offload: dict
     activations: dict | None
     stages: list[StageEstimate] = field(default_factory=list)
@@ -115,6 +124,7 @@ def estimate_setup(
     device: str = "cuda",
     gpus_per_node: int | None = None,
     gpu_memory_bytes: float | None = None,
+    gpu_margin_bytes: float | None = None,
     host_memory_bytes: float | None = None,
     stages: tuple[int, ...] = theory.STAGES,
 ) -> SetupEstimate:
@@ -125,13 +135,14 @@ def estimate_setup(
             parameter count (model states only).
         world_size: data-parallel ranks.
         precision: "fp32", "bf16" or "fp16".
-        micro_batch_size, block_size: one micro-batch (block_size 0 with a config: its context length).
+        micro_batch_size, block_size: one micro-batch (block_size 0 with a config: default_block_size).
         grad_accum: micro-batches per optimizer step.
         gradient_checkpointing: HF activation checkpointing (non-reentrant) on every block.
         ds_config: DeepSpeed config (buckets, ZeRO-3 limits, offload applied to the DeepSpeed stages).
-        device: "cuda" (GPU headroom terms added) or "cpu" (gloo ranks, no headroom).
+        device: "cuda" (the GPU margin is kept free) or "cpu" (gloo ranks, no margin).
         gpus_per_node: ranks per node (host bytes per node); default min(world_size, 8).
-        gpu_memory_bytes: device capacity per rank: fits_device compares device_needed_bytes with it.
+        gpu_memory_bytes: device capacity per rank: fits_device compares our peak with it minus the margin.
+        gpu_margin_bytes: the margin kept free on each GPU; None: gpu_terms.GpuMargin's default.
         host_memory_bytes: host memory per node: fits_host compares host_per_node_bytes with it.
         stages: the stages to estimate.
 
@@ -139,60 +150,92 @@ def estimate_setup(
         The SetupEstimate.
 
     Raises:
-        ValueError: offload in ds_config without host_memory_bytes (whether the host fits is the question).
+        ValueError: an input beyond limits.LIMITS, a margin that leaves nothing of the GPU, or offload in
+            ds_config without host_memory_bytes (whether the host fits is the question).
     """
+    limits.check(world_size=world_size, micro_batch_size=micro_batch_size, block_size=block_size,
+                 grad_accum=grad_accum, gpus_per_node=gpus_per_node)  # fmt: skip
     settings = offload.OffloadSettings.from_config(ds_config)
     if settings.active and host_memory_bytes is None:
         raise ValueError(
             "offload needs the host's memory to say whether it fits: give --host-memory GB (per node)"
         )
-    shape, count, block_size = _model_inputs(
-        model, precision, micro_batch_size, block_size, gradient_checkpointing
-    )
+    shape, bare = _shape(model), isinstance(model, (int, float))
+    block = 0 if bare else block_size or default_block_size(model)
+    count = None if bare else counted_activations(
+        model, precision=precision, micro_batch_size=micro_batch_size, block_size=block,
+        gradient_checkpointing=gradient_checkpointing)  # fmt: skip
     per_node = gpus_per_node or min(world_size, 8)
+    margin = _margin(device, gpu_memory_bytes, gpu_margin_bytes, world_size)
     result = SetupEstimate(
         num_params=shape.num_params, world_size=world_size, gpus_per_node=per_node, precision=precision,
-        micro_batch_size=micro_batch_size, block_size=block_size, grad_accum=grad_accum,
+        micro_batch_size=micro_batch_size, block_size=block, grad_accum=grad_accum,
         gradient_checkpointing=gradient_checkpointing, device=device,
-        gpu_memory_bytes=int(gpu_memory_bytes) if gpu_memory_bytes else None,
+        gpu_memory_bytes=int(gpu_memory_bytes) if gpu_memory_bytes else None, gpu_margin=margin,
+        usable_gpu_bytes=int(gpu_memory_bytes) - sum(margin.values()) if gpu_memory_bytes else None,
         host_memory_bytes=int(host_memory_bytes) if host_memory_bytes else None,
+        default_block_size=not bare and not block_size,
         offload=dict(optimizer=settings.optimizer_device, param=settings.param_device),
         activations=count.as_dict() if count is not None else None,
     )  # fmt: skip
-    common = dict(precision=precision, micro_batch_size=micro_batch_size, block_size=block_size,
+    common = dict(precision=precision, micro_batch_size=micro_batch_size, block_size=block,
                   grad_accum=grad_accum, gradient_checkpointing=gradient_checkpointing,
                   ds_config=ds_config, device=device, settings=settings)  # fmt: skip
     for stage in stages:
         result.stages.append(
             estimate_engine(STAGE_ENGINES[stage], shape, count, world_size, per_node=per_node,
-                            gpu_memory_bytes=result.gpu_memory_bytes,
+                            usable_gpu_bytes=result.usable_gpu_bytes,
                             host_memory_bytes=result.host_memory_bytes, **common)
         )  # fmt: skip
     result.notes = _notes(result, settings, count, ds_config)
     return result
 
 
-def _model_inputs(model, precision: str, micro_batch_size: int, block_size: int, checkpointing: bool):
-    """(ModelShape, ActivationCount or None, block size) of a config or a parameter count."""
-    if isinstance(model, (int, float)):
-        return theory.ModelShape(num_params=int(model)), None, 0
-    # here, not at the top: a raw parameter count needs no torch; counting activations on a real config does
-    import torch
+def _margin(device: str, gpu_memory_bytes, gpu_margin_bytes, world_size: int) -> dict[str, int]:
+    """The GPU margin's terms ({} on CPU ranks or without a GPU size); ValueError if it leaves nothing."""
+    if device != "cuda" or not gpu_memory_bytes:
+        return {}
+    margin = gpu_margin(gpu_memory_bytes, world_size=world_size, margin_bytes=gpu_margin_bytes)
+    if sum(margin.values()) >= gpu_memory_bytes:
+        raise ValueError(
+            f"a GPU margin of {sum(margin.values()) / 1e9:g} GB leaves nothing of {gpu_memory_bytes / 1e9:g} GB; "
+            "give a smaller --gpu-margin"
+        )
+    return margin
 
+
+def default_block_size(config) -> int:
+    """Tokens per sample when none is given: the model's context, at most DEFAULT_BLOCK_SIZE."""
+    # here, not at the top: a raw parameter count needs no transformers
     from zero_train.hf.models import max_context
-    from zero_train.memory.model.activations import count_activations
 
-    block = block_size or max_context(model)
-    count = count_activations(model, micro_batch_size=micro_batch_size, block_size=block,
-                              dtype=getattr(torch, PRECISION_DTYPES[precision]),
-                              gradient_checkpointing=checkpointing)  # fmt: skip
-    return theory.model_shape(model), count, block
+    return min(max_context(config), DEFAULT_BLOCK_SIZE)
+
+
+def _shape(model) -> theory.ModelShape:
+    """The ModelShape of a config (counted on the meta device) or of a bare parameter count; ValueError when the
+    count is beyond limits.LIMITS or below one."""
+    if isinstance(model, (int, float)):
+        if model < 1:
+            raise ValueError(f"--params {model:g}: a model has at least one parameter")
+        limits.check(params=model)
+        return theory.ModelShape(num_params=int(model))
+    shape = theory.model_shape(model)
+    limits.check(model_params=shape.num_params)
+    return shape
 
 
 def counted_activations(config, *, precision: str, micro_batch_size: int, block_size: int,
                         gradient_checkpointing: bool):  # fmt: skip
     """The ActivationCount of one micro-batch of a config (fake tensors), as estimate_setup counts it."""
-    return _model_inputs(config, precision, micro_batch_size, block_size, gradient_checkpointing)[1]
+    # here, not at the top: a raw parameter count needs no torch; counting activations on a real config does
+    import torch
+
+    from zero_train.memory.model.activations import count_activations
+
+    return count_activations(config, micro_batch_size=micro_batch_size, block_size=block_size,
+                             dtype=getattr(torch, PRECISION_DTYPES[precision]),
+                             gradient_checkpointing=gradient_checkpointing)  # fmt: skip
 
 
 def estimate_engine(
@@ -202,17 +245,19 @@ def estimate_engine(
     world_size: int,
     *,
     per_node: int,
-    gpu_memory_bytes: int | None,
+    usable_gpu_bytes: int | None,
     host_memory_bytes: int | None,
     settings: offload.OffloadSettings,
     device: str,
+    deepspeed_peer: bool = True,
     **run,
 ) -> StageEstimate:
-    """One engine of the peak model on one set-up: device phases, offload moved to the host, GPU headroom,
-    host bytes, fits. `run`: precision, micro_batch_size, block_size, grad_accum, gradient_checkpointing,
-    ds_config. estimate_setup calls it for each stage, `zero-train plan` for each set-up it tries."""
+    """One engine of the peak model on one set-up: device phases, offload moved to the host, host bytes, fits
+    (our peak against `usable_gpu_bytes`, the GPU's memory minus the margin), and DeepSpeed's own estimate
+    beside it (`deepspeed_peer`). `run`: precision, micro_batch_size, block_size, grad_accum,
+    gradient_checkpointing, ds_config. estimate_setup calls it for each stage, `zero-train plan` for each set-up
+    it tries."""
     # here, not at the top: DeepSpeed imports in seconds and logs a line; `zero-train --help` and flag errors come before it
-    from zero_train.memory.model.deepspeed_estimate import deepspeed_estimate
     from zero_train.memory.model.peak import backend_for, engine_peak
 
     stage = engine_spec(engine).stage
@@ -224,25 +269,35 @@ def estimate_engine(
         host, nvme = offload.host_terms(inputs, settings), offload.nvme_bytes(inputs, settings)
     totals = {name: sum(terms.values()) for name, terms in phases.items()}
     peak_phase = max(totals, key=lambda name: totals[name])
-    headroom = GpuHeadroom().terms(totals[peak_phase], world_size=world_size) if device == "cuda" else {}
     startup = 4 * (max(shape.param_numels, default=shape.num_params) if stage == 3 else shape.num_params)
     ranks_on_node = min(per_node, world_size)
+    peer = _deepspeed_peer(shape, world_size, stage, per_node, settings) if deepspeed_peer else None
     row = StageEstimate(
         stage=stage, engine=engine, paper_bytes=theory.paper_bytes(shape.num_params, world_size, stage,
                                                                    precision=run["precision"]),
-        deepspeed_bytes=deepspeed_estimate(shape.num_params, world_size, stage,
-                                                  largest_layer_params=shape.largest_layer_params),
+        deepspeed_bytes=peer and peer.gpu_bytes, deepspeed_host_per_node_bytes=peer and peer.host_per_node_bytes,
         device_phases=phases, device_peak_phase=peak_phase, device_peak_bytes=totals[peak_phase],
-        boundary=model.boundary, headroom=headroom,
-        device_needed_bytes=totals[peak_phase] + sum(headroom.values()), host_per_rank=host,
-        host_startup_per_rank=startup,
+        boundary=model.boundary, host_per_rank=host, host_startup_per_rank=startup,
         host_per_node_bytes=ranks_on_node * max(sum(host.values()), startup), nvme_per_rank_bytes=nvme,
     )  # fmt: skip
-    if gpu_memory_bytes is not None:
-        row.fits_device = row.device_needed_bytes <= gpu_memory_bytes
+    if usable_gpu_bytes is not None:
+        row.fits_device = row.device_peak_bytes <= usable_gpu_bytes
     if host_memory_bytes is not None:
         row.fits_host = row.host_per_node_bytes <= host_memory_bytes
     return row
+
+
+def _deepspeed_peer(shape, world_size: int, stage: int, per_node: int, settings: offload.OffloadSettings):
+    """DeepSpeed's own estimate of the stage with the set-up's offload (stages 2 and 3 only), or None."""
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; only stages 2 and 3 ask for it
+    from zero_train.memory.model.deepspeed_estimate import deepspeed_model_states
+
+    moved = stage > 0 and settings.active
+    return deepspeed_model_states(
+        shape.num_params, world_size, stage, largest_layer_params=shape.largest_layer_params,
+        gpus_per_node=min(per_node, world_size), offload_optimizer=settings.optimizer_device if moved else "none",
+        offload_param=settings.param_device if stage == 3 else "none",
+    )  # fmt: skip
 
 
 def _offload_inputs(stage, shape, world_size, rank, run) -> offload.OffloadInputs:
@@ -255,7 +310,7 @@ def _offload_inputs(stage, shape, world_size, rank, run) -> offload.OffloadInput
     probe = Run(shape=shape, world_size=world_size, precision=run["precision"],
                 micro_batch_size=run["micro_batch_size"], block_size=run["block_size"], deepspeed=deepspeed,
                 grad_accum=run["grad_accum"])  # fmt: skip
-    return offload.rank_inputs(stage, probe, partition_of(probe, rank))
+    return offload.rank_inputs(stage, probe, partition_of(shape, world_size, rank))
 
 
 def _notes(result: SetupEstimate, settings: offload.OffloadSettings, count, ds_config) -> list[str]:
@@ -264,7 +319,9 @@ def _notes(result: SetupEstimate, settings: offload.OffloadSettings, count, ds_c
         "start and the end of backward and the optimizer step; the paper and DeepSpeed count model states only",
         "stage 0 is torch DDP, stages 1-3 DeepSpeed ZeRO-1/2/3; ZeRO-1 holds whole gradients during backward "
         "(as the paper counts them) and only its partition at the step boundary",
-        "DeepSpeed has no estimator for stages 0 and 1 (only estimate_zero2/zero3_model_states_mem_needs)",
+        "DeepSpeed has no estimator for stages 0 and 1 (only estimate_zero2/zero3_model_states_mem_needs), none "
+        "for NVMe at stage 3 and none for offload_param without offload_optimizer; DS host/node is its host "
+        "estimate per node (its 1.5 buffer factor included)",
     ]
     if count is not None:
         notes.append(
@@ -283,10 +340,16 @@ def _notes(result: SetupEstimate, settings: offload.OffloadSettings, count, ds_c
             "no DeepSpeed config: its defaults assumed (reduce bucket 5e8 elements, FusedAdam: no optimizer "
             "temporaries)"
         )
+    if result.default_block_size:
+        notes.append(
+            f"no --block-size: {result.block_size:,} tokens per sample, the model's context at most "
+            f"{DEFAULT_BLOCK_SIZE:,}; give --block-size to estimate another length"
+        )
     if result.device == "cuda":
         notes.append(
-            "GPU headroom (CUDA context 0.5 GB, caching allocator's reserve 10% of the peak, NCCL buffers 256 MiB) "
-            "is ASSUMED from PyTorch's and NCCL's documentation, not measured: no GPU has run this code here"
+            "the GPU margin (default: CUDA context 0.5 GB, NCCL buffers 1 GB, allocator slack 10% of the GPU; "
+            "docs/gpu.md) is ASSUMED from PyTorch's, NCCL's and accelerate's documentation and issues, not "
+            "measured: no GPU has run this code here; --gpu-margin GB sets your own"
         )
     if count is None:
         notes.append("a bare parameter count: no activations, loss tensors or largest tensor (give a model)")

@@ -11,10 +11,11 @@ slice computed the plain way (pieces of every tensor) at small N.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from dataclasses import dataclass
 
-from zero_train.memory.model.peak_terms import Run
+from zero_train.memory.model.theory import ModelShape
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -40,34 +41,34 @@ class Partition:
         return self.elements, self.touched, self.largest_piece
 
 
-def slice_elements(run: Run) -> int:
+def slice_elements(shape: ModelShape, world_size: int) -> int:
     """P = ceil(Psi / N)."""
-    return -(-run.shape.num_params // run.world_size)
+    return -(-shape.num_params // world_size)
 
 
-def _offsets(run: Run) -> list[int]:
+@functools.lru_cache(maxsize=16)
+def _offsets(numels: tuple[int, ...]) -> list[int]:
     """Start of every tensor in the flat buffer, and the end of the last: T + 1 offsets."""
-    return [0, *itertools.accumulate(run.shape.param_numels)]
+    return [0, *itertools.accumulate(numels)]
 
 
-def partition_of(run: Run, rank: int, offsets: list[int] | None = None) -> Partition:
+def partition_of(shape: ModelShape, world_size: int, rank: int) -> Partition:
     """Rank `rank`'s slice (without tensor sizes: one even slice whose largest piece is the largest known tensor).
 
     Args:
-        run: the run (its shape's param_numels, world size).
+        shape: the model (its param_numels, in parameter order).
+        world_size: N.
         rank: 0 <= rank < N.
-        offsets: `_offsets(run)`, when the caller asks for many ranks.
     """
-    size, psi, numels = slice_elements(run), run.shape.num_params, run.shape.param_numels
+    size, psi, numels = slice_elements(shape, world_size), shape.num_params, shape.param_numels
     if not numels:
-        return Partition(rank=rank, elements=size, touched=size, largest_piece=min(run.largest_tensor, size))
+        largest = max(shape.param_numels, default=shape.largest_layer_params)
+        return Partition(rank=rank, elements=size, touched=size, largest_piece=min(largest, size))
     low, high = rank * size, min((rank + 1) * size, psi)
     if high <= low:  # past the end of the model: an empty slice
         return Partition(rank=rank, elements=size, touched=0, largest_piece=0)
-    offsets = offsets or _offsets(run)
-    first = (
-        bisect.bisect_right(offsets, low, 0, len(numels)) - 1
-    )  # the last tensor starting at or before `low`
+    offsets = _offsets(numels)
+    first = bisect.bisect_right(offsets, low, 0, len(numels)) - 1  # the last tensor starting at or before low
     if offsets[first + 1] <= low:  # it ends before `low`: the slice lies past the last tensor
         return Partition(rank=rank, elements=size, touched=0, largest_piece=0)
     stop = bisect.bisect_left(offsets, high, 0, len(numels))  # tensors from here on start at or after `high`
@@ -79,8 +80,10 @@ def partition_of(run: Run, rank: int, offsets: list[int] | None = None) -> Parti
                      largest_piece=max(max(pieces), 0))  # fmt: skip
 
 
-def distinct_partitions(run: Run) -> list[Partition]:
-    """The lowest rank of every distinct partition (equal `key`), in rank order.
+@functools.lru_cache(maxsize=16)
+def distinct_partitions(shape: ModelShape, world_size: int) -> tuple[Partition, ...]:
+    """The lowest rank of every distinct partition (equal `key`), in rank order (cached: `zero-train plan` asks
+    for the same model and world size with every set-up it tries).
 
     Every other rank equals one of these: a rank whose slice lies inside one tensor equals the first such rank
     of that tensor (its partition is known at once: the tensor, one full piece), unless it is the last, shorter
@@ -88,11 +91,10 @@ def distinct_partitions(run: Run) -> list[Partition]:
     ranks looked at are, per tensor, the one holding its start and the first one inside it, plus the first and
     last ranks and those around the end of the model: at most 2 T + 6, whatever N is.
     """
-    size, world_size, psi = slice_elements(run), run.world_size, run.shape.num_params
-    numels = run.shape.param_numels
+    size, psi, numels = slice_elements(shape, world_size), shape.num_params, shape.param_numels
     if not numels:
-        return [partition_of(run, 0)]
-    offsets = _offsets(run)
+        return (partition_of(shape, world_size, 0),)
+    offsets = _offsets(numels)
     filled = -(-psi // size)  # ranks whose slice is not empty
     found: dict[int, Partition] = {}
     for index, numel in enumerate(numels):  # the first rank inside each tensor, when one lies inside it
@@ -103,8 +105,8 @@ def distinct_partitions(run: Run) -> list[Partition]:
     marks = {0, world_size - 1, filled - 1, filled, past, *(offset // size for offset in offsets)}
     for rank in marks - found.keys():
         if 0 <= rank < world_size:
-            found[rank] = partition_of(run, rank, offsets)
+            found[rank] = partition_of(shape, world_size, rank)
     distinct: dict[tuple[int, int, int], Partition] = {}
     for rank in sorted(found):
         distinct.setdefault(found[rank].key, found[rank])
-    return list(distinct.values())
+    return tuple(distinct.values())

@@ -38,6 +38,7 @@ answer keeps the two apart (zero_train.memory.model.estimate puts the host terms
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from zero_train.memory.model import offload
@@ -144,23 +145,25 @@ def modelled_engine(engine: str | None) -> EngineSpec | None:
     return spec if spec is not None and spec.peak_model is not None else None
 
 
-def _undominated(items: list, fields) -> list:
-    """The items (in rank order) that no lower rank matches or beats on every one of `fields(item)`.
+def _undominated(items, fields) -> list:
+    """The items (in rank order) that no lower rank matches or beats on both of `fields(item)`.
 
     Each rank-dependent term of an engine's phases grows with what the rank owns (its elements, its largest
-    tensor or piece) and with nothing else, so its peak does too: a rank matched or beaten on every field by a
+    tensor or piece) and with nothing else, so its peak does too: a rank matched or beaten on both fields by a
     lower rank is never the one with the highest peak (ties go to the lower rank). The ranks left are few.
     """
-    kept: list = []
+    kept, front = [], []
     for item in items:
-        values = fields(item)
-        if not any(all(mine >= theirs for mine, theirs in zip(fields(k), values, strict=True)) for k in kept):
+        first, second = fields(item)
+        if not any(low_first >= first and low_second >= second for low_first, low_second in front):
             kept.append(item)
+            front.append((first, second))
     return kept
 
 
-def _deepspeed_ranks(run: Run, stage: int, *, optimizer_offloaded: bool) -> list[Partition]:
-    """The DeepSpeed ranks that may hold the highest peak, lowest first.
+@functools.lru_cache(maxsize=64)
+def _deepspeed_ranks(shape: ModelShape, world_size: int, stage: int, optimizer_offloaded: bool) -> tuple:
+    """The DeepSpeed ranks that may hold the highest peak, lowest first (cached, as distinct_partitions).
 
     ZeRO-3 splits every tensor over all ranks: every rank holds the same (rank 0 stands for all). ZeRO-1/2 ranks
     differ by the whole tensors their slice touches and their largest piece, and a rank holding more of both
@@ -170,14 +173,14 @@ def _deepspeed_ranks(run: Run, stage: int, *, optimizer_offloaded: bool) -> list
     backward holds): one rank per number of touched elements, none dropped.
     """
     if stage == 3:
-        return [partition_of(run, 0)]
-    parts = distinct_partitions(run)
+        return (partition_of(shape, world_size, 0),)
+    parts = distinct_partitions(shape, world_size)
     if optimizer_offloaded:
         by_touched: dict[int, Partition] = {}
         for part in parts:
             by_touched.setdefault(part.touched, part)
-        return list(by_touched.values())
-    return _undominated(parts, lambda part: (part.touched, part.largest_piece))
+        return tuple(by_touched.values())
+    return tuple(_undominated(parts, lambda part: (part.touched, part.largest_piece)))
 
 
 def _rank_models(
@@ -197,9 +200,9 @@ def _rank_models(
     if spec.sharding == "flat" and not spec.ours:  # DeepSpeed's slices of one flat buffer
         alike = not run.shape.param_numels or run.world_size == 1
         if asked and not alike:
-            parts = [partition_of(run, rank)]
+            parts = [partition_of(run.shape, run.world_size, rank)]
         else:
-            parts = _deepspeed_ranks(run, spec.stage, optimizer_offloaded=optimizer_offloaded)
+            parts = _deepspeed_ranks(run.shape, run.world_size, spec.stage, optimizer_offloaded)
         models = [
             PeakModel(engine=engine, rank=part.rank, phases=phases_of(run, spec.stage, part),
                       boundary=_state(deepspeed_boundary(run, spec.stage, part)))

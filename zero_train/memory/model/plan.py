@@ -13,9 +13,9 @@ is taken (fewer accumulation steps: less time per sample).
 A set-up fits when the estimate of that set-up (zero_train.memory.model.estimate.estimate_engine, the same
 function `zero-train estimate` uses) fits: the activations counted on the model's real architecture (fake
 tensors, once per micro-batch size and checkpointing choice), the per-phase peak of the engine, DeepSpeed's
-offload buffers moved to the host, the GPU headroom terms (CUDA context, allocator reserve, NCCL buffers:
-assumed, not measured here) and an optional extra margin (--headroom) below the GPU's memory; and the host
-of one machine holds what its ranks put there (the fp32 model every rank builds before moving it, not under
+offload buffers moved to the host) is at most the GPU's memory minus the GPU margin (gpu_terms: CUDA context,
+NCCL buffers, allocator slack; assumed, not measured here; `gpu_margin_gb` replaces it) and an optional extra
+fraction (--headroom); and the host of one machine holds what its ranks put there (the fp32 model every rank builds before moving it, not under
 ZeRO-3's zero.Init, and offloaded states). The JSON the estimate reads is the one the plan writes
 (setup_config).
 """
@@ -25,8 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zero_train.ds_config.generate import ConfigRequest, generate_config
-from zero_train.memory.model import offload
+from zero_train.memory.model import limits, offload
 from zero_train.memory.model.estimate import StageEstimate, counted_activations, estimate_engine
+from zero_train.memory.model.gpu_terms import gpu_margin
 from zero_train.memory.model.theory import ModelShape
 from zero_train.registry import ENGINES, engine_spec
 
@@ -117,7 +118,10 @@ class PlanRequest:
     precision: str = "bf16"
     """Training precision."""
     headroom: float = 0.0
-    """Fraction of device memory kept free beyond the GPU terms the estimate adds (gpu_terms)."""
+    """Fraction of device memory kept free beyond the GPU margin."""
+    gpu_margin_gb: float | None = None
+    """GB kept free on each GPU for what the peak model does not count; None: gpu_terms.GpuMargin's default
+    (CUDA context, NCCL buffers, allocator slack). No margin on CPU ranks (backend gloo)."""
     backend: str = "nccl"
     """"nccl" (GPUs) or "gloo" (CPU ranks)."""
 
@@ -126,7 +130,28 @@ class PlanRequest:
         """Ranks over all machines."""
         return self.nodes * self.gpus_per_node
 
+    @property
+    def margin(self) -> dict[str, int]:
+        """The GPU margin's terms in bytes ({} on CPU ranks)."""
+        if self.backend != "nccl":
+            return {}
+        margin = None if self.gpu_margin_gb is None else self.gpu_margin_gb * GB
+        return gpu_margin(self.gpu_memory_gb * GB, world_size=self.world_size, margin_bytes=margin)
+
+    @property
+    def usable_bytes(self) -> float:
+        """What a rank's predicted peak may reach: the GPU's memory minus the margin and the headroom."""
+        return self.gpu_memory_gb * GB * (1 - self.headroom) - sum(self.margin.values())
+
     def __post_init__(self):
+        limits.check(nodes=self.nodes, gpus_per_node=self.gpus_per_node, world_size=self.world_size,
+                     gpu_memory_gb=self.gpu_memory_gb, host_memory_gb=self.host_memory_gb,
+                     global_batch_size=self.global_batch_size, block_size=self.block_size)  # fmt: skip
+        if self.usable_bytes <= 0:
+            raise ValueError(
+                f"the GPU margin ({sum(self.margin.values()) / GB:g} GB) and --headroom {self.headroom:g} leave "
+                f"nothing of {self.gpu_memory_gb:g} GB; give a smaller --gpu-margin or --headroom"
+            )
         if self.global_batch_size % self.world_size:
             raise ValueError(
                 f"--global-batch-size {self.global_batch_size} is not a multiple of the {self.world_size} ranks "
@@ -142,7 +167,7 @@ class Candidate:
     micro_batch_size: int
     grad_accum: int
     device_bytes: int = 0
-    """Predicted peak per rank on the device."""
+    """Predicted (allocated) peak per rank on the device, the margin not included."""
     peak_phase: str = ""
     host_bytes: int = 0
     """Predicted host memory of one machine (all its ranks)."""
@@ -198,7 +223,7 @@ def estimate_candidate(
     ds_config = setup_config(request, setup, micro_batch_size, grad_accum)
     return estimate_engine(
         setup.engine, request.shape, counts.get(micro_batch_size, setup.checkpointing), request.world_size,
-        per_node=request.gpus_per_node, gpu_memory_bytes=None, host_memory_bytes=None,
+        per_node=request.gpus_per_node, usable_gpu_bytes=None, host_memory_bytes=None, deepspeed_peer=False,
         settings=offload.OffloadSettings.from_config(ds_config),
         device="cuda" if request.backend == "nccl" else "cpu", precision=request.precision,
         micro_batch_size=micro_batch_size, block_size=request.block_size, grad_accum=grad_accum,
@@ -208,9 +233,9 @@ def estimate_candidate(
 
 def _candidate(request, setup, micro, per_rank, counts) -> Candidate:
     row = estimate_candidate(request, setup, micro, per_rank // micro, counts)
-    terms = {**row.device_phases[row.device_peak_phase], **row.headroom}
+    terms = row.device_phases[row.device_peak_phase]
     return Candidate(setup=setup, micro_batch_size=micro, grad_accum=per_rank // micro,
-                     device_bytes=row.device_needed_bytes, peak_phase=row.device_peak_phase,
+                     device_bytes=row.device_peak_bytes, peak_phase=row.device_peak_phase,
                      host_bytes=row.host_per_node_bytes, terms=terms)  # fmt: skip
 
 
@@ -223,16 +248,16 @@ def evaluate(request: PlanRequest, setup: Setup, counts: ActivationCounts | None
     """
     counts = counts or ActivationCounts(request)
     per_rank = request.global_batch_size // request.world_size
-    usable = request.gpu_memory_gb * GB * (1 - request.headroom)
-    micros = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+    usable = request.usable_bytes
+    micros = _divisors(per_rank)
     smallest = _candidate(request, setup, micros[0], per_rank, counts)
     if smallest.host_bytes > request.host_memory_gb * GB:
         smallest.reason = (f"host {smallest.host_bytes / GB:.1f} GB per machine > {request.host_memory_gb:g} GB "
                            f"({request.gpus_per_node} ranks)")  # fmt: skip
         return smallest
     if smallest.device_bytes > usable:
-        smallest.reason = (f"{smallest.device_bytes / GB:.1f} GB per rank ({smallest.peak_phase}, GPU terms "
-                           f"included) at micro-batch 1 > {usable / GB:.1f} GB usable")  # fmt: skip
+        smallest.reason = (f"{smallest.device_bytes / GB:.1f} GB per rank ({smallest.peak_phase}) at micro-batch 1 "
+                           f"> {usable / GB:.1f} GB usable")  # fmt: skip
         return smallest
     best, low, high = smallest, 1, len(micros) - 1  # micros[low - 1] fits; bisect in [low, high]
     while low <= high:
@@ -243,6 +268,12 @@ def evaluate(request: PlanRequest, setup: Setup, counts: ActivationCounts | None
         else:
             high = middle - 1
     return best
+
+
+def _divisors(number: int) -> list[int]:
+    """The divisors of `number`, ascending (sqrt(number) steps: a per-rank batch may be large)."""
+    small = [d for d in range(1, int(number**0.5) + 1) if number % d == 0]
+    return sorted({*small, *(number // d for d in small)})
 
 
 @dataclass(kw_only=True, slots=True)

@@ -67,7 +67,7 @@ class SharderLayout:
 
 
 def _flat_share(run: Run, rank: int) -> Share:
-    part = partition_of(run, rank)
+    part = partition_of(run.shape, run.world_size, rank)
     owned = max(0, min((rank + 1) * part.elements, run.shape.num_params) - rank * part.elements)
     return Share(rank=rank, owned=owned, largest=part.largest_piece)
 
@@ -75,11 +75,14 @@ def _flat_share(run: Run, rank: int) -> Share:
 def sharder_layout(run: Run) -> SharderLayout:
     """Our sharders' element-balanced layout of `run`'s tensors (without tensor sizes: one tensor, an even split)."""
     psi, world_size, numels = run.shape.num_params, run.world_size, run.shape.param_numels
-    size = max(1, slice_elements(run))
+    size = max(1, slice_elements(run.shape, world_size))
     tensors = numels or (psi,)
     if numels:
         filled = -(-psi // size)  # ranks holding data; the last of them may hold fewer than P
-        ranks = {part.rank for part in distinct_partitions(run)} | {filled - 1, min(filled, world_size - 1)}
+        ranks = {part.rank for part in distinct_partitions(run.shape, world_size)} | {
+            filled - 1,
+            min(filled, world_size - 1),
+        }
         distinct: dict[tuple[int, int], Share] = {}
         for share in sorted((_flat_share(run, rank) for rank in ranks), key=lambda share: share.rank):
             distinct.setdefault((share.owned, share.largest), share)
