@@ -143,7 +143,7 @@ CASES = [
     Case("plan-margin-leaves-nothing", "zero-train", ["plan", *PLAN, "--gpu-memory", "1", "-o", "{w}/plan.json"],
          "leave nothing of 1 GB"),
     Case("plan-beyond-the-largest-cluster", "zero-train", ["plan", *PLAN, "--gpu-memory", "80", "--nodes",
-         "6000000", "--global-batch-size", "12000000"], "--world-size 1.2e+07 is beyond what the estimate answers"),
+         "6000000", "--global-batch-size", "12000000"], "--nodes x --gpus-per-node 1.2e+07 is beyond what the estimate answers"),
     Case("plan-absurd-gpu-memory", "zero-train", ["plan", *PLAN, "--gpu-memory", "1e6"],
          "argument --gpu-memory: 1e+06 is beyond what is answered"),
     Case("plan-inconsistent-batch", "zero-train", ["plan", "--model", "tiny", "--gpus-per-node", "2",

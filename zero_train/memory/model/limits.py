@@ -27,6 +27,9 @@ class Limit:
 LIMITS = {
     "world_size": Limit("--world-size", 10_000_000, "100x the largest clusters built (~10^5 GPUs)"),
     "nodes": Limit("--nodes", 10_000_000, "100x the largest clusters built"),
+    "plan_world_size": Limit(
+        "--nodes x --gpus-per-node", 10_000_000, "100x the largest clusters built (~10^5 GPUs)"
+    ),
     "gpus_per_node": Limit("--gpus-per-node", 1024, "one host memory; NVL72 racks hold 72 GPUs"),
     "params": Limit("--params", 1e14, "100 trillion parameters, ~50x the largest published models"),
     "model_params": Limit("the model's parameter count", 1e14, "100 trillion, ~50x the largest published"),

@@ -144,7 +144,7 @@ class PlanRequest:
         return self.gpu_memory_gb * GB * (1 - self.headroom) - sum(self.margin.values())
 
     def __post_init__(self):
-        limits.check(nodes=self.nodes, gpus_per_node=self.gpus_per_node, world_size=self.world_size,
+        limits.check(nodes=self.nodes, gpus_per_node=self.gpus_per_node, plan_world_size=self.world_size,
                      gpu_memory_gb=self.gpu_memory_gb, host_memory_gb=self.host_memory_gb,
                      global_batch_size=self.global_batch_size, block_size=self.block_size)  # fmt: skip
         if self.usable_bytes <= 0:
