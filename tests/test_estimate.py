@@ -280,3 +280,29 @@ def test_the_deepspeed_column_is_deepspeeds_own_estimate_for_the_set_ups_offload
             zero3.deepspeed_bytes < plain.deepspeed_bytes
             and zero3.device_peak_bytes < plain.device_peak_bytes
         )
+
+
+def test_without_a_block_size_the_estimate_takes_the_context_at_most_4096_tokens_and_says_so(
+    capsys, tmp_path
+):
+    from zero_train.hf.models import max_context, model_config
+    from zero_train.memory.model.estimate import DEFAULT_BLOCK_SIZE, default_block_size
+
+    qwen = model_config("qwen2.5-7b")
+    assert (max_context(qwen), default_block_size(qwen)) == (131_072, DEFAULT_BLOCK_SIZE) == (131_072, 4096)
+    long_context = model_config("llama-tiny")
+    long_context.max_position_embeddings = 131_072
+    long_context.to_json_file(tmp_path / "config.json")
+    argv = ["--model", str(tmp_path / "config.json"), "--world-size", "2", "--device", "cpu"]
+    result = json.loads(run_estimate(capsys, *argv, "--json"))
+    assert (result["block_size"], result["default_block_size"]) == (4096, True)
+    assert result["activations"]["tokens"] == 4096
+    table = run_estimate(capsys, *argv)
+    assert "x block 4096 (default: the context, at most 4,096)" in table
+    assert "no --block-size: 4,096 tokens per sample" in table
+    short = json.loads(
+        run_estimate(capsys, "--model", "tiny", "--world-size", "2", "--device", "cpu", "--json")
+    )
+    assert (short["block_size"], short["default_block_size"]) == (256, True)  # tiny's context
+    given = json.loads(run_estimate(capsys, *argv, "--block-size", "64", "--json"))
+    assert (given["block_size"], given["default_block_size"]) == (64, False)
