@@ -91,8 +91,24 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         help="where the ranks run (cpu: gloo collectives, no GPU margin); default cuda",
     )
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    parser.set_defaults(func=estimate_command)
+    parser.set_defaults(func=estimate_command, startup=estimate_imports)
     return parser
+
+
+def estimate_imports(args: argparse.Namespace) -> None:
+    """Import what the estimate will use (the memory model, DeepSpeed's estimators; with --model torch,
+    transformers and the model's module), at once: the `zero-train` process does it with the garbage collector
+    paused (zero_train.cli.main)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
+    from zero_train.memory.model import estimate, peak  # noqa: F401  (imported for their cost)
+    from zero_train.memory.model.deepspeed_estimate import load_estimators
+
+    if args.model:
+        from zero_train.hf.models import import_model_module
+        from zero_train.memory.model import activations  # noqa: F401
+
+        import_model_module(args.model)
+    load_estimators()
 
 
 def _precision(args: argparse.Namespace, ds_config: dict | None) -> str:

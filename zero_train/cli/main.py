@@ -2,7 +2,11 @@
 `<name>_command_parser(subparsers)`; this file only registers them.
 
 `zero-train --help` (or no or an unknown subcommand) needs only the names and one-line helps
-(zero_train.cli.commands): then no subcommand module is imported and the answer comes in a few tens of ms."""
+(zero_train.cli.commands): then no subcommand module is imported and the answer comes in a few tens of ms.
+
+A subcommand whose parser sets a `startup` default (estimate, plan: torch, transformers, the model's module,
+DeepSpeed's estimators) has those imports made first with the cyclic garbage collector paused, when the command
+owns its process (`main()` without argv; zero_train.runtime.startup says why only then)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from zero_train.cli.commands import COMMANDS
 from zero_train.runtime.device import pin_deepspeed_accelerator
 from zero_train.runtime.errors import run_cli
 from zero_train.runtime.parser import OneLineParser
+from zero_train.runtime.startup import collector_paused
 
 
 def build_parser(argv: list[str] | None = None) -> OneLineParser:
@@ -25,7 +30,9 @@ def build_parser(argv: list[str] | None = None) -> OneLineParser:
     """
     parser = OneLineParser(prog="zero-train", description="ZeRO configs, training, memory reports.")
     parser.add_argument("--version", action="version", version=f"zero-train {__version__}")
-    parser.set_defaults(uses_deepspeed=True)  # a subcommand that never imports DeepSpeed sets False
+    parser.set_defaults(
+        uses_deepspeed=True, startup=None
+    )  # a subcommand that never imports DeepSpeed sets False
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     subparsers.required = True
     names_only = argv is not None and not set(argv) & set(COMMANDS)
@@ -46,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
         args = build_parser(arguments).parse_args(arguments)
         if args.uses_deepspeed:
             pin_deepspeed_accelerator()  # before DeepSpeed's import: else it guesses, and warns on CPU
+        if argv is None and args.startup is not None:
+            with collector_paused():  # the process is ours: faster imports (zero_train.runtime.startup)
+                args.startup(args)
         return args.func(args)
 
     run_cli(entry)

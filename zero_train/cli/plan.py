@@ -67,8 +67,18 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
         help="for the HF Trainer: DeepSpeed set-ups only, \"auto\" for lr, betas, eps, weight decay and clipping "
         "(its arguments), no scheduler block (its lr_scheduler_type); prints the TrainingArguments to pass")  # fmt: skip
     add("-o", "--output", help="write the chosen set-up here (JSON; .yaml with --format accelerate)")
-    parser.set_defaults(func=plan_command)
+    parser.set_defaults(func=plan_command, startup=plan_imports)
     return parser
+
+
+def plan_imports(args: argparse.Namespace) -> None:
+    """Import what the plan will use (torch, transformers, the model's module, the memory model), at once: the
+    `zero-train` process does it with the garbage collector paused (zero_train.cli.main)."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
+    from zero_train.hf.models import import_model_module
+    from zero_train.memory.model import activations, peak, plan  # noqa: F401  (imported for their cost)
+
+    import_model_module(args.model)
 
 
 def _model(model: str):

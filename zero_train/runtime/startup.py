@@ -14,7 +14,9 @@ After the block: one full collection (frees any cycle the imports made) and gc.f
 still alive (modules, classes, functions) to the permanent generation that later collections skip; then
 the collector runs as before. Only for imports in a process's own entry point: what is alive at the end of
 the block is never collected if it later becomes cyclic garbage, so it must not hold a model or an engine,
-and a library function called in-process (tests, the bench worker's runs) must not use it.
+and a library function called in-process (tests, the bench worker's runs) must not use it. The `zero-train`
+command uses it for the subcommands that name their imports (estimate, plan: zero_train.cli.main), only when it
+runs as its own process, never when a test calls main(argv).
 """
 
 from __future__ import annotations

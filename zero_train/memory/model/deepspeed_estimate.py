@@ -66,11 +66,7 @@ def deepspeed_model_states(
         return None
     if stage == 3 and offload_param != "none" and not cpu_offload:
         return None
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; importing this module (report, estimate)
-    # must not pay for it, nor a report of failed cells or a bad input, which never asks for stage 2 or 3
-    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
-        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs = load_estimators()
     if stage == 2:
         cpu_bytes, gpu_bytes = estimate_zero2_model_states_mem_needs(
             num_params, cpu_offload=cpu_offload, **nodes
@@ -81,3 +77,13 @@ def deepspeed_model_states(
             cpu_offload_params=offload_param != "none", zero_init=True, **nodes,
         )  # fmt: skip
     return DeepSpeedEstimate(gpu_bytes=int(gpu_bytes), host_per_node_bytes=int(cpu_bytes))
+
+
+def load_estimators():
+    """DeepSpeed's (estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs), imported."""
+    # here, not at the top: DeepSpeed imports in seconds and logs a line; importing this module (report, estimate)
+    # must not pay for it, nor a report of failed cells or a bad input, which never asks for stage 2 or 3
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
