@@ -27,6 +27,16 @@ TRAIN_MODULE = "zero_train.train"
 """The training entry point: `python -m zero_train.train` (scripts/train.py is a shim of it)."""
 
 
+class ShellVariable(str):
+    """An argument the shell expands where the command runs, e.g. ShellVariable("$NODE_RANK"): one printed line
+    serves every node. shell_text leaves it unquoted."""
+
+    def __new__(cls, text: str) -> ShellVariable:
+        if not text.startswith("$") or not text[1:].replace("_", "").isalnum():
+            raise ValueError(f"{text!r} is not a shell variable ($NAME)")
+        return super().__new__(cls, text)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Launch:
     """How to start the ranks of one run."""
@@ -37,10 +47,11 @@ class Launch:
     """Ranks per machine (deepspeed's --num_gpus)."""
     nnodes: int = 1
     """Machines."""
-    node_rank: int | None = None
-    """This machine's rank (torchrun --node_rank, accelerate --machine_rank); deepspeed reads its hostfile."""
+    node_rank: int | ShellVariable | None = None
+    """This machine's rank (torchrun --node_rank, accelerate --machine_rank), or a variable set on each machine;
+    deepspeed reads its hostfile."""
     master_addr: str | None = None
-    """Rank 0's machine (several machines)."""
+    """Rank 0's machine (several machines), or a ShellVariable."""
     master_port: int | None = None
     """The rendezvous port (None: the launcher's default, 29500)."""
     hostfile: str | None = None
@@ -117,7 +128,7 @@ def _deepspeed(launch: Launch) -> list[str]:
 def _torchrun(launch: Launch) -> list[str]:
     flags = ["--nproc_per_node", str(launch.nproc_per_node)]
     if launch.nnodes > 1:
-        flags += ["--nnodes", str(launch.nnodes), "--node_rank", str(launch.node_rank or 0)]
+        flags += ["--nnodes", str(launch.nnodes), "--node_rank", _text(launch.node_rank or 0)]
     return flags + _rendezvous(launch, "--master_addr", "--master_port")
 
 
@@ -129,7 +140,7 @@ def _accelerate(launch: Launch) -> list[str]:
         flags.append("--multi_gpu")  # without a config, the way to more than one process (CPU ranks too)
     flags += ["--num_processes", str(launch.world_size)]
     if launch.nnodes > 1:
-        flags += ["--num_machines", str(launch.nnodes), "--machine_rank", str(launch.node_rank or 0)]
+        flags += ["--num_machines", str(launch.nnodes), "--machine_rank", _text(launch.node_rank or 0)]
     return flags + _rendezvous(launch, "--main_process_ip", "--main_process_port")
 
 
@@ -138,6 +149,11 @@ def _rendezvous(launch: Launch, addr_flag: str, port_flag: str) -> list[str]:
     return flags + ([port_flag, str(launch.master_port)] if launch.master_port is not None else [])
 
 
+def _text(value: int | str) -> str:
+    """An argument as text, a ShellVariable kept as one (str() would make it a plain string)."""
+    return value if isinstance(value, str) else str(value)
+
+
 def shell_text(command: list[str]) -> str:
-    """The command shell-quoted, to print or paste."""
-    return shlex.join(command)
+    """The command shell-quoted, to print or paste (a ShellVariable unquoted: the shell running it expands it)."""
+    return " ".join(arg if isinstance(arg, ShellVariable) else shlex.quote(arg) for arg in command)
