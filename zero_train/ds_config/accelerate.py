@@ -6,8 +6,9 @@
 `accelerate launch` reads the YAML and starts the ranks (torchrun underneath; DeepSpeed's launcher for
 several machines with the DeepSpeed plugin); it passes the YAML's choices to every rank as environment
 variables. scripts/train.py does not wrap the model in an Accelerator: it trains with the DeepSpeed JSON
-the YAML points at (DeepSpeed plugin) or with the fsdp2 engine (FSDP plugin), and refuses to start when the
-YAML and the JSON disagree on what both describe:
+the YAML points at (DeepSpeed plugin), with the fsdp2 engine (FSDP plugin) or with torch DDP (MULTI_GPU, no
+plugin; the JSON given by --deepspeed_config), and refuses to start when the YAML and the JSON disagree on what
+both describe:
 
     YAML (environment variable)                      JSON
     mixed_precision (ACCELERATE_MIXED_PRECISION)     bf16.enabled / fp16.enabled (no = fp32)
@@ -33,6 +34,9 @@ from zero_train.runtime.errors import UsageError
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 PLUGINS = {"deepspeed": "DEEPSPEED", "fsdp2": "FSDP"}  # scripts/train.py --engine -> distributed_type
+DISTRIBUTED_TYPES = {**PLUGINS, "ddp": "MULTI_GPU"}
+"""--engine -> distributed_type; torch DDP takes accelerate's plain multi-process launch (no plugin, torchrun
+underneath: CPU ranks too) and reads its JSON from --deepspeed_config."""
 
 
 def _stage(cfg: dict) -> int:
@@ -57,7 +61,7 @@ def accelerate_config(
     Args:
         cfg: the DeepSpeed config (its precision and stage fill the YAML's matching fields).
         json_path: where the JSON is (the DeepSpeed plugin points at it; written absolute).
-        engine: "deepspeed" (DeepSpeed plugin) or "fsdp2" (FSDP plugin, version 2).
+        engine: "deepspeed" (DeepSpeed plugin), "fsdp2" (FSDP plugin, version 2) or "ddp" (MULTI_GPU, no plugin).
         num_processes: processes over all machines (accelerate's meaning).
         num_machines, machine_rank, main_process_ip, main_process_port: several machines.
         block_class: the transformer block class FSDP wraps (e.g. GPT2Block); None: left to accelerate.
@@ -65,12 +69,12 @@ def accelerate_config(
     Returns:
         The YAML fields.
     """
-    if engine not in PLUGINS:
-        raise UsageError(f"--format accelerate needs --engine deepspeed or fsdp2, not {engine!r}")
+    if engine not in DISTRIBUTED_TYPES:
+        raise UsageError(f"--format accelerate needs --engine deepspeed, fsdp2 or ddp, not {engine!r}")
     stage = _stage(cfg)
     result: dict = dict(
         compute_environment="LOCAL_MACHINE",
-        distributed_type=PLUGINS[engine],
+        distributed_type=DISTRIBUTED_TYPES[engine],
         mixed_precision=MIXED_PRECISION[precision_of(cfg)],
         num_machines=num_machines,
         num_processes=num_processes,
@@ -82,6 +86,8 @@ def accelerate_config(
     )
     if num_machines > 1:
         result.update(main_process_ip=main_process_ip or "127.0.0.1", main_process_port=main_process_port)
+    if engine == "ddp":
+        return result
     if engine == "deepspeed":
         result["deepspeed_config"] = dict(
             deepspeed_config_file=str(pathlib.Path(json_path).resolve()),
@@ -167,11 +173,12 @@ def agreement_problems(cfg: dict, fields: dict, *, engine: str | None = None) ->
     """
     problems = []
     kind, stage = fields["distributed_type"], _stage(cfg)
-    if kind not in PLUGINS.values():
+    if kind not in DISTRIBUTED_TYPES.values():
         return [
-            f"accelerate distributed_type {kind!r}: use DEEPSPEED (--engine deepspeed) or FSDP (--engine fsdp2)"
+            f"accelerate distributed_type {kind!r}: use DEEPSPEED (--engine deepspeed), FSDP (--engine fsdp2) or "
+            "MULTI_GPU (--engine ddp)"
         ]
-    wanted_engine = {plugin: name for name, plugin in PLUGINS.items()}[kind]
+    wanted_engine = {plugin: name for name, plugin in DISTRIBUTED_TYPES.items()}[kind]
     if engine is not None and engine != wanted_engine:
         problems.append(f"accelerate's {kind} plugin runs --engine {wanted_engine}, not --engine {engine}")
     precision = MIXED_PRECISION[precision_of(cfg)]
