@@ -158,14 +158,18 @@ def build_config(values: dict[str, Any]) -> RunConfig:
     return RunConfig(**parts)
 
 
-def run_argv(config: RunConfig) -> list[str]:
-    """The flags that give `config` (those that differ from the defaults): parse_args(run_argv(c)) == c."""
+def run_argv(config: RunConfig, *, explicit: tuple[str, ...] = ()) -> list[str]:
+    """The flags that give `config` (those that differ from the defaults): parse_args(run_argv(c)) == c.
+
+    `explicit`: fields (e.g. "model", "block_size") given even at their defaults, for a command printed to run
+    later, whose meaning must not change with train.py's defaults (a bool at its default has no flag to give).
+    """
     argv = []
     for part_name in PARTS:
         part = getattr(config, part_name)
         for spec in fields(part):
             value, default = getattr(part, spec.name), field_default(spec)
-            if value == default:
+            if value == default and (spec.name not in explicit or value is None or isinstance(value, bool)):
                 continue
             if isinstance(default, bool):
                 argv.append(
