@@ -3,11 +3,14 @@
     zero-train plan --model llama-3-8b --nodes 2 --gpus-per-node 8 --gpu-memory 80 --host-memory 1000 \\
         --global-batch-size 512 --block-size 4096 -o ds.json
     zero-train plan ... --format accelerate -o accel.yaml          # + accel.json beside it
+    zero-train plan ... --format slurm -o train.sbatch             # + train.json beside it
     zero-train plan ... --hf-auto -o ds.json    # for TrainingArguments(deepspeed="ds.json", ...): DeepSpeed set-ups,
                                                 # "auto" where the Trainer's arguments rule, its own lr scheduler
 
 Prints the set-ups that fit, cheapest (expected fastest) first, each with its predicted peak per rank and
-host use, and why every cheaper one does not fit; writes the first one (zero_train.memory.model.plan).
+host use, and why every cheaper one does not fit; writes the first one (zero_train.memory.model.plan) and
+prints the commands that train it, one per launcher (zero_train.cli.plan_run). A file -o would write that
+exists is refused unless --force.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from zero_train.runtime.parser import non_negative_float, positive_float, positi
 GB = 1e9
 HF_TRAINER_ENGINES = tuple(spec.name for spec in ENGINES if spec.planned and spec.family == "deepspeed")
 """Set-ups a DeepSpeed JSON gives the HF Trainer (torch DDP and FSDP2 are its own options, not a JSON)."""
+FORMAT_SUFFIXES = {"deepspeed": (".json",), "accelerate": (".yaml", ".yml"), "slurm": (".sbatch", ".sh")}
+"""--format -> the suffixes -o may have (the JSON goes beside the YAML or the batch script)."""
 
 
 def plan_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -62,11 +67,25 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     add("--headroom", type=float, default=0.0,
         help="extra fraction of GPU memory kept free beyond the GPU margin, default 0")  # fmt: skip
     add("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: CPU ranks with gloo (tests here)")
-    add("--format", choices=("deepspeed", "accelerate"), default="deepspeed")
+    add("--format", choices=tuple(FORMAT_SUFFIXES), default="deepspeed",
+        help="deepspeed: the JSON; accelerate: its YAML + the JSON beside it; slurm: a batch script + the JSON")  # fmt: skip
     add("--hf-auto", action="store_true",
         help="for the HF Trainer: DeepSpeed set-ups only, \"auto\" for lr, betas, eps, weight decay and clipping "
         "(its arguments), no scheduler block (its lr_scheduler_type); prints the TrainingArguments to pass")  # fmt: skip
-    add("-o", "--output", help="write the chosen set-up here (JSON; .yaml with --format accelerate)")
+    add("-o", "--output", help="write the chosen set-up here (.json; .yaml with --format accelerate, .sbatch or .sh "
+        "with --format slurm) and print the commands that train it")  # fmt: skip
+    add(
+        "--max-steps", type=positive_int, help="optimizer steps the printed commands train (default: train's)"
+    )
+    add("--force", action="store_true", help="overwrite files -o would write that exist")
+    add("--master-addr", metavar="HOST", help="node 0's address, written into the commands (several nodes; "
+        "default: $MASTER_ADDR, set on each node)")  # fmt: skip
+    add(
+        "--master-port",
+        type=positive_int,
+        default=29500,
+        help="the rendezvous port on node 0 (default 29500)",
+    )
     parser.set_defaults(func=plan_command, startup=plan_imports)
     return parser
 
@@ -99,8 +118,6 @@ def request_from_args(args: argparse.Namespace):
 
     if not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom {args.headroom} must be a fraction in [0, 1), e.g. 0.1")
-    if args.format == "accelerate" and args.output and not args.output.endswith((".yaml", ".yml")):
-        raise UsageError("--format accelerate needs -o FILE.yaml (the DeepSpeed JSON goes beside it)")
     config, shape = _model(args.model)
     check_block_size(config, args.block_size)
     try:
@@ -173,59 +190,77 @@ def render(plan, args: argparse.Namespace) -> str:
     if plan.rejected:
         lines.append("cheaper set-ups that do not fit:")
         lines += [f"  {c.setup.name}: {c.reason}" for c in plan.rejected]
-    return "\n".join([*lines, *run_lines(plan)]) + "\n"
+    return "\n".join(lines) + "\n"
 
 
-def run_lines(plan) -> list[str]:
-    """How to run the chosen set-up (one line today; one block per launcher is issue 28's next part)."""
-    setup = plan.chosen.setup
-    flags = " --gradient-checkpointing" if setup.checkpointing else ""
-    return [f"run: scripts/train.py --engine {setup.engine} --deepspeed_config FILE{flags}"]
+def output_paths(args: argparse.Namespace) -> list[pathlib.Path]:
+    """The files -o writes (-o, and the JSON beside a YAML or a batch script), checked before any work: the
+    suffix fits --format, the folder is writable, and an existing file is refused without --force."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
+    from zero_train.runtime.outputs import check_output_file
+
+    if not args.output:
+        return []
+    suffixes = FORMAT_SUFFIXES[args.format]
+    if not args.output.endswith(suffixes):
+        raise UsageError(f"--format {args.format} writes -o FILE{suffixes[0]}, not {args.output!r}")
+    main = pathlib.Path(args.output).expanduser()
+    paths = [main] if args.format == "deepspeed" else [main, main.with_suffix(".json")]
+    for path in paths:
+        check_output_file(path, flag="-o")
+        if path.exists() and not args.force:
+            raise UsageError(f"{str(path)!r} exists; pass --force to overwrite it (or another -o)")
+    return paths
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    """Print the plan; write the chosen set-up with -o."""
+    """Print the plan; with -o write the chosen set-up and print the commands that train it."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.plan import make_plan
-    from zero_train.runtime.outputs import check_output_file
 
-    if args.output:
-        check_output_file(args.output, flag="-o")
+    paths = output_paths(args)
     request = request_from_args(args)
     try:
         plan = make_plan(request, engines=HF_TRAINER_ENGINES if args.hf_auto else None)
     except ValueError as err:
         raise UsageError(str(err)) from err
     sys.stdout.write(render(plan, args))
-    setup = plan.chosen.setup
     if args.hf_auto:
         print(f"HF Trainer: {trainer_arguments(plan, args.output)}")
-    if args.output:
-        write_plan(chosen_config(plan, hf_auto=args.hf_auto), args, engine=setup.family or setup.engine)
+    if not paths:
+        print("run: nothing written; -o plan.json (--format accelerate: -o plan.yaml, --format slurm: "
+              "-o plan.sbatch) writes the config and prints the commands that train with it")  # fmt: skip
+        return 0
+    write_plan(plan, args, paths)
     return 0
 
 
-def write_plan(cfg: dict, args: argparse.Namespace, *, engine: str) -> None:
-    """-o: the JSON, or with --format accelerate the YAML and the JSON beside it."""
+def write_plan(plan, args: argparse.Namespace, paths: list[pathlib.Path]) -> None:
+    """Write the JSON (and the YAML or the batch script), then print the run block (not with --hf-auto: the
+    HF Trainer's own script trains it)."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
+    from zero_train.cli.plan_run import Cluster, run_lines, sbatch_script, train_config
     from zero_train.ds_config import write_config
     from zero_train.ds_config.accelerate import accelerate_config_text
 
-    if args.format == "deepspeed":
-        write_config(cfg, args.output)
-        print(f"wrote {args.output}")
-        return
-    json_path = str(pathlib.Path(args.output).with_suffix(".json"))
+    cfg, setup = chosen_config(plan, hf_auto=args.hf_auto), plan.chosen.setup
+    json_path, main = str(paths[-1]), paths[0]
     write_config(cfg, json_path)
-    pathlib.Path(args.output).expanduser().write_text(
-        accelerate_config_text(
-            cfg,
-            json_path=json_path,
-            engine=engine,
-            num_processes=args.nodes * args.gpus_per_node,
-            num_machines=args.nodes,
+    cluster = Cluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, master_addr=args.master_addr,
+                      master_port=args.master_port)  # fmt: skip
+    config = train_config(plan.chosen, model=args.model, block_size=args.block_size, json_path=json_path,
+                          max_steps=args.max_steps)  # fmt: skip
+    if args.format == "accelerate":
+        text = accelerate_config_text(
+            cfg, json_path=json_path, engine=setup.family or setup.engine, num_processes=plan.request.world_size,
+            num_machines=args.nodes, main_process_ip=args.master_addr, main_process_port=args.master_port,
         )  # fmt: skip
-    )
-    print(f"wrote {args.output} and {json_path}")
-    if args.nodes > 1:
-        print(f"set main_process_ip in {args.output} to machine rank 0's address (written: 127.0.0.1)")
+        main.write_text(text)
+    if args.format == "slurm":
+        main.write_text(sbatch_script(config, cluster, gpus=args.device == "cuda"))
+    print(f"wrote {' and '.join(str(path) for path in paths)}")
+    if args.hf_auto:  # the Trainer's script runs it, with the TrainingArguments printed above
+        return
+    yaml = str(main) if args.format == "accelerate" else None
+    sbatch = str(main) if args.format == "slurm" else None
+    print("\n".join(run_lines(config, cluster, accelerate_yaml=yaml, sbatch=sbatch)))
