@@ -20,7 +20,7 @@ import json
 import math
 
 from zero_train.cli.commands import COMMANDS
-from zero_train.ds_config.keys import PRECISIONS
+from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
@@ -83,6 +83,14 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         "--gradient-checkpointing",
         action="store_true",
         help="activation checkpointing (scripts/train.py --gradient-checkpointing)",
+    )
+    load_dtype = default_for("load_dtype", "estimate")
+    parser.add_argument(
+        "--load-dtype",
+        choices=tuple(LOAD_DTYPES),
+        default=load_dtype,
+        help=f"the dtype each rank builds the model in on the host (train.py --load-dtype; default {load_dtype}; "
+        "ZeRO-3 builds under zero.Init on the GPU)",
     )
     parser.add_argument(
         "--device",
@@ -169,7 +177,7 @@ def build_estimate(args: argparse.Namespace) -> dict:
         result = estimate_setup(
             model, world_size=args.world_size, precision=precision, micro_batch_size=args.micro_batch_size,
             block_size=block_size, grad_accum=args.grad_accum, gradient_checkpointing=args.gradient_checkpointing,
-            ds_config=ds_config, device=args.device, gpus_per_node=args.gpus_per_node,
+            ds_config=ds_config, load_dtype=args.load_dtype, device=args.device, gpus_per_node=args.gpus_per_node,
             gpu_memory_bytes=args.gpu_memory * GB if args.gpu_memory else None,
             gpu_margin_bytes=args.gpu_margin * GB if args.gpu_margin is not None else None,
             host_memory_bytes=args.host_memory * GB if args.host_memory else None,

@@ -20,7 +20,7 @@ import pathlib
 import sys
 
 from zero_train.cli.commands import COMMANDS
-from zero_train.ds_config.keys import PRECISIONS
+from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
 from zero_train.registry import ENGINES
 from zero_train.runtime.defaults import default_for
@@ -64,6 +64,9 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
         help="sequences per optimizer step")  # fmt: skip
     add("--block-size", type=flag_type("block_size", positive_int), required=True, help="tokens per sequence")
     add("--precision", choices=PRECISIONS, default=default_for("precision", "plan"))
+    add("--load-dtype", choices=tuple(LOAD_DTYPES), default=default_for("load_dtype", "plan"),
+        help="the dtype each rank builds the model in on the host (train.py --load-dtype; bf16: half the host "
+        "memory; ZeRO-3 builds under zero.Init on the GPU)")  # fmt: skip
     add("--headroom", type=float, default=0.0,
         help="extra fraction of GPU memory kept free beyond the GPU margin, default 0")  # fmt: skip
     add("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: CPU ranks with gloo (tests here)")
@@ -125,6 +128,7 @@ def request_from_args(args: argparse.Namespace):
             shape=shape, config=config, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
             gpu_memory_gb=args.gpu_memory, host_memory_gb=args.host_memory,
             global_batch_size=args.global_batch_size, block_size=args.block_size, precision=args.precision,
+            load_dtype=args.load_dtype,
             headroom=args.headroom, gpu_margin_gb=args.gpu_margin,
             backend="gloo" if args.device == "cpu" else "nccl",
         )  # fmt: skip
@@ -249,7 +253,7 @@ def write_plan(plan, args: argparse.Namespace, paths: list[pathlib.Path]) -> Non
     cluster = Cluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, master_addr=args.master_addr,
                       master_port=args.master_port)  # fmt: skip
     config = train_config(plan.chosen, model=args.model, block_size=args.block_size, json_path=json_path,
-                          max_steps=args.max_steps)  # fmt: skip
+                          load_dtype=args.load_dtype, max_steps=args.max_steps)  # fmt: skip
     if args.format == "accelerate":
         text = accelerate_config_text(
             cfg, json_path=json_path, engine=setup.family or setup.engine, num_processes=plan.request.world_size,

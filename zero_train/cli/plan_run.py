@@ -25,15 +25,8 @@ NODE_RANK = ShellVariable("$NODE_RANK")
 """This node's index (0 .. nodes - 1), set on each node before its torchrun / accelerate line."""
 MASTER_ADDR = ShellVariable("$MASTER_ADDR")
 """Node 0's address, set on every node when --master-addr did not give it."""
-EXPLICIT = (
-    "model",
-    "block_size",
-    "max_steps",
-    "micro_batch_size",
-    "grad_accum",
-    "engine",
-    "deepspeed_config",
-)
+EXPLICIT = ("model", "load_dtype", "block_size", "max_steps", "micro_batch_size", "grad_accum", "engine",
+            "deepspeed_config")  # fmt: skip
 """Train flags printed even at train.py's defaults: the plan's lines must not change meaning with them."""
 HOSTFILE = "hostfile"
 """The file DeepSpeed's launcher reads on several nodes: one `HOST slots=GPUS` line per node (docs/launch.md)."""
@@ -59,15 +52,21 @@ class Cluster:
 
 
 def train_config(
-    candidate, *, model: str, block_size: int, json_path: str, max_steps: int | None = None
+    candidate,
+    *,
+    model: str,
+    block_size: int,
+    json_path: str,
+    load_dtype: str = "fp32",
+    max_steps: int | None = None,
 ) -> RunConfig:
-    """The run config that trains the chosen set-up: the model, its block, the micro-batch and accumulation the
-    plan picked, the engine, recomputation, and the written DeepSpeed JSON (which holds the rest); `max_steps`
-    None: train.py's default."""
+    """The run config that trains the chosen set-up: the model, the dtype it is built in, its block, the
+    micro-batch and accumulation the plan picked, the engine, recomputation, and the written DeepSpeed JSON (which
+    holds the rest); `max_steps` None: train.py's default."""
     setup = candidate.setup
     steps = {} if max_steps is None else dict(max_steps=max_steps)
     return RunConfig(
-        model=ModelConfig(model=model, gradient_checkpointing=setup.checkpointing),
+        model=ModelConfig(model=model, gradient_checkpointing=setup.checkpointing, load_dtype=load_dtype),
         data=DataConfig(block_size=block_size),
         training=TrainingConfig(micro_batch_size=candidate.micro_batch_size, grad_accum=candidate.grad_accum,
                                 **steps),

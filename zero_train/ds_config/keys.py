@@ -27,6 +27,8 @@ from zero_train.runtime.defaults import SHARED_DEFAULTS
 AUTO = "auto"
 PRECISIONS = ("fp32", "bf16", "fp16")
 """Every precision an engine trains in (fp16.enabled / bf16.enabled; fp32: neither)."""
+LOAD_DTYPES = {"fp32": 4, "bf16": 2}
+"""The dtypes train.py can build or load a model in on the host (--load-dtype) -> bytes per parameter."""
 OPTIMIZER_TYPES = ("AdamW", "Adam", "SGD", "adamw", "adam", "sgd")
 
 

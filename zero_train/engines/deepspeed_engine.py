@@ -70,6 +70,10 @@ class DeepSpeedEngine:
             # must stay referenced while the model is built (transformers keeps only a weak reference)
             self.hf_ds_config = HfDeepSpeedConfig(ds_config)
         model = model_fn()
+        if settings.precision == "fp32" and settings.zero_stage < 3:
+            # DeepSpeed casts a model to bf16 / fp16 itself but never to fp32 (a --load-dtype bf16 model);
+            # ZeRO-3's zero.Init already built it in the config's dtype
+            model = model.float()
         params = [p for p in model.parameters() if p.requires_grad]
         # a config without an "optimizer" section would make DeepSpeed train with no optimizer at all
         client_optimizer = None if "optimizer" in ds_config else build_optimizer(params, settings)

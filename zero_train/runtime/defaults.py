@@ -58,7 +58,9 @@ SHARED_DEFAULTS: dict[str, SharedDefault] = {
     "block_size": SharedDefault(
         value=64,
         differs={
-            "estimate": Differs(None, "the model's context: it estimates the real run (issue 28 owns this)"),
+            "estimate": Differs(
+                None, "the model's context at most 4,096 (memory.model.estimate): the real run's"
+            ),
             "plan": Differs(REQUIRED, "the real run's sequence length decides the plan (issue 28 owns this)"),
         },
     ),
@@ -85,6 +87,8 @@ SHARED_DEFAULTS: dict[str, SharedDefault] = {
         },
     ),
     "gradient_checkpointing": SharedDefault(value=False),
+    # what train.py always did: the host's 4 bytes/param, then the engine's cast
+    "load_dtype": SharedDefault(value="fp32"),
 }
 """Flag (its dest: --block-size -> block_size) -> its defaults."""
 

@@ -27,7 +27,7 @@ import os
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
-from zero_train.ds_config.keys import PRECISIONS
+from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.registry import FAMILIES, engine_help, engine_names
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
@@ -101,6 +101,10 @@ class ModelConfig:
     gradient_checkpointing: bool = flag(default_for("gradient_checkpointing", "train"))
     """activation checkpointing: keep each block's input only and recompute the block in backward (Hugging Face's,
     non-reentrant; less memory, ~1/3 more compute)"""
+    load_dtype: str = flag(default_for("load_dtype", "train"), choices=tuple(LOAD_DTYPES))
+    """the dtype each rank builds (or loads) the model in on the host before the engine casts it to the training
+    precision: bf16 needs half the host memory and, for a bf16 run, gives the same weights; ds3 builds under
+    DeepSpeed's zero.Init, in the config's precision and partitioned at once, whatever this says"""
 
     def __post_init__(self) -> None:
         check_part(self)

@@ -221,19 +221,23 @@ def _run_default(key: ConfigKey, max_steps: int, *, pretrained: bool) -> Any:
 
 
 def model_builder(model: ModelConfig, plan: RunPlan, *, seed: int, probe=None):
-    """The model_fn engines call: seeded, so every rank (and every engine) starts from the same weights."""
+    """The model_fn engines call: seeded, so every rank (and every engine) starts from the same weights, built in
+    `model.load_dtype` (the engine casts it to the training precision)."""
     import torch  # here: planning a run (and its errors) must not wait for torch
 
+    from zero_train.engines.precision import PRECISION_DTYPES
     from zero_train.hf.models import PRESETS, build_model, enable_gradient_checkpointing, load_model
+
+    dtype = PRECISION_DTYPES[model.load_dtype]
 
     def build():
         torch.manual_seed(seed)
         phase = probe.phase("model_built") if probe is not None else contextlib.nullcontext()
         with phase:
             if model.model in PRESETS:
-                built = build_model(plan.model_config)
+                built = build_model(plan.model_config, dtype=dtype)
             else:
-                built = load_model(model.model, vocab_size=len(plan.tokenizer))
+                built = load_model(model.model, dtype=dtype, vocab_size=len(plan.tokenizer))
         built.train()  # from_pretrained returns a model in eval mode: no dropout, no checkpointing
         if model.gradient_checkpointing:
             enable_gradient_checkpointing(built)

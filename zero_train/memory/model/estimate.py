@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from zero_train.ds_config.keys import LOAD_DTYPES
 from zero_train.memory.model import limits, offload, theory
 from zero_train.memory.model.gpu_terms import gpu_margin
+from zero_train.memory.model.host_build import model_build_bytes
 from zero_train.registry import engine_spec, family_engines
 
 STAGE_ENGINES = {
@@ -53,8 +55,8 @@ class StageEstimate:
     host_per_rank: dict[str, int]
     """Host bytes per rank while training, by term (offload; {} without)."""
     host_startup_per_rank: int
-    """Host bytes per rank while train.py builds the model (fp32 on the host before moving it; ZeRO-3 builds
-    it partitioned under zero.Init: its largest tensor)."""
+    """Host bytes per rank while train.py builds the model (host_build: the whole model in --load-dtype; ZeRO-3
+    under zero.Init: nothing on a GPU's host, its partition and largest module on CPU ranks)."""
     host_per_node_bytes: int
     """Ranks on one node x the larger of training and start-up host bytes."""
     nvme_per_rank_bytes: int
@@ -82,6 +84,8 @@ class SetupEstimate:
     block_size: int
     grad_accum: int
     gradient_checkpointing: bool
+    load_dtype: str
+    """The dtype train.py builds the model in on the host (--load-dtype)."""
     device: str
     gpu_memory_bytes: int | None
     gpu_margin: dict[str, int]
@@ -121,6 +125,7 @@ def estimate_setup(
     grad_accum: int = 1,
     gradient_checkpointing: bool = False,
     ds_config: dict | None = None,
+    load_dtype: str = "fp32",
     device: str = "cuda",
     gpus_per_node: int | None = None,
     gpu_memory_bytes: float | None = None,
@@ -139,6 +144,7 @@ def estimate_setup(
         grad_accum: micro-batches per optimizer step.
         gradient_checkpointing: HF activation checkpointing (non-reentrant) on every block.
         ds_config: DeepSpeed config (buckets, ZeRO-3 limits, offload applied to the DeepSpeed stages).
+        load_dtype: the dtype train.py builds the model in on the host (--load-dtype: "fp32" or "bf16").
         device: "cuda" (the GPU margin is kept free) or "cpu" (gloo ranks, no margin).
         gpus_per_node: ranks per node (host bytes per node); default min(world_size, 8).
         gpu_memory_bytes: device capacity per rank: fits_device compares our peak with it minus the margin.
@@ -155,6 +161,8 @@ def estimate_setup(
     """
     limits.check(world_size=world_size, micro_batch_size=micro_batch_size, block_size=block_size,
                  grad_accum=grad_accum, gpus_per_node=gpus_per_node)  # fmt: skip
+    if load_dtype not in LOAD_DTYPES:
+        raise ValueError(f"load dtype {load_dtype!r} is not one of {', '.join(LOAD_DTYPES)}")
     settings = offload.OffloadSettings.from_config(ds_config)
     if settings.active and host_memory_bytes is None:
         raise ValueError(
@@ -170,7 +178,7 @@ def estimate_setup(
     result = SetupEstimate(
         num_params=shape.num_params, world_size=world_size, gpus_per_node=per_node, precision=precision,
         micro_batch_size=micro_batch_size, block_size=block, grad_accum=grad_accum,
-        gradient_checkpointing=gradient_checkpointing, device=device,
+        gradient_checkpointing=gradient_checkpointing, load_dtype=load_dtype, device=device,
         gpu_memory_bytes=int(gpu_memory_bytes) if gpu_memory_bytes else None, gpu_margin=margin,
         usable_gpu_bytes=int(gpu_memory_bytes) - sum(margin.values()) if gpu_memory_bytes else None,
         host_memory_bytes=int(host_memory_bytes) if host_memory_bytes else None,
@@ -180,7 +188,7 @@ def estimate_setup(
     )  # fmt: skip
     common = dict(precision=precision, micro_batch_size=micro_batch_size, block_size=block,
                   grad_accum=grad_accum, gradient_checkpointing=gradient_checkpointing,
-                  ds_config=ds_config, device=device, settings=settings)  # fmt: skip
+                  ds_config=ds_config, device=device, settings=settings, load_dtype=load_dtype)  # fmt: skip
     for stage in stages:
         result.stages.append(
             estimate_engine(STAGE_ENGINES[stage], shape, count, world_size, per_node=per_node,
@@ -250,17 +258,19 @@ def estimate_engine(
     settings: offload.OffloadSettings,
     device: str,
     deepspeed_peer: bool = True,
+    load_dtype: str = "fp32",
     **run,
 ) -> StageEstimate:
-    """One engine of the peak model on one set-up: device phases, offload moved to the host, host bytes, fits
-    (our peak against `usable_gpu_bytes`, the GPU's memory minus the margin), and DeepSpeed's own estimate
-    beside it (`deepspeed_peer`). `run`: precision, micro_batch_size, block_size, grad_accum,
-    gradient_checkpointing, ds_config. estimate_setup calls it for each stage, `zero-train plan` for each set-up
-    it tries."""
+    """One engine of the peak model on one set-up: device phases, offload moved to the host, host bytes (the
+    model's build in `load_dtype`: host_build), fits (our peak against `usable_gpu_bytes`, the GPU's memory minus
+    the margin), and DeepSpeed's own estimate beside it (`deepspeed_peer`). `run`: precision, micro_batch_size,
+    block_size, grad_accum, gradient_checkpointing, ds_config. estimate_setup calls it for each stage,
+    `zero-train plan` for each set-up it tries."""
     # here, not at the top: DeepSpeed imports in seconds and logs a line; `zero-train --help` and flag errors come before it
     from zero_train.memory.model.peak import backend_for, engine_peak
 
-    stage = engine_spec(engine).stage
+    spec = engine_spec(engine)
+    stage = spec.stage
     model = engine_peak(engine, shape, world_size, backend=backend_for(device), activation_count=count,
                         host_in_phases=False, **run)  # fmt: skip
     phases, host, nvme = model.phases, {}, 0  # engine_peak moved the offloaded terms off the device
@@ -269,7 +279,8 @@ def estimate_engine(
         host, nvme = offload.host_terms(inputs, settings), offload.nvme_bytes(inputs, settings)
     totals = {name: sum(terms.values()) for name, terms in phases.items()}
     peak_phase = max(totals, key=lambda name: totals[name])
-    startup = 4 * (max(shape.param_numels, default=shape.num_params) if stage == 3 else shape.num_params)
+    startup = model_build_bytes(spec, shape, world_size=world_size, load_dtype=load_dtype,
+                                precision=run["precision"], device=device)  # fmt: skip
     ranks_on_node = min(per_node, world_size)
     peer = _deepspeed_peer(shape, world_size, stage, per_node, settings) if deepspeed_peer else None
     row = StageEstimate(
@@ -359,7 +370,8 @@ def _notes(result: SetupEstimate, settings: offload.OffloadSettings, count, ds_c
             "stages; DDP (stage 0) has none; offload_param is ZeRO-3 only; ZeRO-1/2 treat nvme as cpu"
         )
     notes.append(
-        "host bytes: what training allocates there (offload) or train.py's fp32 model build, whichever is larger; "
-        "the Python process, CUDA's host-side state and the data pipeline are not counted"
+        f"host bytes: what training allocates there (offload) or train.py's model build in {result.load_dtype} "
+        "(--load-dtype; ZeRO-3 builds under zero.Init, on the GPU), whichever is larger; the Python process, CUDA's "
+        "host-side state and the data pipeline are not counted"
     )
     return notes

@@ -15,9 +15,9 @@ function `zero-train estimate` uses) fits: the activations counted on the model'
 tensors, once per micro-batch size and checkpointing choice), the per-phase peak of the engine, DeepSpeed's
 offload buffers moved to the host) is at most the GPU's memory minus the GPU margin (gpu_terms: CUDA context,
 NCCL buffers, allocator slack; assumed, not measured here; `gpu_margin_gb` replaces it) and an optional extra
-fraction (--headroom); and the host of one machine holds what its ranks put there (the fp32 model every rank builds before moving it, not under
-ZeRO-3's zero.Init, and offloaded states). The JSON the estimate reads is the one the plan writes
-(setup_config).
+fraction (--headroom); and the host of one machine holds what its ranks put there (the model each rank builds in
+--load-dtype before moving it, none under ZeRO-3's zero.Init on GPUs: host_build; and offloaded states). The
+JSON the estimate reads is the one the plan writes (setup_config).
 """
 
 from __future__ import annotations
@@ -117,6 +117,8 @@ class PlanRequest:
     """Tokens per sequence."""
     precision: str = "bf16"
     """Training precision."""
+    load_dtype: str = "fp32"
+    """The dtype train.py builds the model in on each rank's host (--load-dtype; ZeRO-3 uses zero.Init)."""
     headroom: float = 0.0
     """Fraction of device memory kept free beyond the GPU margin."""
     gpu_margin_gb: float | None = None
@@ -227,7 +229,7 @@ def estimate_candidate(
         settings=offload.OffloadSettings.from_config(ds_config),
         device="cuda" if request.backend == "nccl" else "cpu", precision=request.precision,
         micro_batch_size=micro_batch_size, block_size=request.block_size, grad_accum=grad_accum,
-        gradient_checkpointing=setup.checkpointing, ds_config=ds_config,
+        gradient_checkpointing=setup.checkpointing, ds_config=ds_config, load_dtype=request.load_dtype,
     )  # fmt: skip
 
 
