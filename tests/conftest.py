@@ -25,6 +25,7 @@ bit-exact CPU references and run gloo rings; the CUDA branches are exercised by 
 import inspect
 import os
 import pathlib
+import tempfile
 
 import pytest
 
@@ -34,6 +35,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ZT_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["ZT_DEVICE"] = "cpu"
+# counts stored by earlier sessions are not read: the session's estimates count (zero_train.memory.model.stored)
+os.environ.setdefault("ZT_CACHE_DIR", tempfile.mkdtemp(prefix="zt-counts-"))
 os.environ["DS_ACCELERATOR"] = "cpu"
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -104,18 +104,17 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def estimate_imports(args: argparse.Namespace) -> None:
-    """Import what the estimate will use (the memory model, DeepSpeed's estimators; with --model torch,
-    transformers and the model's module), at once: the `zero-train` process does it with the garbage collector
-    paused (zero_train.cli.main)."""
+    """Import what the estimate will use (the memory model, DeepSpeed's estimators; with --model torch and
+    transformers), at once: the `zero-train` process does it with the garbage collector paused
+    (zero_train.cli.main). Not the model's modeling module: only a shape or activations not yet stored need it
+    (zero_train.memory.model.stored)."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model import estimate, peak  # noqa: F401  (imported for their cost)
     from zero_train.memory.model.deepspeed_estimate import load_estimators
 
     if args.model:
-        from zero_train.hf.models import import_model_module
+        from zero_train.hf import models  # noqa: F401
         from zero_train.memory.model import activations  # noqa: F401
-
-        import_model_module(args.model)
     load_estimators()
 
 

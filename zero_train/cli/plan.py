@@ -94,13 +94,12 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def plan_imports(args: argparse.Namespace) -> None:
-    """Import what the plan will use (torch, transformers, the model's module, the memory model), at once: the
-    `zero-train` process does it with the garbage collector paused (zero_train.cli.main)."""
+    """Import what the plan will use (torch, transformers, the memory model), at once: the `zero-train` process
+    does it with the garbage collector paused (zero_train.cli.main). Not the model's modeling module: only a
+    shape or activations not yet stored need it (zero_train.memory.model.stored)."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
-    from zero_train.hf.models import import_model_module
-    from zero_train.memory.model import activations, peak, plan  # noqa: F401  (imported for their cost)
-
-    import_model_module(args.model)
+    from zero_train.hf import models  # noqa: F401  (imported for their cost)
+    from zero_train.memory.model import activations, peak, plan  # noqa: F401
 
 
 def _model(model: str):

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zero_train.memory.model.stored import stored
 from zero_train.memory.model.watch import Counter
 
 
@@ -81,7 +82,8 @@ def count_activations(
     """Count one micro-batch's activations of `config`'s model at its real size, on fake tensors.
 
     Seconds even for 70B parameters at 4k tokens (a deep model whose blocks are alike is counted at 1 and 2
-    blocks and extended: _by_layers); results are cached per (config, settings).
+    blocks and extended: _by_layers); results are kept per (config, settings) in the process and on disk
+    (zero_train.memory.model.stored: the next process of the same versions reads them).
 
     Args:
         config: a transformers PretrainedConfig of a causal LM (AutoModelForCausalLM builds it).
@@ -97,7 +99,9 @@ def count_activations(
     if key not in _CACHE:
         settings = dict(micro_batch_size=micro_batch_size, block_size=block_size, dtype=dtype,
                         gradient_checkpointing=gradient_checkpointing)  # fmt: skip
-        _CACHE[key] = _by_layers(config, **settings) or _count_fake(config, **settings)
+        fields = stored("activations", list(key), lambda: (_by_layers(config, **settings)
+                                                            or _count_fake(config, **settings)).as_dict())  # fmt: skip
+        _CACHE[key] = ActivationCount(**fields)
     return _CACHE[key]
 
 
@@ -157,10 +161,12 @@ def build_for_counting(config, *, dtype: torch.dtype):
     """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode."""
     # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted;
     # built as training builds it (its loss named: no transformers warning at the first loss)
+    import copy
+
     from zero_train.hf.models import build_model
 
-    with _quiet():
-        model = build_model(config, dtype=dtype)
+    with _quiet():  # a copy: the caller's config keeps its use_cache (part of the count's key)
+        model = build_model(copy.deepcopy(config), dtype=dtype)
     model.config.use_cache = False
     return model.train()
 

@@ -123,11 +123,22 @@ def activation_bytes(shape: ModelShape, *, micro_batch_size: int, block_size: in
 
 
 def model_shape(config) -> ModelShape:
-    """The shape of a Hugging Face model config, counting parameters on the meta device (no memory).
+    """The shape of a Hugging Face model config, counting parameters on the meta device (no memory), once per
+    config, torch and transformers (kept on disk: zero_train.memory.model.stored).
 
     Args:
         config: a transformers.PretrainedConfig (e.g. zero_train.hf.models.model_config("tiny")).
     """
+    # here, not at the top: theory is pure arithmetic
+    from dataclasses import asdict
+
+    from zero_train.memory.model.stored import stored
+
+    fields = stored("shape", [config.to_json_string()], lambda: asdict(_meta_shape(config)))
+    return ModelShape(**dict(fields, param_numels=tuple(fields["param_numels"])))
+
+
+def _meta_shape(config) -> ModelShape:
     # here, not at the top: theory is pure arithmetic; only a shape read from a real model needs torch/transformers
     import torch
     from transformers import AutoModelForCausalLM
