@@ -306,3 +306,43 @@ def test_without_a_block_size_the_estimate_takes_the_context_at_most_4096_tokens
     assert (short["block_size"], short["default_block_size"]) == (256, True)  # tiny's context
     given = json.loads(run_estimate(capsys, *argv, "--block-size", "64", "--json"))
     assert (given["block_size"], given["default_block_size"]) == (64, False)
+
+
+MEASURED_8_RANKS = {"zero1": (9.000, 2.445), "zero2": (5.500, 2.445)}
+"""(model states, comm_buffers) in B/param, measured by `zero-train profile` at 8 gloo ranks on a GPT-2 of 2 x 128
+with the 50,257-token vocabulary (docs/zero1.md, "Measured: whole tensors per rank vs equal slices")."""
+STATES = ("params", "grads", "master_params", "optimizer_states")
+
+
+def test_our_zero_at_8_ranks_is_the_papers_and_the_measured_and_at_64_has_no_padding():
+    from transformers import GPT2Config
+
+    from zero_train.memory.model.estimate import estimate_setup
+
+    def estimate(config, world_size: int, device: str) -> dict:
+        ds_config = {
+            "zero_optimization": {"stage": 1, "reduce_bucket_size": config.n_embd**2}
+        }  # as generated
+        result = estimate_setup(config, world_size=world_size, precision="fp32", micro_batch_size=1, block_size=8,
+                                ds_config=ds_config, device=device, engines=tuple(MEASURED_8_RANKS))  # fmt: skip
+        return {row.engine: row for row in result.stages}, config.n_embd**2
+
+    small, _ = estimate(
+        GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=50257, n_positions=256), 8, "cpu"
+    )
+    # GPT-2 small's shapes: 124.4M parameters, the embedding (38.6M) 19.85 x Psi/64
+    large, bucket = estimate(GPT2Config(), 64, "cuda")
+    for engine, (measured_states, measured_buffers) in MEASURED_8_RANKS.items():
+        row, psi = small[engine], 6_862_464
+        states = sum(row.boundary[name] for name in STATES) / psi
+        assert states == pytest.approx(row.paper_bytes / psi, rel=1e-4)  # fp32: 4 + 4 + 8/N, or 4 + 12/N
+        assert states == pytest.approx(measured_states, rel=0.02)
+        assert row.boundary["comm_buffers"] / psi == pytest.approx(
+            measured_buffers, rel=0.02
+        )  # gloo's receive
+        row = large[engine]
+        assert sum(row.boundary[name] for name in STATES) == pytest.approx(row.paper_bytes, rel=1e-6)
+        buckets = 2 * bucket * 4 if engine == "zero2" else 0  # ZeRO-2's two bucket buffers (docs/zero2.md)
+        assert (
+            row.boundary["comm_buffers"] <= buckets + 2 * 64 * 4
+        )  # + padding: fewer than N elements per buffer

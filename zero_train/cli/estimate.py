@@ -22,12 +22,32 @@ import math
 from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
+from zero_train.registry import ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import non_negative_float, positive_float, positive_int, size_int
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+MODELLED_ENGINES = tuple(spec.name for spec in ENGINES if spec.peak_model)
 GB = 1e9
+
+
+def _engine_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in MODELLED_ENGINES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{','.join(unknown) or text!r}: give engines of {','.join(MODELLED_ENGINES)}"
+        )
+    return names
+
+
+def _row_name(row: dict) -> str:
+    """The stage's name for the stage's default engine (DDP, DeepSpeed ZeRO-1/2/3), else the engine's."""
+    # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
+    from zero_train.memory.model.estimate import STAGE_ENGINES
+
+    return STAGE_NAMES[row["stage"]] if STAGE_ENGINES[row["stage"]] == row["engine"] else row["engine"]
 
 
 def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -97,6 +117,12 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         choices=("cuda", "cpu"),
         default="cuda",
         help="where the ranks run (cpu: gloo collectives, no GPU margin); default cuda",
+    )
+    parser.add_argument(
+        "--engines",
+        type=_engine_list,
+        help=f"rows: engines of {','.join(MODELLED_ENGINES)} (default: one per stage, DDP and DeepSpeed "
+        "ZeRO-1/2/3), e.g. zero1,zero2 for our ZeRO-1/2",
     )
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.set_defaults(func=estimate_command, startup=estimate_imports)
@@ -179,7 +205,7 @@ def build_estimate(args: argparse.Namespace) -> dict:
             ds_config=ds_config, load_dtype=args.load_dtype, device=args.device, gpus_per_node=args.gpus_per_node,
             gpu_memory_bytes=args.gpu_memory * GB if args.gpu_memory else None,
             gpu_margin_bytes=args.gpu_margin * GB if args.gpu_margin is not None else None,
-            host_memory_bytes=args.host_memory * GB if args.host_memory else None,
+            host_memory_bytes=args.host_memory * GB if args.host_memory else None, engines=args.engines,
         ).as_dict()  # fmt: skip
     except ValueError as err:
         raise UsageError(str(err)) from err
@@ -204,7 +230,7 @@ def _phase_line(row: dict, unit: float) -> str:
     words = ", ".join(f"{_words().get(name, name)} {_gb(value, unit)}" for name, value in terms[:5])
     more = f", + {len(terms) - 5} smaller" if len(terms) > 5 else ""
     phases = " | ".join(f"{name} {_gb(sum(t.values()), unit)}" for name, t in row["device_phases"].items())
-    return f"  {STAGE_NAMES[row['stage']]} ({phases}) peaks at {row['device_peak_phase']}: {words}{more}"
+    return f"  {_row_name(row)} ({phases}) peaks at {row['device_peak_phase']}: {words}{more}"
 
 
 def _words() -> dict[str, str]:
@@ -238,7 +264,7 @@ def _print_table(result: dict) -> None:
     print(columns + f" {'DS host/node':>12}" + ("  fits" if result["gpu_memory_bytes"] else ""))
     for row in result["stages"]:
         line = (
-            f"{STAGE_NAMES[row['stage']]:<14} {_gb(row['paper_bytes'], unit):>8} "
+            f"{_row_name(row):<14} {_gb(row['paper_bytes'], unit):>8} "
             f"{_gb(row['deepspeed_bytes'], unit):>10} {_gb(row['device_peak_bytes'], unit):>8} "
             f"{row['device_peak_phase']:<15} {_gb(row['host_per_node_bytes'], unit):>9} "
             f"{_gb(row['deepspeed_host_per_node_bytes'], unit):>12}"
@@ -269,7 +295,7 @@ def _print_host(result: dict, unit: float) -> None:
                 for name, value in row["host_per_rank"].items()
             )
             nvme = f"; NVMe {_gb(row['nvme_per_rank_bytes'], unit)}" if row["nvme_per_rank_bytes"] else ""
-            print(f"  {STAGE_NAMES[row['stage']]} host per rank: {terms}{nvme}")
+            print(f"  {_row_name(row)} host per rank: {terms}{nvme}")
 
 
 def _print_verdict(result: dict) -> None:
@@ -288,9 +314,9 @@ def _print_verdict(result: dict) -> None:
         print(f"nothing fits in {_gb(usable)} GB usable of {_gb(capacity)} GB: add ranks, offload, "
               "checkpointing, or shrink the micro-batch")  # fmt: skip
     else:
-        stage = result["recommended_stage"]
+        row = next(row for row in result["stages"] if row["fits"])
         print(
-            f"recommended: {STAGE_NAMES[stage]}, the lowest stage that fits (least communication and complexity)"
+            f"recommended: {_row_name(row)}, the lowest stage that fits (least communication and complexity)"
         )
 
 

@@ -132,6 +132,7 @@ def estimate_setup(
     gpu_margin_bytes: float | None = None,
     host_memory_bytes: float | None = None,
     stages: tuple[int, ...] = theory.STAGES,
+    engines: tuple[str, ...] | None = None,
 ) -> SetupEstimate:
     """Device and host bytes of every ZeRO stage for one training set-up.
 
@@ -150,7 +151,8 @@ def estimate_setup(
         gpu_memory_bytes: device capacity per rank: fits_device compares our peak with it minus the margin.
         gpu_margin_bytes: the margin kept free on each GPU; None: gpu_terms.GpuMargin's default.
         host_memory_bytes: host memory per node: fits_host compares host_per_node_bytes with it.
-        stages: the stages to estimate.
+        stages: the stages to estimate (STAGE_ENGINES' engine for each).
+        engines: the engines to estimate instead (any with a per-phase model: our zero1/zero2, fsdp2-z2, ...).
 
     Returns:
         The SetupEstimate.
@@ -189,9 +191,9 @@ def estimate_setup(
     common = dict(precision=precision, micro_batch_size=micro_batch_size, block_size=block,
                   grad_accum=grad_accum, gradient_checkpointing=gradient_checkpointing,
                   ds_config=ds_config, device=device, settings=settings, load_dtype=load_dtype)  # fmt: skip
-    for stage in stages:
+    for engine in engines or tuple(STAGE_ENGINES[stage] for stage in stages):
         result.stages.append(
-            estimate_engine(STAGE_ENGINES[stage], shape, count, world_size, per_node=per_node,
+            estimate_engine(engine, shape, count, world_size, per_node=per_node,
                             usable_gpu_bytes=result.usable_gpu_bytes,
                             host_memory_bytes=result.host_memory_bytes, **common)
         )  # fmt: skip
