@@ -53,12 +53,14 @@ class HostWaits(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def counting_tolist(events: list):
-    """Tensor.tolist reads the values without dispatching an op: count it by hand."""
+def counting_tolist(mode: HostWaits):
+    """Tensor.tolist reads the values without dispatching an op: count it by hand (into mode's events, unless
+    the mode is paused)."""
     original = torch.Tensor.tolist
 
     def tolist(self):
-        events.append(("tolist", id(self)))
+        if not mode.paused:
+            mode.events.append(("tolist", id(self)))
         return original(self)
 
     torch.Tensor.tolist = tolist
@@ -90,7 +92,7 @@ def _host_waits(rank: int, stage: str) -> dict:
 
     def watched_inner_step(*args, **kwargs):
         outer[0].paused = True
-        with HostWaits() as mode, counting_tolist(mode.events):
+        with HostWaits() as mode, counting_tolist(mode):
             result = inner_step(*args, **kwargs)
         outer[0].paused = False
         inner_events.extend(mode.events)
@@ -98,7 +100,7 @@ def _host_waits(rank: int, stage: str) -> dict:
 
     optimizer._inner.step = watched_inner_step
     loss = model(batch(rank, 1, 0))
-    with HostWaits() as mode, counting_tolist(mode.events):
+    with HostWaits() as mode, counting_tolist(mode):
         outer.append(mode)
         boundary = optimizer.boundary_backward() if stage == "zero1" else contextlib.nullcontext()
         with boundary:
