@@ -94,6 +94,8 @@ ENGINES: tuple[EngineSpec, ...] = (
     EngineSpec(name="fsdp2-z2", label="torch FSDP2, parameters kept gathered", stage=2,
                builder=_FSDP2, family="fsdp2", sharding="per-tensor", peak_model="fsdp2_phases", marker="p",
                planned=True),
+    EngineSpec(name="zero3", label="our ZeRO-3", stage=3, builder="zero_train.engines.zero3:Zero3Engine", ours=True,
+               sharding="flat", peak_model=None, marker="8"),
     EngineSpec(name="ds3", label="DeepSpeed ZeRO-3", stage=3, builder=_DEEPSPEED, family="deepspeed",
                sharding="flat", peak_model="deepspeed_phases", marker="P", matrix=True, planned=True, hf_peer=True),
     EngineSpec(name="fsdp2-z3", label="torch FSDP2, resharded after forward", stage=3,

@@ -164,11 +164,13 @@ def resolve(path_or_save_dir) -> pathlib.Path:
     return path
 
 
-def safe_torch_load(path) -> Any:
+def safe_torch_load(path, *, mmap: bool = False) -> Any:
     """torch.load with weights_only=True onto the CPU; a file that needs arbitrary code is refused.
 
     Args:
         path: a file written by torch.save.
+        mmap: map the file instead of reading it: a tensor's bytes are read when used (re-sharding reads
+            only the pieces it keeps).
 
     Returns:
         The loaded object (tensors, numbers, strings and containers of them).
@@ -180,7 +182,7 @@ def safe_torch_load(path) -> Any:
     if not target.is_file():
         raise UsageError(f"checkpoint file {target} is missing")
     try:
-        return torch.load(target, weights_only=True, map_location="cpu")
+        return torch.load(target, weights_only=True, map_location="cpu", mmap=mmap)
     except pickle.UnpicklingError as err:
         if "weights_only" not in str(err).lower() and "weights only" not in str(err).lower():
             raise UsageError(f"cannot read checkpoint file {target}: corrupt ({first_line(err)})") from err

@@ -47,19 +47,19 @@ def save_rank_file(writes: StagedWrites, rank: int, payload: dict[str, Any]) -> 
     writes.torch_save(f"{OPTIM_DIR}/rank-{rank:05d}.pt", payload)
 
 
-def load_rank_file(path, rank: int) -> dict[str, Any]:
-    """Read a rank file with weights_only loading (UsageError if missing or refused)."""
+def load_rank_file(path, rank: int, *, mmap: bool = False) -> dict[str, Any]:
+    """Read a rank file with weights_only loading (UsageError if missing or refused); mmap: map it, read lazily."""
     target = rank_file(path, rank)
     if not target.is_file():
         raise UsageError(
             f"checkpoint {path} has no {target.relative_to(path)}; was it saved by another engine?"
         )
-    return safe_load(target)
+    return safe_load(target, mmap=mmap)
 
 
-def safe_load(target: pathlib.Path) -> Any:
+def safe_load(target: pathlib.Path, *, mmap: bool = False) -> Any:
     """torch.load(weights_only=True) on CPU (zero_train.checkpoint.atomic.safe_torch_load: code-running pickles refused)."""
-    return safe_torch_load(target)
+    return safe_torch_load(target, mmap=mmap)
 
 
 def refuse_unexpected_pickles(ds_dir) -> None:
@@ -156,3 +156,24 @@ def copy_weights_into(
                     f"{tuple(tensor.shape)}: it was saved from a different model"
                 )
             targets.get(id(tensor), tensor).copy_(saved)
+
+
+def read_elements(handle, name: str, offset: int, length: int) -> torch.Tensor:
+    """Elements [offset, offset + length) of tensor `name` (flattened) of an open safetensors file.
+
+    Reads only the rows that hold them (`safe_open(...).get_slice`), so a rank re-sharding a checkpoint reads
+    its pieces, not the whole tensor.
+
+    Args:
+        handle: `safetensors.safe_open(path, "pt")`.
+        name: the tensor's key.
+        offset, length: the elements wanted, in the flattened tensor.
+    """
+    view = handle.get_slice(name)
+    shape = list(view.get_shape())
+    if len(shape) < 2:
+        return handle.get_tensor(name).reshape(-1)[offset : offset + length]
+    row = int(torch.Size(shape[1:]).numel())
+    first, last = offset // row, (offset + length - 1) // row + 1
+    start = offset - first * row
+    return view[first:last].reshape(-1)[start : start + length]

@@ -1,0 +1,192 @@
+"""Our hand-written ZeRO-3 behind the Engine protocol: `zero_train.sharding.Zero3Model` + `Zero3Optimizer`.
+
+    deepspeed --num_gpus 2 scripts/train.py --engine zero3 --model gpt2-25m
+
+The model is built on the meta device (sharding/zero3_init.py) and each rank materialises only its slices, with
+the values the unsharded build gives; from then on every parameter exists whole only while its unit is
+gathered (ZeRO paper, P_os+g+p: (4 + K) Psi / Nd bytes per rank in mixed precision, 16 Psi / Nd in fp32).
+The DeepSpeed config gives the optimizer, schedule, precision, clipping and accumulation, as for every
+engine; its ZeRO tuning keys (bucket sizes, stage3_* thresholds) are DeepSpeed's and do not apply.
+
+Checkpoints: model/ (full fp32 weights, written by rank 0 one tensor at a time) and one optimizer shard per
+rank (pieces of state: sharding/zero3_state.py). Resuming reads this rank's pieces of the weights from
+model/model.safetensors and its pieces of optimizer state from the shards, at any world size.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import torch
+from safetensors import safe_open
+
+from zero_train.checkpoint.files import (
+    MODEL_DIR,
+    WEIGHTS_FILE,
+    load_rank_file,
+    read_elements,
+    save_rank_file,
+    write_model,
+)
+from zero_train.checkpoint.writes import as_staged_writes
+from zero_train.engines.base import tensor_bytes
+from zero_train.engines.local import LocalEngine, warn_unsupported
+from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
+from zero_train.engines.precision import PRECISION_DTYPES, make_loss_scaler
+from zero_train.runtime.errors import UsageError
+from zero_train.sharding.zero3 import Zero3Model
+from zero_train.sharding.zero3_init import MetaBuild
+from zero_train.sharding.zero3_optim import Zero3Optimizer
+
+
+class Zero3Engine(LocalEngine):
+    """A model sharded by Zero3Model (parameters, gradients, optimizer state: 1/N each) and its optimizer."""
+
+    name = "zero3"
+
+    def __init__(self, *, model_fn, settings, ds_config, dist_info):
+        self.settings, self.dist_info, self.process_group = settings, dist_info, None
+        warn_unsupported(settings, engine=self.name)
+        self.micro_steps = self.global_steps = self.applied_steps = 0
+        dtype = PRECISION_DTYPES[settings.precision]
+        with MetaBuild() as build:
+            self.model = model_fn()
+        _buffers_to(self.model, dist_info.device, dtype)
+        self.sharded = Zero3Model(
+            self.model,
+            process_group=self.process_group,
+            device=dist_info.device,
+            dtype=dtype,
+            values_of=build.values,
+        )
+        optimizer_class, kwargs = optimizer_spec(settings)
+        kwargs["lr"] = scheduled_lr(settings, 0)
+        self.optimizer = Zero3Optimizer(
+            self.sharded,
+            optimizer_class,
+            master_dtype=torch.float32,
+            loss_scaler=make_loss_scaler(settings),
+            **kwargs,
+        )
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.optimizer.scale_loss(loss).backward()  # the hooks reduce-scatter each unit's gradients
+
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale, None without loss scaling."""
+        scaler = self.optimizer.loss_scaler
+        return None if scaler is None else float(scaler.loss_scale)
+
+    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
+        """The gradients are reduce-scattered already: clip by the global norm (one all-reduce), update the slices."""
+        max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else math.inf
+        grad_norm = self.optimizer.clip_grad_norm_(max_norm)
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        skipped = bool(self.optimizer.last_step_skipped)
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm), skipped
+
+    # ------------------------------------------------------------- weights
+    def _named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The model's state_dict entries, each tensor once under its first name (a tied lm_head is dropped)."""
+        seen: set[int] = set()
+        named = []
+        for name, tensor in self.model.state_dict(keep_vars=True).items():
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                named.append((name, tensor))
+        return named
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The fp32 weights on rank 0 in CPU memory (collective: one tensor at a time), None elsewhere."""
+        state = {}
+        for name, tensor in self._named_tensors():
+            if id(tensor) in self.sharded.owner:
+                value = self.optimizer.gathered_param(tensor, to=0)
+            else:  # a buffer: every rank has it whole
+                value = tensor.detach().to("cpu", copy=True) if self.dist_info.is_main else None
+            if value is not None:
+                state[name] = value.contiguous()
+        return state if self.dist_info.is_main else None
+
+    def save_checkpoint(self, out, *, client_state: dict) -> None:
+        """Rank 0: model/ (full fp32 weights); every rank: its optimizer shard, counters and client_state."""
+        writes = as_staged_writes(out)
+        state = self.full_state_dict()
+        if self.dist_info.is_main:
+            write_model(writes, self.model, state)
+        payload = dict(
+            client_state=client_state,
+            counters=self.counters(),
+            world_size=self.dist_info.world_size,
+            optimizer=self.optimizer.state_dict(),
+        )
+        save_rank_file(writes, self.dist_info.rank, payload)
+
+    def load_checkpoint(self, path) -> dict:
+        """This rank's pieces of the weights and of the optimizer state, at any saved world size.
+
+        Returns:
+            This rank's client_state (rank `rank % saved world size`'s at another world size).
+        """
+        path = pathlib.Path(path)
+        self._load_weights(path / MODEL_DIR / WEIGHTS_FILE)
+        first = load_rank_file(path, 0, mmap=True)
+        saved_world_size = int(first["world_size"])
+        rank, world_size = self.dist_info.rank, self.dist_info.world_size
+        own = (
+            first
+            if rank % saved_world_size == 0
+            else load_rank_file(path, rank % saved_world_size, mmap=True)
+        )
+        if saved_world_size == world_size:
+            self.optimizer.load_shards([own["optimizer"]])
+        else:  # re-cut: every saved shard, memory-mapped; each rank reads only what its pieces overlap
+            others = [load_rank_file(path, r, mmap=True) for r in range(1, saved_world_size)]
+            self.optimizer.load_shards([first["optimizer"]] + [o["optimizer"] for o in others])
+        self.restore_counters(own["counters"])
+        return own["client_state"]
+
+    def _load_weights(self, weights: pathlib.Path) -> None:
+        if not weights.is_file():
+            raise UsageError(f"checkpoint has no {MODEL_DIR}/{WEIGHTS_FILE}: was it saved by another engine?")
+        names = {id(tensor): name for name, tensor in self._named_tensors()}
+        with safe_open(str(weights), "pt") as handle:
+            missing = [name for name in names.values() if name not in handle.keys()]
+            if missing:
+                raise UsageError(
+                    f"checkpoint weights lack {missing[0]!r}: it was saved from a different model"
+                )
+            self.optimizer.load_weights(
+                lambda param, offset, length: read_elements(handle, names[id(param)], offset, length)
+            )
+            with torch.no_grad():
+                for name, tensor in self._named_tensors():
+                    if id(tensor) not in self.sharded.owner:
+                        tensor.copy_(handle.get_tensor(name))
+
+    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
+        """The sharder's own account (Zero3Optimizer.memory_bytes); `device`: count only tensors on it.
+
+        Every buffer lives on the model's device except, on CUDA, torch's Adam "step" counters (CPU)."""
+        categories = dict(self.optimizer.memory_bytes())
+        if device is None:
+            return categories
+        inner = self.optimizer._inner
+        states = [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)]
+        states_there = tensor_bytes(states, device=device)
+        if torch.device(device).type != self.dist_info.device.type:
+            return {name: (states_there if name == "optimizer_states" else 0) for name in categories}
+        categories["optimizer_states"] -= tensor_bytes(states) - states_there
+        return categories
+
+
+def _buffers_to(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Move the (real) buffers to the device, floating ones cast to the model dtype, as `model.to` would."""
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                cast = dtype if buffer.is_floating_point() else buffer.dtype
+                module._buffers[name] = buffer.to(device=device, dtype=cast)
