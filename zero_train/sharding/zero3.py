@@ -122,9 +122,9 @@ class Zero3Model:
             points.append(HookPoint(name, modules[name], sorted(needed, key=units.index)))
         for unit in units:
             unit.fill_shard(lambda index, unit=unit: values_of(unit.params[index]))
-            for param, view in zip(unit.params, unit.param_views(), strict=True):
+            for param, view in zip(unit.params, unit.views, strict=True):
                 _become_view(param, view)
-            unit.free()
+            unit.views = []
         users = [unit for point in points for unit in point.units]
         for unit in units:
             unit.shared = users.count(unit) > 1

@@ -107,14 +107,17 @@ class Unit:
         self.start, self.stop = self.partition.rank_range(rank)
         self.shard = torch.zeros(self.partition.partition_size, dtype=dtype, device=device)
         self.flat = torch.empty(self.partition.total_size, dtype=dtype, device=device)
-        self._bytes = (
-            self.flat.untyped_storage().nbytes()
-        )  # allocated until the parameters are its views: free()
+        self._bytes = self.flat.untyped_storage().nbytes()
+        self.views = [  # each parameter's view, made while the buffer has its bytes (a view of 0 bytes cannot be)
+            self.flat[offset : offset + p.numel()].view(p.shape)
+            for p, offset in zip(params, self.partition.offsets, strict=True)
+        ]
         self.grad: torch.Tensor | None = None
         self.pending = None  # the gather in flight
-        self.gathered = True
+        self.gathered = False
         self.users = 0  # forward or backward calls of hook points using it now
         self.shared = False  # more than one hook point needs it: it stays gathered for the rest of a pass
+        self.free()
 
     def fill_shard(self, values_of) -> None:
         """Copy this rank's piece of every parameter into the shard; `values_of(i)` gives parameter i whole."""
@@ -124,13 +127,6 @@ class Unit:
             self.shard[local : local + piece.length].copy_(
                 value[piece.tensor_offset : piece.tensor_offset + piece.length]
             )
-
-    def param_views(self) -> list[torch.Tensor]:
-        """Each parameter's view into the gathered buffer (made while it has its bytes: before the first free)."""
-        return [
-            self.flat[offset : offset + p.numel()].view(p.shape)
-            for p, offset in zip(self.params, self.partition.offsets, strict=True)
-        ]
 
     def allocate(self) -> None:
         """Give the gathered buffer its bytes and put this rank's slice in place (the rest arrives)."""
