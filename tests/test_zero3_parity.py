@@ -1,8 +1,9 @@
 """Our ZeRO-3 on 2, 3 and 4 gloo ranks against DDP and an unsharded reference, a tiny GPT-2 (~133k parameters).
 
 One spawned run per world size batches every check and returns numbers; the tests assert:
-- fp32 losses equal DDP's bit for bit at 2 ranks, within 1e-6 relative at 3 and 4 (the gloo sums of 3+ ranks
-  add in another order than DDP's all-reduce); with activation checkpointing too;
+- losses equal DDP's bit for bit at 2 ranks (fp32, with activation checkpointing, and bf16 against DDP's bf16
+  with fp32 masters), within 1e-6 relative at 3 and 4 (the gloo sums of 3+ ranks add in another order than
+  DDP's all-reduce);
 - with accumulation and clipping, within 1e-6 relative (each micro-batch is averaged on its own, as DeepSpeed's
   stage 3 and FSDP2 do, where DDP's no_sync sums the micro-batches first);
 - a toy model with a tied weight, a frozen layer, a layer used twice and a parameter without gradient trains
@@ -36,7 +37,17 @@ CONFIG = {
 }
 
 
-def _engine(name: str, rank: int, world_size: int, *, accum=1, clip=0.0, checkpointing=False, model="tiny"):
+def _engine(
+    name: str,
+    rank: int,
+    world_size: int,
+    *,
+    accum=1,
+    clip=0.0,
+    checkpointing=False,
+    model="tiny",
+    precision="fp32",
+):
     from zero_train.ds_config import resolve_auto, train_settings
     from zero_train.engines import build_engine
     from zero_train.hf.models import build_model, enable_gradient_checkpointing, model_config
@@ -44,6 +55,8 @@ def _engine(name: str, rank: int, world_size: int, *, accum=1, clip=0.0, checkpo
 
     cfg = copy.deepcopy(CONFIG)
     cfg["gradient_accumulation_steps"], cfg["gradient_clipping"] = accum, clip
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
     settings = train_settings(cfg, world_size=world_size)
 
     def model_fn():
@@ -97,6 +110,7 @@ def _exactness(rank: int, world_size: int) -> dict:
         )
         if world_size == 2:
             runs[name] = _train(_engine(name, rank, world_size), rank, range(STEPS))
+            runs[name, "bf16"] = _train(_engine(name, rank, world_size, precision="bf16"), rank, range(STEPS))
     if world_size == 2:
         runs["zero3", "checkpointing"] = _train(
             _engine("zero3", rank, world_size, checkpointing=True), rank, range(STEPS)
@@ -216,11 +230,12 @@ def _relative(a: float, b: float) -> float:
 
 # --------------------------------------------------------------------- tests
 @pytest.mark.multiproc
-def test_fp32_losses_equal_ddp_bit_for_bit_at_two_ranks_with_and_without_checkpointing(world2):
+def test_losses_equal_ddp_bit_for_bit_at_two_ranks_with_checkpointing_and_in_bf16(world2):
     for runs in world2["exact"]:
         ddp_losses = [loss for loss, _ in runs["ddp"]]
         assert [loss for loss, _ in runs["zero3"]] == ddp_losses
         assert [loss for loss, _ in runs["zero3", "checkpointing"]] == ddp_losses
+        assert [loss for loss, _ in runs["zero3", "bf16"]] == [loss for loss, _ in runs["ddp", "bf16"]]
         for (_, norm), (_, ddp_norm) in zip(runs["zero3"], runs["ddp"], strict=True):
             assert _relative(norm, ddp_norm) < 1e-6  # float64 partial sums vs torch's norm of norms
 

@@ -10,6 +10,8 @@ TARGETS = (
     ("zero2 / ds2 step time", "zero2", "ds2", "step", "<= 0.8"),
     ("zero2 / zero1 step time", "zero2", "zero1", "step", "-"),  # measured: the price of sharding gradients
     ("zero2 / ddp wire bytes per step", "zero2", "ddp", "wire", "<= 1"),
+    ("zero3 / ds3 step time", "zero3", "ds3", "step", "<= 0.8"),
+    ("zero3 / fsdp2-z3 step time", "zero3", "fsdp2-z3", "step", "<= 1"),
     ("train.py ds1 / HF Trainer ds1 tokens/s", "ds1", "hf-ds1", "tokens", ">= 1"),
     ("train.py zero1 / HF Trainer ds1 tokens/s", "zero1", "hf-ds1", "tokens", ">= 1"),
 )

@@ -1,4 +1,4 @@
-"""Our hand-written ZeRO-1 and ZeRO-2 in plain torch.distributed (docs/zero1.md, docs/zero2.md).
+"""Our hand-written ZeRO-1, ZeRO-2 and ZeRO-3 in plain torch.distributed (docs/zero1.md, zero2.md, zero3.md).
 
 partition.py    which rank owns which elements of a flat buffer, pieces, buckets (pure arithmetic)
 accounting.py   buffer bytes and bytes sent per step, per backend, from a partition (pure arithmetic)
@@ -16,11 +16,32 @@ grad_buckets.py ZeRO-2's buckets, bucket buffers and accumulator of the owned gr
 state_dict.py   per-rank shards of pieces, consolidation, re-sharding
 gather.py       one tensor at a time onto the rank that writes a checkpoint or an export
 loss_scale.py   fp16 dynamic loss scaling (DeepSpeed's rules)
+norms.py        the global gradient norm from pieces of tensors (float64 partial sums)
+
+zero3.py        Zero3Model: each unit gathered around the forward and backward that use it, then freed
+zero3_units.py  which parameters form a unit; a unit's slice, gathered buffer and gradient slice
+zero3_hooks.py  how a module's backward is seen to begin (output hooks) and end (an identity function)
+zero3_comm.py   ZeRO-3's two asynchronous collectives: gather the slices, reduce-scatter the gradients
+zero3_grads.py  each unit's gradients reduce-scattered as soon as backward completes them, in one order
+zero3_optim.py  Zero3Optimizer: an elementwise torch optimizer over this rank's pieces; clipping
+zero3_state.py  its shards of optimizer state, re-cut at any world size; weights one tensor at a time
+zero3_init.py   MetaBuild: a model built on the meta device, each parameter replayed with the same values
 """
 
 from zero_train.sharding.loss_scale import DynamicLossScaler
 from zero_train.sharding.state_dict import consolidate_shards
 from zero_train.sharding.zero1 import Zero1Optimizer
 from zero_train.sharding.zero2 import Zero2Optimizer
+from zero_train.sharding.zero3 import Zero3Model
+from zero_train.sharding.zero3_init import MetaBuild
+from zero_train.sharding.zero3_optim import Zero3Optimizer
 
-__all__ = ["DynamicLossScaler", "Zero1Optimizer", "Zero2Optimizer", "consolidate_shards"]
+__all__ = [
+    "DynamicLossScaler",
+    "MetaBuild",
+    "Zero1Optimizer",
+    "Zero2Optimizer",
+    "Zero3Model",
+    "Zero3Optimizer",
+    "consolidate_shards",
+]
