@@ -209,6 +209,7 @@ def world2(rank_pool, tmp_path_factory):
         states=pool.run(_states_and_traffic),
         checkpoints=pool.run(_checkpoints, (tmp,)),
         toy=pool.run(_toy_parity),
+        toy_native=pool.run(_toy_parity, (True,)),
     )
 
 
@@ -310,8 +311,22 @@ class Toy(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, 16), tokens.reshape(-1))
 
 
-def _toy_parity(rank: int, world_size: int) -> dict:
-    """Zero3Model + Zero3Optimizer against AdamW on the gradients every rank's batch gives, averaged in-rank."""
+def _toy_parity(rank: int, world_size: int, native: bool = False) -> dict:
+    """Zero3Model + Zero3Optimizer against AdamW on the gradients every rank's batch gives, averaged in-rank.
+
+    native: use torch's all_gather_into_tensor / reduce_scatter_tensor (the NCCL branch) on gloo too.
+    """
+    from zero_train.sharding import zero3_comm
+
+    original = zero3_comm.uses_p2p_rings
+    zero3_comm.uses_p2p_rings = (lambda group=None: False) if native else original
+    try:
+        return _toy_run(rank, world_size)
+    finally:
+        zero3_comm.uses_p2p_rings = original
+
+
+def _toy_run(rank: int, world_size: int) -> dict:
     from zero_train.sharding.zero3 import Zero3Model
     from zero_train.sharding.zero3_optim import Zero3Optimizer
 
@@ -358,8 +373,9 @@ def _index(model: torch.nn.Module, param: torch.nn.Parameter) -> int:
 
 
 @pytest.mark.multiproc
-def test_tied_frozen_reused_and_gradientless_parameters_train_like_plain_adamw(world2):
-    toy = world2["toy"][0]
+@pytest.mark.parametrize("collectives", ["toy", "toy_native"], ids=["gloo-exchange", "torch-collectives"])
+def test_tied_frozen_reused_and_gradientless_parameters_train_like_plain_adamw(world2, collectives):
+    toy = world2[collectives][0]
     assert toy["unused_untouched"]  # no gradient on any rank: skipped, even by weight decay
     for norm, reference in toy["norms"]:
         assert norm == pytest.approx(reference, rel=1e-6) and not math.isnan(norm)

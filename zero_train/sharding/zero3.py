@@ -46,7 +46,7 @@ from zero_train.sharding.collectives import backend_name, group_rank_and_size
 from zero_train.sharding.zero3_comm import gather_slices
 from zero_train.sharding.zero3_grads import GradientReducer
 from zero_train.sharding.zero3_hooks import BackwardCall, in_backward, output_tensors, wrap_inputs
-from zero_train.sharding.zero3_units import HookPoint, Unit, choose_unit_modules, scopes, unchanged_version
+from zero_train.sharding.zero3_units import HookPoint, Unit, choose_unit_modules, scopes
 
 
 class Zero3Model:
@@ -97,6 +97,7 @@ class Zero3Model:
         self._trace: list[HookPoint] = []
         self._in_backward = False
         self._hooks: list = []
+        self._grad_hooked: set[int] = set()
         self._register_hooks()
 
     # ---------------------------------------------------------------- building
@@ -156,9 +157,15 @@ class Zero3Model:
             if sharder is not None and param.grad is not None:
                 sharder._on_grad(param)
 
+        self._on_grad_hook = on_grad
+        self._hook_new_trainable()
+
+    def _hook_new_trainable(self) -> None:
+        """A post-accumulate-grad hook on every parameter that takes gradients now (once each: unfrozen later too)."""
         for param in self.parameters():
-            if param.requires_grad:
-                self._hooks.append(param.register_post_accumulate_grad_hook(on_grad))
+            if param.requires_grad and id(param) not in self._grad_hooked:
+                self._grad_hooked.add(id(param))
+                self._hooks.append(param.register_post_accumulate_grad_hook(self._on_grad_hook))
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """Every parameter, once, in unit order (the order of the flat buffers)."""
@@ -168,10 +175,8 @@ class Zero3Model:
     def _launch_gather(self, unit: Unit) -> None:
         if unit.gathered:
             return
-        unit.allocate()
-        with unchanged_version(unit.flat):
-            unit.pending = gather_slices(unit.flat, self.process_group, tag=2 * self.units.index(unit))
-        unit.gathered = True
+        tag = 2 * self.units.index(unit)
+        unit.begin_gather(lambda flat: gather_slices(flat, self.process_group, tag=tag))
 
     def _acquire(self, units: list[Unit]) -> None:
         for unit in units:
@@ -180,10 +185,7 @@ class Zero3Model:
 
     def _wait(self, units: list[Unit]) -> None:
         for unit in units:
-            if unit.pending is not None:
-                with unchanged_version(unit.flat):
-                    unit.pending.wait()
-                unit.pending = None
+            unit.finish_gather()
 
     def _release(self, units: list[Unit], *, free: bool) -> None:
         for unit in units:
@@ -215,7 +217,7 @@ class Zero3Model:
             self._wait(point.units)
             return None
         if point is self.root:
-            self._trace = []
+            self._start_forward()
         self._trace.append(point)
         self._acquire(point.units)
         self._prefetch_next(self._forward_trace)
@@ -225,6 +227,16 @@ class Zero3Model:
         call = BackwardCall(point)
         point.calls.append(call)
         return wrap_inputs(args, kwargs, functools.partial(self._post_backward, call))
+
+    def _start_forward(self) -> None:
+        """A new pass: nothing is in use between passes (after a pass that raised, its units are let go here)."""
+        self._trace = []
+        for unit in self.units:
+            unit.users = 0
+        for point in self.points:
+            point.calls = []
+        self._free_unused()
+        self._hook_new_trainable()
 
     def _post_forward(self, point: HookPoint, module, args, output):
         if in_backward():

@@ -15,8 +15,9 @@ the embedding's unit, and the head's hook point needs that unit without owning a
                      stay, their bytes exist only while the unit is gathered (its storage is resized to 0)
     unit.grad        this rank's slice of the averaged gradients (P elements) while a step accumulates them
 
-Refilling the buffer between forward and backward is hidden from autograd's version counter (`unchanged_version`,
-torch's tool for exactly this: free a saved tensor's bytes and bring the same values back before backward).
+Refilling the buffer between forward and backward is hidden from autograd's version counter (as torch's
+_unsafe_preserve_version_counter does, the tool for exactly this: free a saved tensor's bytes and bring the same
+values back before backward).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch.autograd.grad_mode import _unsafe_preserve_version_counter as unchanged_version
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.partition import FlatPartition, flat_partition
@@ -128,11 +128,22 @@ class Unit:
                 value[piece.tensor_offset : piece.tensor_offset + piece.length]
             )
 
-    def allocate(self) -> None:
-        """Give the gathered buffer its bytes and put this rank's slice in place (the rest arrives)."""
+    def begin_gather(self, gather) -> None:
+        """Give the gathered buffer its bytes, put this rank's slice in place, start `gather(flat)` for the rest."""
+        self._version = self.flat._version
         self.flat.untyped_storage().resize_(self._bytes)
-        with torch.no_grad(), unchanged_version(self.flat):
+        with torch.no_grad():
             self.flat[self.start : self.stop].copy_(self.shard)
+        self.pending = gather(self.flat)
+        self.gathered = True
+
+    def finish_gather(self) -> None:
+        """Wait for the gather in flight; then hide its writes from autograd (some land on the backend's own
+        thread, e.g. gloo's all_gather_into_tensor copies its output there: the version moves when it does)."""
+        if self.pending is not None:
+            self.pending.wait()
+            self.pending = None
+            torch._C._autograd._unsafe_set_version_counter((self.flat,), (self._version,))
 
     def free(self) -> None:
         """Drop the gathered bytes (the parameters keep their shapes, not their values)."""
