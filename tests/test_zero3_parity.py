@@ -1,8 +1,8 @@
 """Our ZeRO-3 on 2, 3 and 4 gloo ranks against DDP and an unsharded reference, a tiny GPT-2 (~133k parameters).
 
 One spawned run per world size batches every check and returns numbers; the tests assert:
-- losses equal DDP's bit for bit at 2 ranks (fp32, with activation checkpointing, and bf16 against DDP's bf16
-  with fp32 masters), within 1e-6 relative at 3 and 4 (the gloo sums of 3+ ranks add in another order than
+- losses equal DDP's bit for bit at 2 ranks (fp32, with activation checkpointing, a tied Llama, and bf16 against
+  DDP's bf16 with fp32 masters), within 1e-6 relative at 3 and 4 (the gloo sums of 3+ ranks add in another order than
   DDP's all-reduce);
 - with accumulation and clipping, within 1e-6 relative (each micro-batch is averaged on its own, as DeepSpeed's
   stage 3 and FSDP2 do, where DDP's no_sync sums the micro-batches first);
@@ -111,6 +111,10 @@ def _exactness(rank: int, world_size: int) -> dict:
         if world_size == 2:
             runs[name] = _train(_engine(name, rank, world_size), rank, range(STEPS))
             runs[name, "bf16"] = _train(_engine(name, rank, world_size, precision="bf16"), rank, range(STEPS))
+            llama = _engine(
+                name, rank, world_size, model="llama-tiny", checkpointing=True
+            )  # RMSNorm, GQA, RoPE
+            runs[name, "llama"] = _train(llama, rank, range(STEPS))
     if world_size == 2:
         runs["zero3", "checkpointing"] = _train(
             _engine("zero3", rank, world_size, checkpointing=True), rank, range(STEPS)
@@ -231,12 +235,13 @@ def _relative(a: float, b: float) -> float:
 
 # --------------------------------------------------------------------- tests
 @pytest.mark.multiproc
-def test_losses_equal_ddp_bit_for_bit_at_two_ranks_with_checkpointing_and_in_bf16(world2):
+def test_losses_equal_ddp_bit_for_bit_at_two_ranks_with_checkpointing_llama_and_bf16(world2):
     for runs in world2["exact"]:
         ddp_losses = [loss for loss, _ in runs["ddp"]]
         assert [loss for loss, _ in runs["zero3"]] == ddp_losses
         assert [loss for loss, _ in runs["zero3", "checkpointing"]] == ddp_losses
         assert [loss for loss, _ in runs["zero3", "bf16"]] == [loss for loss, _ in runs["ddp", "bf16"]]
+        assert [loss for loss, _ in runs["zero3", "llama"]] == [loss for loss, _ in runs["ddp", "llama"]]
         for (_, norm), (_, ddp_norm) in zip(runs["zero3"], runs["ddp"], strict=True):
             assert _relative(norm, ddp_norm) < 1e-6  # float64 partial sums vs torch's norm of norms
 

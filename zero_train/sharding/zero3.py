@@ -89,7 +89,7 @@ class Zero3Model:
         self.points, self.units = self._build(
             unit_modules or choose_unit_modules(model), values_of or (lambda p: p)
         )
-        self.root = self.points[0]
+        self.root = next(point for point in self.points if point.module is model)
         self.owner = {id(p): unit for unit in self.units for p in unit.params}
         self.reducer = GradientReducer(self.units, process_group, self.world_size)
         self._forward_trace: list[HookPoint] = []  # the last complete pass of each kind (prefetch order)
@@ -117,6 +117,7 @@ class Zero3Model:
                     dtype=self.dtype,
                     device=self.device,
                 )
+                unit.index = len(units)
                 units.append(unit)
                 owner.update({id(p): unit for p in owned})
             needed = list(dict.fromkeys(owner[id(p)] for p in params))
@@ -132,32 +133,19 @@ class Zero3Model:
         return points, units
 
     def _register_hooks(self) -> None:
-        me = weakref.ref(self)  # the model's hooks must not keep the sharder alive
+        me = weakref.ref(self)  # the model's hooks must not keep the sharder (and its buffers) alive
 
-        def forward(method):
-            def hook(point, *args):
-                sharder = me()
-                return None if sharder is None else method(sharder, point, *args)
-
-            return hook
+        def call(method, *args):
+            sharder = me()
+            return None if sharder is None else method(sharder, *args)
 
         for point in self.points:
-            module = point.module
-            self._hooks.append(
-                module.register_forward_pre_hook(
-                    functools.partial(forward(Zero3Model._pre_forward), point), prepend=True, with_kwargs=True
-                )
+            pre, post = (
+                functools.partial(call, m, point) for m in (Zero3Model._pre_forward, Zero3Model._post_forward)
             )
-            self._hooks.append(
-                module.register_forward_hook(functools.partial(forward(Zero3Model._post_forward), point))
-            )
-
-        def on_grad(param):
-            sharder = me()
-            if sharder is not None and param.grad is not None:
-                sharder._on_grad(param)
-
-        self._on_grad_hook = on_grad
+            self._hooks.append(point.module.register_forward_pre_hook(pre, prepend=True, with_kwargs=True))
+            self._hooks.append(point.module.register_forward_hook(post))
+        self._on_grad_hook = functools.partial(call, Zero3Model._on_grad)
         self._hook_new_trainable()
 
     def _hook_new_trainable(self) -> None:
@@ -175,7 +163,7 @@ class Zero3Model:
     def _launch_gather(self, unit: Unit) -> None:
         if unit.gathered:
             return
-        tag = 2 * self.units.index(unit)
+        tag = 2 * unit.index  # the reduce-scatters use odd tags
         unit.begin_gather(lambda flat: gather_slices(flat, self.process_group, tag=tag))
 
     def _acquire(self, units: list[Unit]) -> None:
@@ -283,6 +271,8 @@ class Zero3Model:
             self._release(call.point.units, free=True)
 
     def _on_grad(self, param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
         self._start_backward()
         self.reducer.arrived(self.owner[id(param)], param)
 

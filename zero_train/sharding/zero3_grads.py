@@ -33,7 +33,6 @@ class GradientReducer:
 
     def __init__(self, units: list[Unit], process_group, world_size: int):
         self.units, self.process_group, self.world_size = units, process_group, world_size
-        self.tags = {id(unit): 2 * index + 1 for index, unit in enumerate(units)}  # gathers use even tags
         self.order: list[Unit] = list(reversed(units))
         self.had_grad: set[int] = (
             set()
@@ -84,7 +83,9 @@ class GradientReducer:
             else:
                 slot.zero_()  # no gradient here: zero in the average (DDP's rule)
         flat[unit.partition.num_elements :].zero_()
-        pending = reduce_scatter_slices(flat, self.process_group, tag=self.tags[id(unit)])
+        pending = reduce_scatter_slices(
+            flat, self.process_group, tag=2 * unit.index + 1
+        )  # gathers: even tags
         self._in_flight = (unit, flat, pending)
 
     def _wait(self) -> None:

@@ -71,13 +71,15 @@ class HookPoint:
 
 def scopes(model: torch.nn.Module, unit_modules: Sequence[torch.nn.Module]) -> list[tuple[str, list]]:
     """(name, parameters of its scope) of each unit module, in module order; the root must be among them."""
+    order = {id(m): i for i, m in enumerate(model.modules())}
+    unit_modules = sorted(unit_modules, key=lambda m: order.get(id(m), -1))  # module order: the first owns
     chosen = {id(m) for m in unit_modules}
     if id(model) not in chosen:
         raise UsageError("the units must include the model itself (the root holds what no other unit does)")
     names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
     result = []
     for module in unit_modules:
-        if id(module) not in names:
+        if id(module) not in order:
             raise UsageError(f"unit {type(module).__name__} is not a submodule of the model")
         params, seen, stack = [], set(), [module]
         while stack:  # depth first in registration order, stopping at nested unit modules
@@ -103,6 +105,7 @@ class Unit:
 
     def __init__(self, name: str, params: list, *, rank: int, world_size: int, dtype, device):
         self.name, self.params, self.rank = name, params, rank
+        self.index = 0  # its place among the model's units (Zero3Model sets it; message tags derive from it)
         self.partition: FlatPartition = flat_partition([p.numel() for p in params], world_size)
         self.start, self.stop = self.partition.rank_range(rank)
         self.shard = torch.zeros(self.partition.partition_size, dtype=dtype, device=device)
