@@ -124,7 +124,7 @@ def test_derived_tables_keep_their_order():
     from zero_train.report.matrix import MATRIX_ENGINES
 
     assert engine_names(default_only=True) == (
-        "ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "fsdp2-z2", "ds3", "fsdp2-z3"
+        "ddp", "zero1", "zero2", "torch-zero", "ds1", "ds2", "fsdp2-z2", "zero3", "ds3", "fsdp2-z3"
     )  # fmt: skip
     assert MATRIX_ENGINES == ("ddp", "zero1", "torch-zero", "ds1", "ds2", "ds3")
     assert TRAFFIC_ORDER == ("ddp", "ds1", "ds2", "fsdp2-z2", "ds3", "fsdp2-z3")
