@@ -1,8 +1,8 @@
 """Our ZeRO-3 on 2, 3 and 4 gloo ranks against DDP and an unsharded reference, a tiny GPT-2 (~133k parameters).
 
 One spawned run per world size batches every check and returns numbers; the tests assert:
-- losses equal DDP's bit for bit at 2 ranks (fp32, with activation checkpointing, a tied Llama, and bf16 against
-  DDP's bf16 with fp32 masters), within 1e-6 relative at 3 and 4 (the gloo sums of 3+ ranks add in another order than
+- losses equal DDP's bit for bit at 2 ranks (fp32, with activation checkpointing, a tied Llama, bf16 against
+  DDP's bf16 with fp32 masters, and fp16 with the same overflow-skipped steps and loss scales), within 1e-6 relative at 3 and 4 (the gloo sums of 3+ ranks add in another order than
   DDP's all-reduce);
 - with accumulation and clipping, within 1e-6 relative (each micro-batch is averaged on its own, as DeepSpeed's
   stage 3 and FSDP2 do, where DDP's no_sync sums the micro-batches first);
@@ -57,6 +57,8 @@ def _engine(
     cfg["gradient_accumulation_steps"], cfg["gradient_clipping"] = accum, clip
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
+    if precision == "fp16":  # from a loss scale of 2**20 the first steps overflow: skipped, as DeepSpeed does
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 20}
     settings = train_settings(cfg, world_size=world_size)
 
     def model_fn():
@@ -115,6 +117,10 @@ def _exactness(rank: int, world_size: int) -> dict:
                 name, rank, world_size, model="llama-tiny", checkpointing=True
             )  # RMSNorm, GQA, RoPE
             runs[name, "llama"] = _train(llama, rank, range(STEPS))
+            fp16 = _engine(name, rank, world_size, precision="fp16")
+            runs[name, "fp16"] = [
+                (loss, norm, fp16.loss_scale()) for loss, norm in _train(fp16, rank, range(5))
+            ]
     if world_size == 2:
         runs["zero3", "checkpointing"] = _train(
             _engine("zero3", rank, world_size, checkpointing=True), rank, range(STEPS)
@@ -235,13 +241,21 @@ def _relative(a: float, b: float) -> float:
 
 # --------------------------------------------------------------------- tests
 @pytest.mark.multiproc
-def test_losses_equal_ddp_bit_for_bit_at_two_ranks_with_checkpointing_llama_and_bf16(world2):
+def test_losses_equal_ddp_bit_for_bit_at_two_ranks_with_checkpointing_llama_bf16_and_fp16(world2):
     for runs in world2["exact"]:
         ddp_losses = [loss for loss, _ in runs["ddp"]]
         assert [loss for loss, _ in runs["zero3"]] == ddp_losses
         assert [loss for loss, _ in runs["zero3", "checkpointing"]] == ddp_losses
         assert [loss for loss, _ in runs["zero3", "bf16"]] == [loss for loss, _ in runs["ddp", "bf16"]]
         assert [loss for loss, _ in runs["zero3", "llama"]] == [loss for loss, _ in runs["ddp", "llama"]]
+        fp16, ddp_fp16 = runs["zero3", "fp16"], runs["ddp", "fp16"]
+        assert [(loss, scale) for loss, _, scale in fp16] == [(loss, scale) for loss, _, scale in ddp_fp16]
+        assert [math.isfinite(norm) for _, norm, _ in fp16] == [
+            math.isfinite(norm) for _, norm, _ in ddp_fp16
+        ]
+        assert not math.isfinite(fp16[0][1]) and math.isfinite(
+            fp16[-1][1]
+        )  # skipped steps, then applied ones
         for (_, norm), (_, ddp_norm) in zip(runs["zero3"], runs["ddp"], strict=True):
             assert _relative(norm, ddp_norm) < 1e-6  # float64 partial sums vs torch's norm of norms
 
