@@ -5,8 +5,9 @@
 The model is built on the meta device (sharding/zero3_init.py) and each rank materialises only its slices, with
 the values the unsharded build gives; from then on every parameter exists whole only while its unit is
 gathered (ZeRO paper, P_os+g+p: (4 + K) Psi / Nd bytes per rank in mixed precision, 16 Psi / Nd in fp32).
-The DeepSpeed config gives the optimizer, schedule, precision, clipping and accumulation, as for every
-engine; its ZeRO tuning keys (bucket sizes, stage3_* thresholds) are DeepSpeed's and do not apply.
+The DeepSpeed config gives the optimizer, schedule, precision, clipping, accumulation and the dtype gradients
+travel in (communication_data_type), as for every engine; its ZeRO tuning keys (bucket sizes, stage3_*
+thresholds) are DeepSpeed's and do not apply: a unit is the bucket.
 
 Checkpoints: model/ (full fp32 weights, written by rank 0 one tensor at a time) and one optimizer shard per
 rank (pieces of state: sharding/zero3_state.py). Resuming reads this rank's pieces of the weights from
@@ -58,6 +59,7 @@ class Zero3Engine(LocalEngine):
             process_group=self.process_group,
             device=dist_info.device,
             dtype=dtype,
+            reduce_dtype=reduce_dtype(ds_config, dtype),
             values_of=build.values,
         )
         optimizer_class, kwargs = optimizer_spec(settings)
@@ -181,6 +183,16 @@ class Zero3Engine(LocalEngine):
             return {name: (states_there if name == "optimizer_states" else 0) for name in categories}
         categories["optimizer_states"] -= tensor_bytes(states) - states_there
         return categories
+
+
+def reduce_dtype(ds_config: dict, dtype: torch.dtype) -> torch.dtype:
+    """The config's communication_data_type (DeepSpeed's default: the model's dtype)."""
+    name = ds_config.get("communication_data_type")
+    if name is None:
+        return dtype
+    if name not in PRECISION_DTYPES:
+        raise UsageError(f"communication_data_type {name!r} is not one of {', '.join(PRECISION_DTYPES)}")
+    return PRECISION_DTYPES[name]
 
 
 def _buffers_to(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -60,6 +60,8 @@ class Zero3Model:
         process_group: the data-parallel group (None: the default group).
         device: where the slices live (default: the parameters' device).
         dtype: the parameters' dtype once sharded (default: theirs); the values are cast to it.
+        reduce_dtype: the dtype gradients are reduce-scattered and accumulated in (default: the parameters'; a
+            bf16 model may reduce in fp32, as FSDP2's default policy does).
         values_of: parameter -> its full values, called once per parameter this rank holds a piece of
             (default: the parameter itself).
         prefetch: launch the next unit's gather while the current one computes.
@@ -73,6 +75,7 @@ class Zero3Model:
         process_group=None,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
         values_of=None,
         prefetch: bool = True,
     ):
@@ -91,7 +94,7 @@ class Zero3Model:
         )
         self.root = next(point for point in self.points if point.module is model)
         self.owner = {id(p): unit for unit in self.units for p in unit.params}
-        self.reducer = GradientReducer(self.units, process_group, self.world_size)
+        self.reducer = GradientReducer(self.units, process_group, self.world_size, reduce_dtype)
         self._forward_trace: list[HookPoint] = []  # the last complete pass of each kind (prefetch order)
         self._backward_trace: list[HookPoint] = []
         self._trace: list[HookPoint] = []

@@ -29,10 +29,14 @@ class GradientReducer:
         units: every unit (the ones without trainable parameters never reduce).
         process_group: the data-parallel group.
         world_size: N.
+        reduce_dtype: the dtype gradients travel and accumulate in (None: the model's).
     """
 
-    def __init__(self, units: list[Unit], process_group, world_size: int):
+    def __init__(
+        self, units: list[Unit], process_group, world_size: int, reduce_dtype: torch.dtype | None = None
+    ):
         self.units, self.process_group, self.world_size = units, process_group, world_size
+        self.reduce_dtype = reduce_dtype
         self.order: list[Unit] = list(reversed(units))
         self.had_grad: set[int] = (
             set()
@@ -73,7 +77,8 @@ class GradientReducer:
     def _launch(self, unit: Unit) -> None:
         """Average the unit's gradients into a flat buffer, release them, start the reduce-scatter."""
         self._wait()
-        flat = torch.empty(unit.partition.total_size, dtype=unit.shard.dtype, device=unit.shard.device)
+        dtype = self.reduce_dtype or unit.shard.dtype
+        flat = torch.empty(unit.partition.total_size, dtype=dtype, device=unit.shard.device)
         for param, offset in zip(unit.params, unit.partition.offsets, strict=True):
             slot = flat[offset : offset + param.numel()].view(param.shape)
             if param.requires_grad and param.grad is not None:
