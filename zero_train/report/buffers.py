@@ -5,6 +5,7 @@
 - our ZeRO-1: padding of its two flat buffers (fewer than N elements each: equal slices) plus, on gloo,
   the rings' receive buffer: zero_train.sharding.accounting computes them for the sharder itself, and
   here for the run's partition, bucket size and backend.
+- our ZeRO-3: none between steps; a unit's reduce-scatter buffer lives only while its gradients travel.
 - DeepSpeed: one reduce bucket of zero_optimization.reduce_bucket_size elements (default 5e8) in the
   gradient dtype, with contiguous_gradients; ZeRO-1/2 hold it only during backward, ZeRO-3 keeps it.
 """
@@ -113,6 +114,13 @@ def _deepspeed_words(row: dict) -> tuple[str, int]:
     )
 
 
+_ZERO3_WORDS = (
+    "our ZeRO-3 keeps no communication buffer between steps: a unit's reduce-scatter buffer (N x its slice) and, "
+    "on gloo, the N - 1 slices it receives exist only while that unit's gradients travel in backward, and a "
+    "gathered unit counts as params while it is alive (none at the step boundary)"
+)
+
+
 def buffer_sentence(
     row: dict, facts: ModelFacts | None, measured: int, ours: int | None, footprint: int
 ) -> str:
@@ -132,6 +140,8 @@ def buffer_sentence(
         words, predicted = _zero1_words(row, facts)
     elif engine == "zero2":
         words, predicted = _zero2_words(row, facts)
+    elif engine == "zero3":
+        words, predicted = _ZERO3_WORDS, 0
     else:
         words, predicted = _deepspeed_words(row)
     sentence = f"comm_buffers: {row['engine']} holds {units.mb(measured)}: {words}"
