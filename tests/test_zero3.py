@@ -119,3 +119,37 @@ def test_state_of_a_piece_is_cut_from_saved_pieces_of_any_cutting():
     assert torch.equal(state["exp_avg"], exp_avg[2:7]) and float(state["step"]) == 4.0
     with pytest.raises(UsageError, match="a rank's shard is missing"):
         _cut(saved[:1], 2, 5, torch.empty(5))
+
+
+def test_each_block_is_gathered_only_around_its_own_forward_and_backward_with_the_next_one_prefetched():
+    """What is gathered while block 0 and block 1 run, forward and backward (one rank: the lifecycle alone)."""
+    model = _tiny()
+    sharded = Zero3Model(model)
+    root, wte, h0, h1 = sharded.units
+    seen: list[tuple[str, tuple[bool, ...]]] = []
+
+    def watch(name):
+        def hook(*_):
+            seen.append((name, tuple(u.gathered for u in (root, wte, h0, h1))))
+
+        return hook
+
+    for block, name in ((model.transformer.h[0], "h0"), (model.transformer.h[1], "h1")):
+        block.register_forward_pre_hook(watch(f"{name} forward"))  # after ours: the block is gathered
+        block.mlp.c_fc.register_full_backward_pre_hook(
+            watch(f"{name} backward")
+        )  # inside the block's backward
+    batch = torch.randint(0, 256, (2, 16))
+    for _ in range(2):  # the second step runs with the first one's traces
+        seen.clear()
+        model(input_ids=batch, labels=batch).loss.backward()
+        sharded.reducer.zero_grad()
+        assert sharded.gathered_bytes() == 0
+    # step 2 (the traces known): root and the tied embedding held through each pass, the current block and
+    # the next one in that pass's order, nothing else; (root, wte, h0, h1)
+    assert seen == [
+        ("h0 forward", (True, True, True, True)),  # h1 prefetched while h0 computes
+        ("h1 forward", (True, True, False, True)),  # h0 freed after its forward
+        ("h1 backward", (True, True, True, True)),  # h0 prefetched while h1's backward runs
+        ("h0 backward", (True, True, True, False)),  # h1 freed after its backward
+    ]

@@ -263,9 +263,13 @@ class Zero3Model:
         call.acquired = True
         self._trace.append(call.point)
         self._acquire(call.point.units)
-        self._prefetch_next(self._backward_trace or list(reversed(self._forward_trace)))
+        self._prefetch_next(self._backward_trace or self._first_backward_guess())
         self._wait(call.point.units)
         return grad
+
+    def _first_backward_guess(self) -> list[HookPoint]:
+        """Before any backward ran: the root first (the loss is its output), then the forward reversed."""
+        return [self.root, *(point for point in reversed(self._forward_trace) if point is not self.root)]
 
     def _post_backward(self, call: BackwardCall) -> None:
         """The gradients of a forward call's inputs are computed: its backward is done, free its units."""
