@@ -51,6 +51,24 @@ def test_every_element_is_owned_exactly_once_and_padding_is_below_n(world_size):
             assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(spans))
 
 
+def test_a_piece_copied_by_its_slices_rebuilds_every_tensor_from_the_rank_slices():
+    """Piece.in_tensor and Piece.within are the one slice arithmetic ZeRO-1/2's segments and ZeRO-3's units use:
+    scattering whole tensors into rank slices with them and reading the slices back gives the tensors."""
+    numels = [3, 10, 5, 7, 1]
+    tensors = [torch.arange(n, dtype=torch.float32) + 100 * i for i, n in enumerate(numels)]
+    partition = flat_partition(numels, 3)
+    slices = [torch.full((partition.partition_size,), -1.0) for _ in partition.ranks]
+    for rank in partition.ranks:
+        start = partition.rank_range(rank)[0]
+        for piece in partition.pieces(rank):
+            slices[rank][piece.within(start)] = tensors[piece.index][piece.in_tensor]
+    flat = torch.cat(slices)
+    for index, tensor in enumerate(tensors):
+        offset = partition.offsets[index]
+        assert torch.equal(flat[offset : offset + numels[index]], tensor)
+    assert flat[-partition.padding() :].tolist() == [-1.0]  # the padding was never written
+
+
 def test_gpt2_small_holds_psi_over_n_at_every_world_size():
     """The whole-tensor layout held 1.00 / 1.24 / 2.48 / 4.96 / 19.85 Psi per rank at 2 / 4 / 8 / 16 / 64 ranks
     on these shapes (the 38.6M-element embedding set every region); a flat partition holds Psi / N."""

@@ -16,7 +16,6 @@ grad_buckets.py ZeRO-2's buckets, bucket buffers and accumulator of the owned gr
 state_dict.py   per-rank shards of pieces, consolidation, re-sharding
 gather.py       one tensor at a time onto the rank that writes a checkpoint or an export
 loss_scale.py   fp16 dynamic loss scaling (DeepSpeed's rules)
-norms.py        the global gradient norm from pieces of tensors (float64 partial sums)
 
 zero3.py        Zero3Model: each unit gathered around the forward and backward that use it, then freed
 zero3_units.py  which parameters form a unit; a unit's slice, gathered buffer and gradient slice

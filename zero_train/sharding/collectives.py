@@ -44,7 +44,8 @@ def backend_name(process_group=None) -> str:
     return str(dist.get_backend(process_group))
 
 
-def _global(rank: int, process_group) -> int:
+def global_rank(rank: int, process_group) -> int:
+    """The default group's rank of `rank` in `process_group` (what point-to-point calls take)."""
     return dist.get_global_rank(process_group, rank) if process_group is not None else rank
 
 
@@ -128,8 +129,8 @@ def ring_reduce_(flat: torch.Tensor, recv_buffer: torch.Tensor, process_group, s
     """The gloo reduction ring (`ring_schedule`): part r of `flat` ends summed over the ranks on rank r."""
     rank, world_size = group_rank_and_size(process_group)
     right, left = (
-        _global((rank + 1) % world_size, process_group),
-        _global((rank - 1) % world_size, process_group),
+        global_rank((rank + 1) % world_size, process_group),
+        global_rank((rank - 1) % world_size, process_group),
     )
     chunk = ring_chunk(list(lengths), recv_buffer.numel())
     for sends, receives in ring_schedule(list(starts), list(lengths), rank, chunk):
@@ -176,7 +177,9 @@ def reduce_to_owners_(
         if length:
             part = flat[start : start + length]
             works.append(
-                dist.reduce(part, dst=_global(owner, process_group), group=process_group, async_op=async_op)
+                dist.reduce(
+                    part, dst=global_rank(owner, process_group), group=process_group, async_op=async_op
+                )
             )
     return works if async_op else []
 
@@ -199,8 +202,8 @@ def all_gather_(flat: torch.Tensor, process_group=None, *, lengths: list[int] | 
         return
     lengths = lengths or [slices.shape[1]] * world_size
     right, left = (
-        _global((rank + 1) % world_size, process_group),
-        _global((rank - 1) % world_size, process_group),
+        global_rank((rank + 1) % world_size, process_group),
+        global_rank((rank - 1) % world_size, process_group),
     )
     for step in range(world_size - 1):
         send_index, recv_index = (rank - step) % world_size, (rank - step - 1) % world_size

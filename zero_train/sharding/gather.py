@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zero_train.sharding.collectives import group_rank_and_size
+from zero_train.sharding.collectives import global_rank, group_rank_and_size
 
 
 def comm_device(process_group=None) -> torch.device:
@@ -35,10 +35,6 @@ def comm_device(process_group=None) -> torch.device:
     if dist.is_initialized() and dist.get_backend(process_group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _global_rank(group_rank: int, process_group) -> int:
-    return dist.get_global_rank(process_group, group_rank) if process_group is not None else group_rank
 
 
 def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -131,7 +127,7 @@ def gather_objects_to(obj: Any, *, to: int, process_group=None) -> list[Any] | N
     if world_size == 1:
         return [map_tensors(obj, cpu_copy)]
     skeletons: list[Any] | None = [None] * world_size if rank == to else None
-    dst = _global_rank(to, process_group)
+    dst = global_rank(to, process_group)
     dist.gather_object(map_tensors(obj, _spec), skeletons, dst=dst, group=process_group)
     if rank != to:
         map_tensors(obj, lambda tensor: send_tensor(tensor, to=to, process_group=process_group))

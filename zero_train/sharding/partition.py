@@ -51,6 +51,15 @@ class Piece:
     whole: bool
     """The piece is the entire tensor (it was not split)."""
 
+    @property
+    def in_tensor(self) -> slice:
+        """Its elements in the flattened tensor."""
+        return slice(self.tensor_offset, self.tensor_offset + self.length)
+
+    def within(self, start: int) -> slice:
+        """Its elements in a buffer that begins at flat element `start` (a rank's slice: rank_range(rank)[0])."""
+        return slice(self.flat_offset - start, self.flat_offset - start + self.length)
+
 
 @dataclass(frozen=True, slots=True)
 class FlatPartition:

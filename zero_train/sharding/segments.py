@@ -48,8 +48,7 @@ class Segment:
 
     def _slice(self, owned: torch.Tensor, piece: Piece) -> torch.Tensor:
         """`piece` of a tensor laid out as this rank's slice: shaped as its parameter if whole, else 1-D."""
-        local = piece.flat_offset - self.start
-        view = owned[local : local + piece.length]
+        view = owned[piece.within(self.start)]
         return view.view_as(self.params[piece.index]) if piece.whole else view
 
     def master_view(self, piece: Piece) -> torch.Tensor:

@@ -121,7 +121,7 @@ def _cut(value, piece, shape) -> object:
         return value
     if piece.whole or value.dim() == 0 or value.shape != shape:
         return value.clone()
-    return value.reshape(-1)[piece.tensor_offset : piece.tensor_offset + piece.length].clone()
+    return value.reshape(-1)[piece.in_tensor].clone()
 
 
 class ShardedStateDict:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from zero_train.sharding.collectives import group_rank_and_size, uses_p2p_rings
+from zero_train.sharding.collectives import global_rank, group_rank_and_size, uses_p2p_rings
 
 
 class Pending:
@@ -43,10 +43,6 @@ class Pending:
         if self._finish is not None:
             finish, self._finish = self._finish, None
             finish()
-
-
-def _global(rank: int, process_group) -> int:
-    return dist.get_global_rank(process_group, rank) if process_group is not None else rank
 
 
 def gather_slices(flat: torch.Tensor, process_group=None, *, tag: int = 0) -> Pending:
@@ -67,12 +63,12 @@ def gather_slices(flat: torch.Tensor, process_group=None, *, tag: int = 0) -> Pe
     for peer in range(world_size):
         if peer != rank:
             works.append(
-                dist.irecv(slices[peer], src=_global(peer, process_group), group=process_group, tag=tag)
+                dist.irecv(slices[peer], src=global_rank(peer, process_group), group=process_group, tag=tag)
             )
     for peer in range(world_size):
         if peer != rank:
             works.append(
-                dist.isend(slices[rank], dst=_global(peer, process_group), group=process_group, tag=tag)
+                dist.isend(slices[rank], dst=global_rank(peer, process_group), group=process_group, tag=tag)
             )
     return Pending(works)
 
@@ -99,11 +95,13 @@ def reduce_scatter_slices(flat: torch.Tensor, process_group=None, *, tag: int = 
     peers = [peer for peer in range(world_size) if peer != rank]
     received = torch.empty((len(peers), slices.shape[1]), dtype=flat.dtype, device=flat.device)
     works = [
-        dist.irecv(received[k], src=_global(peer, process_group), group=process_group, tag=tag)
+        dist.irecv(received[k], src=global_rank(peer, process_group), group=process_group, tag=tag)
         for k, peer in enumerate(peers)
     ]
     for peer in peers:
-        works.append(dist.isend(slices[peer], dst=_global(peer, process_group), group=process_group, tag=tag))
+        works.append(
+            dist.isend(slices[peer], dst=global_rank(peer, process_group), group=process_group, tag=tag)
+        )
 
     def add_received() -> None:
         for k in range(len(peers)):

@@ -86,8 +86,7 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
         """`piece` of the unit's master slice, shaped as its parameter if whole (the same object every call)."""
         key = (id(unit), piece)
         if key not in self._views:
-            local = piece.flat_offset - unit.start
-            view = self.masters[id(unit)][local : local + piece.length]
+            view = self.masters[id(unit)][piece.within(unit.start)]
             self._views[key] = view.view(unit.params[piece.index].shape) if piece.whole else view
         return self._views[key]
 
@@ -135,8 +134,7 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
             if owned.unit.grad is None:
                 owned.master.grad = None
                 continue
-            local = owned.piece.flat_offset - owned.unit.start
-            grad = owned.unit.grad[local : local + owned.piece.length].view_as(owned.master)
+            grad = owned.unit.grad[owned.piece.within(owned.unit.start)].view_as(owned.master)
             grad = grad.to(self.master_dtype) if grad.dtype != self.master_dtype else grad
             owned.master.grad = grad if inv_scale is None else grad.mul_(inv_scale)
         self._prepared = True
@@ -187,10 +185,7 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
         device = self.sharded.device
         powers = norms.sum_of_powers(self._master_grads(), norm_type, device=device)
         if math.isinf(norm_type):  # the largest |g| of any rank: a MAX, not a sum
-            if self.world_size > 1:
-                torch.distributed.all_reduce(
-                    powers, op=torch.distributed.ReduceOp.MAX, group=self.process_group
-                )
+            collectives.all_reduce_(powers, self.process_group, op=torch.distributed.ReduceOp.MAX)
             self._agree()
         else:
             self._agree(powers)

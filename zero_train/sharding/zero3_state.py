@@ -19,8 +19,7 @@ import torch
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.gather import gather_tensor
-
-SHARD_FORMAT = "zero_train.flat_shard/2"
+from zero_train.sharding.state_dict import SHARD_FORMAT, check_groups_match
 
 
 class Zero3StateDict:
@@ -74,12 +73,7 @@ class Zero3StateDict:
         """
         if not shards or any(s.get("format") != SHARD_FORMAT for s in shards):
             raise UsageError(f"not {SHARD_FORMAT} optimizer shards (saved by another engine or version?)")
-        saved_groups = [len(g["params"]) for g in shards[0]["param_groups"]]
-        if saved_groups != [len(g["params"]) for g in self.param_groups]:
-            raise UsageError(
-                f"the optimizer state has param groups of sizes {saved_groups} but this optimizer has "
-                f"{[len(g['params']) for g in self.param_groups]}; build it over the same parameters and groups"
-            )
+        check_groups_match(shards[0]["param_groups"], self.param_groups)
         for group, saved in zip(self.param_groups, shards[0]["param_groups"], strict=True):
             group.update(_hyper(saved))
         index = self._global_indices()
@@ -108,8 +102,7 @@ class Zero3StateDict:
         master = self.masters[id(unit)]
         parts = []
         for rank, piece in unit.partition.pieces_of(position):
-            local = piece.flat_offset - unit.start
-            mine = master[local : local + piece.length] if rank == self.rank else None
+            mine = master[piece.within(unit.start)] if rank == self.rank else None
             parts.append(
                 gather_tensor(
                     mine,
@@ -127,8 +120,7 @@ class Zero3StateDict:
         for unit in self.sharded.units:
             for piece in unit.partition.pieces(self.rank):
                 values = values_of(unit.params[piece.index], piece.tensor_offset, piece.length)
-                local = piece.flat_offset - unit.start
-                self.masters[id(unit)][local : local + piece.length].copy_(values)
+                self.masters[id(unit)][piece.within(unit.start)].copy_(values)
             if self.has_master_copies:
                 unit.shard.copy_(self.masters[id(unit)])
 

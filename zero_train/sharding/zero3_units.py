@@ -125,10 +125,8 @@ class Unit:
     def fill_shard(self, values_of) -> None:
         """Copy this rank's piece of every parameter into the shard; `values_of(i)` gives parameter i whole."""
         for piece in self.partition.pieces(self.rank):
-            value = values_of(piece.index).detach().reshape(-1)
-            local = piece.flat_offset - self.start
-            self.shard[local : local + piece.length].copy_(
-                value[piece.tensor_offset : piece.tensor_offset + piece.length]
+            self.shard[piece.within(self.start)].copy_(
+                values_of(piece.index).detach().reshape(-1)[piece.in_tensor]
             )
 
     def begin_gather(self, gather) -> None:
