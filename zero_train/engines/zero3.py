@@ -62,7 +62,7 @@ class Zero3Engine(LocalEngine):
             reduce_dtype=reduce_dtype(ds_config, dtype),
             values_of=build.values,
         )
-        optimizer_class, kwargs = optimizer_spec(settings)
+        optimizer_class, kwargs = optimizer_spec(settings, dist_info.device)
         kwargs["lr"] = scheduled_lr(settings, 0)
         self.optimizer = Zero3Optimizer(
             self.sharded,
