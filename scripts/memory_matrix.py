@@ -1,6 +1,6 @@
 """Run the out-of-sample memory matrix and compare our peak model with every measured peak.
 
-    python scripts/memory_matrix.py --out runs/memory-matrix                 # the 48 cells (docs/memory_matrix.md)
+    python scripts/memory_matrix.py --out runs/memory-matrix                 # the 64 cells (docs/memory_matrix.md)
     python scripts/memory_matrix.py --out runs/memory-matrix --list          # the design, nothing run
     python scripts/memory_matrix.py --out DIR --cells llama-ds2-w2-bf16-ga4-ckpt,qwen2-zero1-w3-fp32
     python scripts/memory_matrix.py --out runs/memory-matrix --reuse         # re-summarize, rerun only missing
@@ -8,11 +8,11 @@
 
 The design (zero_train.report.matrix): three architectures built from small configs (random weights, saved
 once under OUT/models/), checkpointing on/off, accumulation 1/4, world sizes 2/3, fp32/bf16, six engines;
-48 cells in which every level of every factor meets every engine. Each cell is what a `zero-train profile`
-cell runs (scripts/train.py's training loop with --memory-report, 2 optimizer steps, a generated DeepSpeed
-config), its record under OUT/<architecture>/cells/; to spare 48 x 2-3 interpreter starts on a loaded
-machine, the cells of one world size run in the same rank processes one after another (zero_train.testing
-.run_ranks), ZeRO-3 last. The comparison is per run (peak minus that run's "other"), so what earlier cells
+48 cells in which every level of every factor meets every engine, 8 offload cells, 8 of our ZeRO-3. Each
+cell is what a `zero-train profile` cell runs (scripts/train.py's training loop with --memory-report, 2
+optimizer steps, a generated DeepSpeed config), its record under OUT/<architecture>/cells/; to spare 64 x 2-3
+interpreter starts on a loaded machine, the cells of one world size run in the same rank processes one after
+another (zero_train.testing.run_ranks), DeepSpeed ZeRO-3 last. The comparison is per run (peak minus that run's "other"), so what earlier cells
 leave behind cancels out of the headline figure; it does raise the "baseline". Then every record goes through the report's comparison
 (zero_train.report.compare.compare_cell) and OUT/matrix.md + OUT/matrix.json get the headline figure, ours
 / (peak - other), per cell with its distribution, and per phase where a cell misses.
@@ -57,7 +57,7 @@ CHUNK = 8
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="memory_matrix.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--cells", default=None, help="comma-separated cell names (default: all 48)")
+    parser.add_argument("--cells", default=None, help="comma-separated cell names (default: all)")
     parser.add_argument("--list", action="store_true", help="print the design and exit")
     parser.add_argument("--reuse", action="store_true", help="keep cells already recorded in OUT")
     parser.add_argument(

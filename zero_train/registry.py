@@ -58,6 +58,9 @@ class EngineSpec:
     """In the default `--engines` of `zero-train profile` and `zero-train bench`."""
     matrix: bool = False
     """In the out-of-sample memory matrix (zero_train.report.matrix): its design fixes six engines."""
+    matrix_added: bool = False
+    """In the memory matrix as an engine added after its design was fixed: its own 8 cells are appended, the
+    design's stay as they were (so measured cells are reused)."""
     planned: bool = False
     """A set-up `zero-train plan` may choose (it writes a DeepSpeed JSON for DDP, DeepSpeed or FSDP2)."""
     hf_peer: bool = False
@@ -95,7 +98,7 @@ ENGINES: tuple[EngineSpec, ...] = (
                builder=_FSDP2, family="fsdp2", sharding="per-tensor", peak_model="fsdp2_phases", marker="p",
                planned=True),
     EngineSpec(name="zero3", label="our ZeRO-3", stage=3, builder="zero_train.engines.zero3:Zero3Engine", ours=True,
-               sharding="flat", peak_model=None, marker="8"),
+               sharding="flat", peak_model="zero3_phases", marker="8", matrix_added=True),
     EngineSpec(name="ds3", label="DeepSpeed ZeRO-3", stage=3, builder=_DEEPSPEED, family="deepspeed",
                sharding="flat", peak_model="deepspeed_phases", marker="P", matrix=True, planned=True, hf_peer=True),
     EngineSpec(name="fsdp2-z3", label="torch FSDP2, resharded after forward", stage=3,

@@ -8,7 +8,9 @@ with q/k/v biases and one KV head), activation checkpointing on and off, accumul
 the 8 cells of a 2^(4-1) half fraction of the four two-level factors (every level of every factor meets
 every engine 4 times, every pair of levels twice), the two halves alternating between engines so that all
 16 combinations appear over the matrix, and the architecture rotating so that each meets each engine 2-3
-times. 48 cells. scripts/memory_matrix.py runs them; docs/memory_matrix.md has the figures.
+times. 48 cells, then 8 offload cells, then 8 per engine added since (our ZeRO-3), appended so that the
+cells measured before keep their names. scripts/memory_matrix.py runs them; docs/memory_matrix.md has the
+figures.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from dataclasses import dataclass
 from zero_train.registry import ENGINES
 
 MATRIX_ENGINES = tuple(spec.name for spec in ENGINES if spec.matrix)
-"""The design's six engines (zero_train.registry: `matrix`): the engines added since are checked elsewhere."""
+"""The design's six engines (zero_train.registry: `matrix`)."""
+ADDED_ENGINES = tuple(spec.name for spec in ENGINES if spec.matrix_added)
+"""Engines added to the matrix after its design (registry: `matrix_added`), each with its own 8 cells."""
 OFFLOAD_ENGINES = ("ds2-offload", "ds3-offload")
 """DeepSpeed ZeRO-2 with offload_optimizer cpu, ZeRO-3 with offload_optimizer and offload_param cpu."""
 OFFLOAD_SUFFIX = "-offload"
@@ -62,26 +66,36 @@ class MatrixCell:
 
 
 def design() -> list[MatrixCell]:
-    """The 56 cells: per engine a 2^(4-1) half fraction of (checkpointing, accumulation, world size,
+    """The 64 cells: per engine a 2^(4-1) half fraction of (checkpointing, accumulation, world size,
     precision), the defining relation alternating by engine, the architecture rotating (48); then the 8
-    offload cells (`offload_design`)."""
-    cells = []
+    offload cells (`offload_design`); then the added engines' cells, continuing the alternation (8 each)."""
+    engines = (*MATRIX_ENGINES, *ADDED_ENGINES)
+    cells = [cell for index, engine in enumerate(MATRIX_ENGINES) for cell in _half_fraction(engine, index)]
+    added = [
+        cell
+        for index, engine in enumerate(engines)
+        if engine in ADDED_ENGINES
+        for cell in _half_fraction(engine, index)
+    ]
+    return cells + offload_design() + added
+
+
+def _half_fraction(engine: str, engine_index: int) -> list[MatrixCell]:
+    """The engine's 8 cells: the combinations of the four two-level factors whose sum has the engine index's
+    parity, the architecture rotating with the cell and engine index."""
     architectures = list(ARCHITECTURES)
-    for engine_index, engine in enumerate(MATRIX_ENGINES):
-        half = engine_index % 2
-        combos = [c for c in itertools.product((0, 1), repeat=4) if sum(c) % 2 == half]
-        for cell_index, (ckpt, accum, world, precision) in enumerate(combos):
-            cells.append(
-                MatrixCell(
-                    architecture=architectures[(cell_index + engine_index) % len(architectures)],
-                    engine=engine,
-                    world_size=(2, 3)[world],
-                    precision=("fp32", "bf16")[precision],
-                    grad_accum=(1, 4)[accum],
-                    gradient_checkpointing=bool(ckpt),
-                )
-            )
-    return cells + offload_design()
+    combos = [c for c in itertools.product((0, 1), repeat=4) if sum(c) % 2 == engine_index % 2]
+    return [
+        MatrixCell(
+            architecture=architectures[(cell_index + engine_index) % len(architectures)],
+            engine=engine,
+            world_size=(2, 3)[world],
+            precision=("fp32", "bf16")[precision],
+            grad_accum=(1, 4)[accum],
+            gradient_checkpointing=bool(ckpt),
+        )
+        for cell_index, (ckpt, accum, world, precision) in enumerate(combos)
+    ]
 
 
 def base_engine(engine: str) -> str:

@@ -6,7 +6,7 @@ a step. For each engine of the profile matrix the phases hold (zero_train.memory
 from the code that allocates it and the bytes it was measured to add):
 
     forward         states at rest + activations + the logits (and their fp32 copy for the loss)
-                    + ZeRO-3's gathered parameters
+                    + ZeRO-3's gathered parameters (ours: the unit computing the logits)
     backward_start  at the LM head: every activation still saved + the loss's gradients + the LM
                     head's weight gradient (+ DeepSpeed's reduce bucket; ZeRO-2's gradient partition
                     from its first reduction on)
@@ -52,6 +52,7 @@ from zero_train.memory.model.peak_engines import (
 )
 from zero_train.memory.model.peak_fsdp2 import fsdp2_boundary, fsdp2_phases
 from zero_train.memory.model.peak_terms import ActivationTerms, DeepSpeedSettings, Run, activations
+from zero_train.memory.model.peak_zero3 import zero3_phases
 from zero_train.memory.model.sharder_layout import Share, sharder_layout, whole_tensor_layout
 from zero_train.memory.model.theory import ModelShape
 from zero_train.memory.model.versions import warn_if_versions_differ
@@ -87,11 +88,12 @@ TERM_WORDS = {
     "accumulated_grads": "gradients kept from earlier micro-batches",
     "accumulating_gradient": "the new gradient being added to an accumulated one",
     "recomputed_block": "a checkpointed block's recomputed activations",
-    "pending_grads": "gradients waiting for their bucket (our ZeRO-2)",
+    "pending_grads": "gradients waiting for their bucket (our ZeRO-2) or unit (our ZeRO-3)",
+    "reduce_scatter_buffer": "a unit's gradients on their way to the owners (our ZeRO-3)",
 }
 """Words for every term of a phase (report sentences, estimate notes)."""
-PHASE_MODELS = {model.__name__: model for model in (ddp_phases, zero1_phases, zero2_phases, deepspeed_phases,
-                                                    fsdp2_phases)}  # fmt: skip
+PHASE_MODELS = {model.__name__: model for model in (ddp_phases, zero1_phases, zero2_phases, zero3_phases,
+                                                    deepspeed_phases, fsdp2_phases)}  # fmt: skip
 """The per-phase models an engine's `peak_model` (zero_train.registry) names."""
 
 

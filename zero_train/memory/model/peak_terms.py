@@ -55,6 +55,8 @@ class DeepSpeedSettings:
     """ZeRO-3: tensors below this many elements stay whole on every rank (stage3_param_persistence_threshold)."""
     sub_group_size: int = 1_000_000_000
     """ZeRO-3: elements of the partition the optimizer steps at a time (sub_group_size)."""
+    communication_data_type: str | None = None
+    """The gradients' dtype on the wire (communication_data_type, lower case); None: the model's dtype."""
 
     @classmethod
     def from_config(cls, ds_config: dict | None, stage: int) -> DeepSpeedSettings:
@@ -70,6 +72,7 @@ class DeepSpeedSettings:
             max_live_parameters=_int_setting(zero, "stage3_max_live_parameters", 1_000_000_000),
             persistence_threshold=_int_setting(zero, "stage3_param_persistence_threshold", 100_000),
             sub_group_size=_int_setting(zero, "sub_group_size", 1_000_000_000),
+            communication_data_type=str(config.get("communication_data_type") or "").lower() or None,
         )
 
 

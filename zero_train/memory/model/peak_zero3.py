@@ -1,0 +1,140 @@
+"""Our ZeRO-3 (zero_train.sharding.zero3) in the per-phase peak model, term by term from the code.
+
+Units (sharding/zero3_units.py): each transformer block, the input embedding, an untied LM head, and the root
+(a GPT-2's position embedding and final norm: here counted in the blocks, as peak_fsdp2 does). Each unit is
+one flat buffer cut into N equal slices; a rank keeps its slice (e x Psi / N over all units), fp32 masters of
+it for a 16-bit model, Adam's moments of its trainable pieces. What lives only for part of a step:
+
+    forward         the root and the unit computing the logits (the head, or a tied embedding, which stays
+                    gathered from its first use to the end of the pass) beside the activations and logits
+    backward_start  the larger of two moments: at the head, the same plus the last block (prefetched) and
+                    the loss's gradients (the head's whole weight gradient among them); in the last block's
+                    backward, it and the next block gathered (and a tied embedding), its whole gradients
+                    beside their flat copy, and the head's gradient (tied: waiting for the embedding's
+                    contribution; untied: its reduce-scatter in flight)
+    backward_end    every unit's gradient slice (c x Psi / N, c the communication dtype's bytes), the gathered
+                    embedding, and its gradient on its way out: a tied one's two contributions and their sum
+                    (3 e V h, autograd adds them before the hook), then copied into the unit's flat buffer
+                    (c V h); on gloo the exchange's receive buffer beside it ((N - 1) / N c V h)
+    step            the gradient slices, their fp32 copies (16-bit model: the masters' .grad) and the foreach
+                    AdamW's temporaries on the owned pieces
+
+Gradient accumulation: the gradient slices of earlier micro-batches live through the later ones (every
+micro-batch is reduce-scattered, nothing whole is kept). Activation checkpointing: the end of backward may
+peak while the first block is recomputed (peak_terms.activation_terms).
+"""
+
+from __future__ import annotations
+
+from zero_train.memory.model.peak_terms import (
+    FP32_BYTES,
+    Run,
+    activation_terms,
+    local_step_temporaries,
+    loss_backward,
+    tied_gradient_copies,
+)
+from zero_train.memory.model.sharder_layout import SharderLayout, Share
+
+Phases = dict[str, dict[str, int]]
+
+
+def zero3_units(run: Run) -> tuple[int, int, int]:
+    """(input embedding, untied LM head (0 if tied), one block) in elements: the units that are gathered."""
+    shape = run.shape
+    embedding = min(shape.vocab_size * shape.hidden_size, shape.num_params)
+    head = 0 if shape.tied_embedding_params or not embedding else min(embedding, shape.num_params - embedding)
+    rest = shape.num_params - embedding - head
+    block = rest // shape.num_layers if shape.num_layers else rest
+    return embedding, head, block
+
+
+def _communication_bytes(run: Run) -> int:
+    """c: bytes per gradient element on the wire and in the slices (the config's communication_data_type,
+    default the model's dtype, as engines/zero3.py reads it)."""
+    name = run.deepspeed.communication_data_type
+    if name in ("fp32", "float32"):
+        return FP32_BYTES
+    return 2 if name in ("bf16", "bfloat16", "fp16", "float16") else run.element_bytes
+
+
+def _add(*parts: dict[str, int]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.items():
+            total[name] = total.get(name, 0) + int(value)
+    return {name: value for name, value in total.items() if value}
+
+
+def _largest(*moments: dict[str, int]) -> dict[str, int]:
+    return max(moments, key=lambda terms: sum(terms.values()))
+
+
+def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> Phases:
+    """{phase: {term: bytes}} for our ZeRO-3 on rank `share.rank` (its slice: `share.owned` elements; the
+    whole model's flat layout stands for the units', which differ by under N elements per unit)."""
+    e, n = run.element_bytes, run.world_size
+    c = _communication_bytes(run)
+    embedding, head, block = zero3_units(run)
+    owned = share.owned
+    rest = dict(
+        params=e * owned,
+        master_params=FP32_BYTES * owned if run.mixed else 0,
+        optimizer_states=2 * FP32_BYTES * owned,
+    )
+    slices = dict(grads=c * owned)
+    held = dict(accumulated_grads=c * owned) if run.grad_accum > 1 else {}
+    terms = activation_terms(run)
+    gathered = e * (head or embedding) if n > 1 else 0  # the unit computing the logits
+    prefetched = e * block if n > 1 else 0
+    forward = _add(held, dict(activations=terms.saved_bytes, loss_temporaries=terms.loss_bytes,
+                              gathered_params=gathered))  # fmt: skip
+    at_head = _add(held, dict(activations=terms.saved_bytes, loss_gradients=loss_backward(run),
+                              gathered_params=gathered + prefetched))  # fmt: skip
+    backward_start = _largest(at_head, _add(held, _last_block(run, embedding, head, block, c),
+                                            dict(activations=terms.saved_bytes)))  # fmt: skip
+    last = _embedding_leaves(run, embedding, c)
+    end = _add(slices, dict(gathered_params=e * embedding if n > 1 else 0), last)
+    if terms.recompute_bytes:
+        recompute = _add(slices, dict(gathered_params=e * (embedding + block) if n > 1 else 0,
+                                      recomputed_block=terms.recompute_bytes))  # fmt: skip
+        end = _largest(end, recompute)
+    step = _add(slices, dict(fp32_grads=FP32_BYTES * owned if c != FP32_BYTES else 0,
+                             adamw_temporaries=local_step_temporaries(run, owned)))  # fmt: skip
+    return {
+        "forward": _add(rest, forward),
+        "backward_start": _add(rest, backward_start),
+        "backward_end": _add(rest, end),
+        "step": _add(rest, step),
+    }
+
+
+def _embedding_leaves(run: Run, embedding: int, c: int) -> dict[str, int]:
+    """The embedding's gradient at the end of backward, its largest moment: a tied one's two contributions
+    and their sum; else the whole gradient beside its copy in the flat buffer; or the buffer beside the
+    gloo exchange's receive buffer."""
+    e, n = run.element_bytes, run.world_size
+    tied = dict(tied_gradient_copies=3 * tied_gradient_copies(run))
+    copying = dict(pending_grads=e * embedding, reduce_scatter_buffer=c * embedding if n > 1 else 0)
+    received = c * embedding * (n - 1) // n if run.backend == "gloo" else 0
+    exchanging = dict(reduce_scatter_buffer=(c * embedding + received) if n > 1 else 0)
+    return _largest(tied, copying, exchanging)
+
+
+def _last_block(run: Run, embedding: int, head: int, block: int, c: int) -> dict[str, int]:
+    """The last block's backward, after the head's: it, the block prefetched after it and a tied embedding
+    gathered; its whole gradients copied into its flat buffer; and either a tied head's gradient waiting for
+    the embedding's contribution, or an untied head's gradients on their way (flat buffer, on gloo the
+    exchange's receive buffer), in flight until this block's are launched."""
+    e, n = run.element_bytes, run.world_size
+    if n == 1:
+        return dict(pending_grads=e * block)
+    received = (n - 1) / n if run.backend == "gloo" else 0.0
+    waiting = dict(tied_gradient_copies=tied_gradient_copies(run))
+    if head:
+        waiting = dict(reduce_scatter_buffer=int(c * head * (1 + received)))
+    else:
+        waiting["reduce_scatter_buffer"] = c * block
+    return _add(
+        dict(gathered_params=e * ((0 if head else embedding) + 2 * block), pending_grads=e * block), waiting
+    )
