@@ -7,7 +7,9 @@
    plan counts) and write a JSON that `config check` accepts.
 3. The picked set-up, trained for real with that JSON, must stay under the limit.
 Plus the ranking rules, the answer time for llama-3-8b on 1 x 8 and 2 x 8 GPUs of 80 GB at 8192 tokens, and
-the plan's numbers equal to `zero-train estimate`'s for the JSON the plan writes (one memory model).
+the plan's numbers equal to `zero-train estimate`'s for the JSON the plan writes (one memory model), and
+our ZeRO-3 chosen where only a ZeRO-3 fits (gpt2-25m, 1 x 32 tokens per rank: parameters dominate), its JSON
+and run line trained for real under the limit.
 """
 
 from __future__ import annotations
@@ -90,7 +92,15 @@ def test_ranking_prefers_less_traffic_then_no_recompute_then_no_offload():
     keys = [(s.offload_param, s.offload_optimizer, s.checkpointing) for s in order]
     assert keys == sorted(keys)  # no offload before offload, no recomputation before recomputation
     plain = [s.engine for s in order if keys[order.index(s)] == (False, False, False)]
-    assert plain == ["ddp", "ds1", "ds2", "fsdp2-z2", "ds3", "fsdp2-z3"]  # 2 Psi of traffic before 3 Psi
+    assert plain == [
+        "ddp",
+        "ds1",
+        "ds2",
+        "fsdp2-z2",
+        "zero3",
+        "ds3",
+        "fsdp2-z3",
+    ]  # 2 Psi of traffic before 3 Psi
     assert all(s.engine == "ds3" for s in order if s.offload_param)
 
 
@@ -143,3 +153,30 @@ def test_the_plan_predicts_what_zero_train_estimate_predicts_for_the_same_set_up
             row.host_per_node_bytes,
         )
         assert candidate.peak_phase == row.device_peak_phase
+
+
+@pytest.mark.multiproc
+def test_plan_picks_our_zero3_where_only_zero3_fits_and_its_run_line_trains_under_the_limit(tmp_path, capsys):
+    """gpt2-25m on 2 CPU ranks, 1 x 32 tokens each: every set-up with 2 Psi of traffic needs more than 270 MB
+    (FSDP2 keeping the parameters gathered the least), ZeRO-3's fit below; ours is the first ZeRO-3 tried."""
+    from zero_train.cli.main import build_parser
+
+    limit_gb = 0.265
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", "gpt2-25m", "--gpus-per-node", "2", "--gpu-memory", str(limit_gb),
+            "--host-memory", "100", "--global-batch-size", "2", "--block-size", "32", "--precision", "fp32",
+            "--device", "cpu", "-o", str(out)]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    assert "->our ZeRO-3 " in printed, printed
+    assert "torch FSDP2, parameters kept gathered: " in printed  # rejected: the cheapest stage 2 does not fit
+    assert "run: scripts/train.py --engine zero3 --deepspeed_config FILE\n" in printed
+    assert json.loads(out.read_text())["zero_optimization"]["stage"] == 3
+    record = tmp_path / "zero3.json"
+    train = ["--model", "gpt2-25m", "--block-size", "32", "--max-steps", "2", "--no-progress", "--eval-batches",
+             "1", "--engine", "zero3", "--deepspeed_config", str(out),
+             "--memory-report", str(record)]  # fmt: skip
+    run_ranks(_train, 2, args=(train,), timeout_s=600)
+    assert json.loads(record.read_text())["engine"] == "zero3"
+    assert _peak_without_other(record) <= limit_gb * 1e9
