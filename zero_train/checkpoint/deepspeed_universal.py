@@ -11,9 +11,8 @@ and ZeRO stage when `checkpoint.load_universal` is on. Inside one of our checkpo
     deepspeed/universal/    converted once by rank 0, on the first resume at another world size, with its own
                             manifest.json; verified (and reused) by every later resume
 
-Measured with DeepSpeed 0.19.8 on CPU ranks (tests/test_elastic.py, docs/reliability.md): ZeRO-1, 2 and 3,
-fp32 and bf16, saved by 2 ranks and loaded by 1 or 3 give the same module weights, fp32 masters and Adam
-moments, bit for bit, and the same lr schedule position.
+Exact: saved by 2 ranks and loaded by 1 or 3, ZeRO-1, 2 and 3 give the same module weights, fp32 masters and
+Adam moments, bit for bit, and the same lr schedule position (tests/test_elastic.py; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -142,7 +141,6 @@ def _convert_or_verify(ds_root: pathlib.Path, source_tag: str) -> None:
 
 def _run_ds_to_universal(source: pathlib.Path, output: pathlib.Path) -> None:
     """deepspeed.checkpoint.ds_to_universal in this process (one worker: no process pool), quietly."""
-    # here, not at the top: only a resume at another world size converts; the converter pulls in DeepSpeed checkpoint tooling
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
     options = argparse.Namespace(

@@ -53,7 +53,6 @@ def build_cpu_adam(extensions_dir: str | os.PathLike) -> float:
     if locks:
         raise UsageError(f"stale JIT build lock {locks[0]} (an interrupted build); remove it and run again")
     os.environ[EXTENSIONS_ENV] = str(extensions_dir)
-    # here, not at the top: importing DeepSpeed takes seconds and only the offload paths need the kernel
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
     started = time.perf_counter()

@@ -1,10 +1,9 @@
 """The few collectives the sharders use, on flat buffers whose rank parts are given as (starts, lengths).
 
-Choice per backend (measured on this machine, gloo over loopback, 2 ranks, 64 MB fp32 buffer):
-all_reduce 50 ms; gloo's reduce_scatter_tensor 97 ms (emulated as an all-reduce plus a copy: it moves
-all-reduce traffic and more); gloo's all_gather_into_tensor 113 ms; a ring of isend/irecv that
-reduce-scatters the same buffer 34 ms. So on gloo both the reduction and the all-gather are hand-written
-rings of point-to-point messages; on NCCL (and any other backend) torch's own collectives are used: one
+Choice per backend: gloo's reduce_scatter_tensor is an all-reduce plus a copy underneath and its
+all_gather_into_tensor is slower still, while a ring of isend/irecv moves the same buffer fastest (timings:
+docs/zero1.md). So on gloo both the reduction and the all-gather are hand-written rings of point-to-point
+messages; on NCCL (and any other backend) torch's own collectives are used: one
 `reduce` per rank part (NCCL pipelines it), `all_gather_into_tensor` over equal slices.
 
 The gloo reduction ring (`ring_schedule`): part r is summed along the ranks r+1, r+2, ..., r, always in
@@ -50,8 +49,8 @@ def global_rank(rank: int, process_group) -> int:
 
 
 MIN_CHUNK_ELEMENTS = 1 << 16
-"""Smallest chunk worth its own message: on loopback gloo a message costs ~0.1 ms before any byte moves, about
-what 64k fp32 elements take to move (64 MB in 34 ms), so smaller buckets travel whole (N-1 ring steps)."""
+"""Smallest chunk worth its own message: a gloo message's fixed cost is about what 64k fp32 elements take to move
+(docs/zero1.md), so smaller buckets travel whole (N-1 ring steps)."""
 
 
 def _senders(lengths: list[int]) -> int:

@@ -10,9 +10,8 @@ backward completes the step's gradients:
 
 Both divide before summing, as DDP's allreduce_hook does, with the same elementwise division, so the
 averaged gradients are the same bits; the fused form only does it while writing the slot, and lets the
-bucket of a complete run of gradients start its reduction while backward goes on (overlap.py).
-Measured here (one core, 24.8M elements): fp32 copy 16 ms + divide 10 ms -> divide-into-slot 16 ms;
-bf16 copy 8 ms + in-place divide 26 ms -> divide-into-slot 12 ms.
+bucket of a complete run of gradients start its reduction while backward goes on (overlap.py). One pass
+instead of a copy and a divide (timings: docs/zero1.md, "Gradients into their slots").
 
 A gradient that autograd accumulated in place (the slot is already `p.grad`: earlier micro-steps, or
 `zero_grad(set_to_none=False)`) is divided in place. Later micro-steps must not follow a boundary backward

@@ -81,8 +81,6 @@ def deepspeed_model_states(
 
 def load_estimators():
     """DeepSpeed's (estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs), imported."""
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; importing this module (report, estimate)
-    # must not pay for it, nor a report of failed cells or a bad input, which never asks for stage 2 or 3
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
