@@ -69,7 +69,7 @@ def test_a_toml_file_under_the_flags(tmp_path):
     ("text", "message"),
     [
         ("[training]\nmax_steps = 0\n", "max_steps (--max-steps): expected a whole number >= 1, got 0"),
-        ("[trainin]\nmax_steps = 3\n", "unknown table [trainin]; the tables are [model], [data]"),
+        ("[trainin]\nmax_steps = 3\n", "unknown table [trainin]; the tables are [model], [lora], [data]"),
         ("[training]\nmax_step = 3\n", "[training] has no setting 'max_step'; it has max_steps"),
         (
             '[model]\ngradient_checkpointing = "yes"\n',

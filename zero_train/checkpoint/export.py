@@ -25,7 +25,7 @@ import uuid
 import torch
 
 from zero_train.checkpoint import atomic as checkpoint
-from zero_train.checkpoint.files import DEEPSPEED_DIR, MODEL_DIR, WEIGHTS_FILE
+from zero_train.checkpoint.files import ADAPTER_CONFIG, DEEPSPEED_DIR, MODEL_DIR, WEIGHTS_FILE
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
 from zero_train.checkpoint.rotation import reading
 from zero_train.runtime.errors import UsageError
@@ -89,7 +89,7 @@ def export_model(
             f"tokenizer has {len(tokenizer)} tokens but the model embeds {config.vocab_size}; "
             "export with the tokenizer it was trained with"
         )
-    with _staging_dir(out) as staging:
+    with staging_dir(out) as staging:
         _write_weights(weights, staging)
         _write_config(config, _floating_dtype(weights), staging)
         tokenizer.save_pretrained(str(staging))
@@ -193,7 +193,7 @@ def _write_config(config, dtype: torch.dtype, folder: pathlib.Path) -> None:
 
 
 @contextlib.contextmanager
-def _staging_dir(out: pathlib.Path):
+def staging_dir(out: pathlib.Path):
     """Yield an empty sibling folder; on success swap it in for `out`, on failure delete it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -226,6 +226,11 @@ def export_checkpoint(
     """
     check_export_dir(out_dir, force=force)
     ckpt = checkpoint.resolve(ckpt_dir)
+    if (ckpt / MODEL_DIR / ADAPTER_CONFIG).is_file():
+        raise UsageError(
+            f"checkpoint {str(ckpt)!r} is a LoRA run's: export it with zero_train.checkpoint.export_lora "
+            "(`zero-train export` does)"
+        )
     with reading(ckpt):  # a training run's --save-total-limit keeps it until it is read
         run = read_run_info(ckpt)
         config = _read_config(ckpt, run)

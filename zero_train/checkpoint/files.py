@@ -1,7 +1,10 @@
 """The files an engine writes inside a checkpoint's staging dir.
 
     model/config.json          the HF config (rank 0)
-    model/model.safetensors    full weights, tied tensors once (rank 0; ddp, zero1, torch-zero)
+    model/model.safetensors    full weights, tied tensors once (rank 0; ddp, zero1, zero2, torch-zero, fsdp2)
+    model/adapter_model.safetensors, model/adapter_config.json
+                               instead, in a LoRA run: the adapters alone, a PEFT adapter folder (rank 0, every
+                               engine; the frozen base is the run's --model, never saved again)
     optim/rank-00000.pt ...    per rank: client_state and engine counters; plus the optimizer state
                                (zero1: this rank's shard; ddp/torch-zero: consolidated, on rank 0 only)
     deepspeed/state/           DeepSpeed's own save_checkpoint output (deepspeed engine)
@@ -21,10 +24,13 @@ from safetensors.torch import load_file
 
 from zero_train.checkpoint.atomic import safe_torch_load
 from zero_train.checkpoint.writes import StagedWrites
+from zero_train.hf.lora import adapter_config_json, from_peft_state_dict, is_lora, to_peft_state_dict
 from zero_train.runtime.errors import UsageError
 
 MODEL_DIR = "model"
 WEIGHTS_FILE = "model.safetensors"
+ADAPTER_FILE = "adapter_model.safetensors"  # peft's names (SAFETENSORS_WEIGHTS_NAME, CONFIG_NAME)
+ADAPTER_CONFIG = "adapter_config.json"
 OPTIM_DIR = "optim"
 DEEPSPEED_DIR = "deepspeed"  # DeepSpeed's own save_checkpoint output (deepspeed engine)
 # the only non-tensor classes DeepSpeed 0.19 pickles into its checkpoint files, universal ones included (found
@@ -86,8 +92,25 @@ def refuse_unexpected_pickles(ds_dir) -> None:
             )
 
 
+def saved_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps of the model, by state-dict name (the tensors themselves, each once).
+
+    Every tensor of the state dict, a tied one under its first name only (as HF saves); for a LoRA (peft)
+    model only the trainable adapters: the frozen base is the run's --model, rebuilt on resume.
+    """
+    if is_lora(model):
+        return {name: param for name, param in model.named_parameters() if param.requires_grad}
+    seen: set[int] = set()
+    result: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            result[name] = tensor
+    return result
+
+
 def unique_state_dict(model: torch.nn.Module, replace: dict[int, torch.Tensor] | None = None) -> dict:
-    """The model's state dict with each tensor once (a tied lm_head is dropped), detached, on CPU.
+    """What a checkpoint keeps of the model (saved_tensors), detached, on CPU.
 
     Args:
         model: the (unwrapped) model.
@@ -97,56 +120,62 @@ def unique_state_dict(model: torch.nn.Module, replace: dict[int, torch.Tensor] |
         name -> tensor, in state_dict order, the first name of a shared tensor kept (as HF saves).
     """
     replace = replace or {}
-    seen: set[int] = set()
-    result: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        value = replace.get(id(tensor), tensor)
-        result[name] = value.detach().to("cpu", copy=True).contiguous()
-    return result
+    return {
+        name: replace.get(id(tensor), tensor).detach().to("cpu", copy=True).contiguous()
+        for name, tensor in saved_tensors(model).items()
+    }
 
 
 def write_model(
     writes: StagedWrites, model: torch.nn.Module, state_dict: dict[str, torch.Tensor] | None
 ) -> None:
-    """Rank 0: model/config.json and, if given, model/model.safetensors (handed to `writes`)."""
+    """Rank 0: model/config.json and, if given, the weights (handed to `writes`).
+
+    A LoRA model's `state_dict` (its adapters, by the model's names) becomes a PEFT adapter folder:
+    adapter_config.json + adapter_model.safetensors under peft's names, loadable by PeftModel.from_pretrained.
+    """
     if getattr(model, "config", None) is not None:
         writes.text(f"{MODEL_DIR}/config.json", model.config.to_json_string(use_diff=True))
-    if state_dict is not None:
+    if is_lora(model):
+        writes.text(f"{MODEL_DIR}/{ADAPTER_CONFIG}", adapter_config_json(model))
+        if state_dict is not None:
+            adapters = to_peft_state_dict(model, state_dict)
+            writes.safetensors(f"{MODEL_DIR}/{ADAPTER_FILE}", adapters, metadata={"format": "pt"})
+    elif state_dict is not None:
         writes.safetensors(f"{MODEL_DIR}/{WEIGHTS_FILE}", state_dict, metadata={"format": "pt"})
 
 
-def read_weights(path) -> dict[str, torch.Tensor]:
-    """model/model.safetensors of a checkpoint (UsageError if missing or unreadable)."""
+def read_weights(path, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """The weights a checkpoint holds, by the model's state-dict names (UsageError if missing or unreadable).
 
-    target = pathlib.Path(path) / MODEL_DIR / WEIGHTS_FILE
+    model/model.safetensors; for a LoRA model, model/adapter_model.safetensors renamed to the model's names.
+    """
+    lora = model is not None and is_lora(model)
+    target = pathlib.Path(path) / MODEL_DIR / (ADAPTER_FILE if lora else WEIGHTS_FILE)
     if not target.is_file():
+        what = "a LoRA run (--lora-r)" if lora else "a run training every weight (no --lora-r)"
         raise UsageError(
-            f"checkpoint {path} has no {MODEL_DIR}/{WEIGHTS_FILE}; was it saved by another engine?"
+            f"checkpoint {path} has no {MODEL_DIR}/{target.name}; resume it with the engine and settings it "
+            f"was saved with (this is {what})"
         )
     try:
-        return load_file(str(target))
+        weights = load_file(str(target))
     except Exception as err:  # safetensors raises its own error types for truncated/corrupt files
         raise UsageError(f"cannot read {target}: {str(err).splitlines()[0]}") from err
+    return from_peft_state_dict(model, weights) if lora else weights
 
 
 def copy_weights_into(
     model: torch.nn.Module, weights: dict[str, torch.Tensor], targets: dict[int, torch.Tensor] | None = None
 ) -> None:
-    """Copy saved weights into the model (or into `targets[id(param)]`, e.g. the fp32 masters).
+    """Copy saved weights (read_weights) into the model (or into `targets[id(param)]`, e.g. the fp32 masters).
 
     Raises:
         UsageError: a tensor is missing or has another shape (a checkpoint of a different model).
     """
     targets = targets or {}
-    seen: set[int] = set()
     with torch.no_grad():
-        for name, tensor in model.state_dict(keep_vars=True).items():
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
+        for name, tensor in saved_tensors(model).items():
             if name not in weights:
                 raise UsageError(f"checkpoint weights lack {name!r}: it was saved from a different model")
             saved = weights[name]

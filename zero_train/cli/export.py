@@ -2,6 +2,8 @@
 
 zero-train export runs/tiny/ckpt out/tiny-hf             # follows the save dir's `latest`
 zero-train export runs/tiny/ckpt/step-00000040 out/hf --dtype bf16 --force
+zero-train export runs/lora/ckpt out/adapter              # a LoRA run: its PEFT adapter folder
+zero-train export runs/lora/ckpt out/merged --merge       # a LoRA run: the base with the adapters merged
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def export_command_parser(subparsers) -> argparse.ArgumentParser:
         "--dtype", choices=sorted(DTYPES), default=None, help="cast the weights (default: as saved)"
     )
     parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: write the base model with the adapters merged (a normal model folder) instead of "
+        "the PEFT adapter folder",
+    )
     parser.set_defaults(func=export_command)
     return parser
 
@@ -42,13 +50,34 @@ def export_command(args: argparse.Namespace) -> int:
     """Export, then print where the folder is and how to load it."""
     import torch
 
+    from zero_train.checkpoint import atomic as checkpoint
     from zero_train.checkpoint.export import export_checkpoint
+    from zero_train.checkpoint.export_lora import export_lora_checkpoint, is_lora_checkpoint
+    from zero_train.runtime.errors import UsageError
 
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
-    out = export_checkpoint(
-        args.checkpoint, args.out_dir, tokenizer=args.tokenizer, dtype=dtype, force=args.force
-    )
+    lora = is_lora_checkpoint(checkpoint.resolve(args.checkpoint))
+    if args.merge and not lora:
+        raise UsageError("--merge is for a LoRA run's checkpoint (--lora-r); this one trained every weight")
+    if lora and not args.merge and dtype is not None:
+        raise UsageError("--dtype casts a model's weights: pass --merge too (the adapter folder stays fp32)")
+    if lora:
+        out = export_lora_checkpoint(
+            args.checkpoint,
+            args.out_dir,
+            tokenizer=args.tokenizer,
+            merge=args.merge,
+            dtype=dtype,
+            force=args.force,
+        )
+    else:
+        out = export_checkpoint(
+            args.checkpoint, args.out_dir, tokenizer=args.tokenizer, dtype=dtype, force=args.force
+        )
     files = ", ".join(sorted(p.name for p in out.iterdir()))
     print(f"exported {args.checkpoint} -> {out} ({files})")
-    print(f"load with: AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    if lora and not args.merge:
+        print(f"load with: PeftModel.from_pretrained(base_model, {str(out)!r}) (base: the run's --model)")
+    else:
+        print(f"load with: AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0

@@ -42,7 +42,9 @@ class DDPEngine(LocalEngine):
         self.ddp_model = DistributedDataParallel(
             self.model, device_ids=device_ids, process_group=self.process_group
         )
-        self.master = MasterWeights([p for p in self.model.parameters()], precision=settings.precision)
+        self.master = MasterWeights(  # the frozen base (LoRA) needs no fp32 copy, gradient or state
+            [p for p in self.model.parameters() if p.requires_grad], precision=settings.precision
+        )
         self.loss_scaler = make_loss_scaler(settings)
         self.optimizer = self._build_optimizer(self.master.master_params)
 
@@ -123,7 +125,7 @@ class DDPEngine(LocalEngine):
         A checkpoint from another world size loads too (the state is not sharded); ranks that did not
         exist then get rank 0's client_state.
         """
-        copy_weights_into(self.model, read_weights(path), self._master_by_param())
+        copy_weights_into(self.model, read_weights(path, self.model), self._master_by_param())
         self.master.master_to_model()
         main = load_rank_file(path, 0)
         self.optimizer.load_state_dict(main["optimizer"])

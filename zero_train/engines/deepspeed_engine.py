@@ -26,12 +26,14 @@ from zero_train.checkpoint.files import (
     rank_file,
     refuse_unexpected_pickles,
     save_rank_file,
+    saved_tensors,
     write_model,
 )
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import StepResult
 from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
 from zero_train.engines.optim import build_optimizer
+from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
 
 CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
@@ -81,6 +83,7 @@ class DeepSpeedEngine:
             model=model, model_parameters=params, optimizer=client_optimizer, config=ds_config
         )
         self.model = self.ds_engine.module
+        self.lora = is_lora(self.model)  # its checkpoints leave the frozen base out (the --model rebuilds it)
         self.micro_steps = 0
 
     def forward_backward(
@@ -137,19 +140,26 @@ class DeepSpeedEngine:
         between DeepSpeed's barriers, and --async-save can write them later.
         """
         writes = as_staged_writes(out)
-        capture = CapturingCheckpointEngine(writes)
+        capture = CapturingCheckpointEngine(
+            writes, module_keys=set(saved_tensors(self.model)) if self.lora else None
+        )
         own_engine, self.ds_engine.checkpoint_engine = self.ds_engine.checkpoint_engine, capture
         # rank 0 copies DeepSpeed's recovery scripts with shutil, past the checkpoint engine
         self.ds_engine._copy_recovery_script = capture.copy_recovery_scripts
         try:
             self.ds_engine.save_checkpoint(
-                str(writes.staging / DEEPSPEED_DIR), tag=CHECKPOINT_TAG, client_state={}, save_latest=False
+                str(writes.staging / DEEPSPEED_DIR),
+                tag=CHECKPOINT_TAG,
+                client_state={},
+                save_latest=False,
+                exclude_frozen_parameters=self.lora,
             )
         finally:
             self.ds_engine.checkpoint_engine = own_engine
             del self.ds_engine._copy_recovery_script
+        adapters = self.full_state_dict() if self.lora else None  # small: the PEFT folder in model/
         if self.dist_info.is_main:
-            write_model(writes, self.model, None)
+            write_model(writes, self.model, adapters)
         save_rank_file(
             writes, self.dist_info.rank, dict(client_state=client_state, micro_steps=self.micro_steps)
         )
@@ -182,6 +192,7 @@ class DeepSpeedEngine:
                 tag=CHECKPOINT_TAG,
                 load_optimizer_states=True,
                 load_lr_scheduler_states=True,
+                load_module_strict=not self.lora,  # a LoRA checkpoint has no frozen base
             )
             assert load_path is not None, f"DeepSpeed could not load {ds_dir}"
         own_rank = self.dist_info.rank if rank_file(path, self.dist_info.rank).is_file() else 0
@@ -190,7 +201,7 @@ class DeepSpeedEngine:
         return saved["client_state"]
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """fp32 weights gathered from DeepSpeed's fp32 partitions (collective), on rank 0.
+        """fp32 weights (a LoRA run's adapters only) gathered from DeepSpeed's fp32 partitions (collective), on rank 0.
 
         ZeRO-1/2/3 with an optimizer hold the authoritative fp32 copy in their partitions (in fp32
         training too); `safe_get_full_fp32_param` all-reduces one parameter at a time, so no rank
@@ -199,8 +210,9 @@ class DeepSpeedEngine:
         """
         result: dict[str, torch.Tensor] = {}
         seen: set[int] = set()
+        wanted = saved_tensors(self.model)
         for name, param in self.model.named_parameters():
-            if id(param) in seen:
+            if id(param) in seen or name not in wanted:
                 continue
             seen.add(id(param))
             full = safe_get_full_fp32_param(param)
@@ -211,7 +223,8 @@ class DeepSpeedEngine:
         if not self.dist_info.is_main:
             return None
         for name, buffer in self.model.named_buffers():
-            result[name] = buffer.detach().to("cpu", copy=True).contiguous()
+            if name in wanted:
+                result[name] = buffer.detach().to("cpu", copy=True).contiguous()
         return _in_state_dict_order(self.model, result)
 
     def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
@@ -243,14 +256,19 @@ def _in_state_dict_order(model: torch.nn.Module, tensors: dict[str, torch.Tensor
 class CapturingCheckpointEngine(CheckpointEngine):
     """A DeepSpeed checkpoint engine that hands every file to a StagedWrites instead of writing it.
 
+    Args:
+        writes: the StagedWrites.
+        module_keys: the model-state names to keep (None: all).
+
     Folders are created by the writes themselves (below the staging folder only); loading is never done
     through it (it is installed for the duration of one save_checkpoint call).
     """
 
-    def __init__(self, writes) -> None:
+    def __init__(self, writes, *, module_keys: set[str] | None = None) -> None:
         super().__init__()
         self.name = "zero_train.StagedWrites"
         self.writes = writes
+        self.module_keys = module_keys
 
     def create(self, info) -> None:
         """Nothing to prepare."""
@@ -259,7 +277,16 @@ class CapturingCheckpointEngine(CheckpointEngine):
         """Folders appear with their first file."""
 
     def save(self, state_dict, path: str) -> None:
-        """Hand the state dict to the StagedWrites (a snapshot of it, when deferred)."""
+        """Hand the state dict to the StagedWrites (a snapshot of it, when deferred).
+
+        With `module_keys` (a LoRA run) the model states keep those tensors only: DeepSpeed's
+        exclude_frozen_parameters drops the frozen parameters by name but keeps a tied alias of one (GPT-2's
+        lm_head), a copy of the base that the --model rebuilds anyway.
+        """
+        module = state_dict.get("module") if isinstance(state_dict, dict) else None
+        if self.module_keys is not None and isinstance(module, dict):
+            kept = {key: value for key, value in module.items() if key in self.module_keys}
+            state_dict = {**state_dict, "module": kept}
         self.writes.torch_save(self.writes.relpath(path), state_dict)
 
     def load(self, path: str, map_location=None):

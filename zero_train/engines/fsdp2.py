@@ -40,12 +40,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from zero_train.checkpoint.files import load_rank_file, rank_file, save_rank_file, write_model
+from zero_train.checkpoint.files import load_rank_file, rank_file, save_rank_file, saved_tensors, write_model
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine, warn_unsupported
 from zero_train.engines.optim import build_optimizer, set_lr
 from zero_train.engines.precision import PRECISION_DTYPES, make_loss_scaler
+from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
 
 DCP_DIR = "dcp"
@@ -101,6 +102,18 @@ def device_mesh(device: torch.device, process_group=None) -> DeviceMesh:
     return DeviceMesh.from_group(process_group or dist.group.WORLD, device_type=device.type)
 
 
+def _frozen_to(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Store the parameters without gradients (a LoRA run's frozen base) in the compute dtype.
+
+    They are never updated, so an fp32 shard of them would be a master copy of nothing: in bf16 a frozen
+    weight costs 2 bytes per parameter (sharded), as DeepSpeed's 16-bit module does. FSDP2 asks for one
+    original dtype among the trainable parameters of a group only; the all-gather casts each to param_dtype.
+    """
+    for param in model.parameters():
+        if not param.requires_grad and param.is_floating_point():
+            param.data = param.data.to(dtype)
+
+
 def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
@@ -122,6 +135,7 @@ class FSDP2Engine(LocalEngine):
         warn_unsupported(settings, engine=self.name)
         self.micro_steps = self.global_steps = self.applied_steps = 0
         self.model = model_fn().to(device=dist_info.device, dtype=torch.float32)  # fp32 shards = masters
+        _frozen_to(self.model, PRECISION_DTYPES[settings.precision])  # no master for a frozen weight
         self.reshard_after_forward = RESHARD_AFTER_FORWARD[settings.zero_stage]
         shard = dict(
             mesh=device_mesh(dist_info.device, self.process_group),
@@ -132,7 +146,9 @@ class FSDP2Engine(LocalEngine):
             fully_shard(block, **shard)
         fully_shard(self.model, **shard)
         self.loss_scaler = make_loss_scaler(settings)
-        self.optimizer = build_optimizer(self.model.parameters(), settings, dist_info.device)
+        self.optimizer = build_optimizer(
+            [p for p in self.model.parameters() if p.requires_grad], settings, dist_info.device
+        )
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self.loss_scaler is not None:
@@ -166,18 +182,30 @@ class FSDP2Engine(LocalEngine):
         return grad_norm, False
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The fp32 weights, gathered on rank 0 (collective); a tied tensor once, under its first name."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        """The fp32 weights (a LoRA run's adapters only), gathered on rank 0 (collective); a tied tensor once."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=self._lora)
         state = get_model_state_dict(self.model, options=options)
         if not self.dist_info.is_main:
             return None
-        unique: dict[str, torch.Tensor] = {}
-        seen: set[int] = set()
-        for name, tensor in self.model.state_dict(keep_vars=True).items():
-            if id(tensor) not in seen and name in state:
-                seen.add(id(tensor))
-                unique[name] = state[name].detach().contiguous()
-        return unique
+        return {
+            name: state[name].detach().contiguous() for name in saved_tensors(self.model) if name in state
+        }
+
+    @property
+    def _lora(self) -> bool:
+        return is_lora(self.model)
+
+    def _dcp_options(self) -> StateDictOptions:
+        """A LoRA run's DCP holds the adapters and their optimizer state, never the frozen base (the --model)."""
+        return StateDictOptions(ignore_frozen_params=self._lora, strict=not self._lora)
+
+    def _dcp_state(self) -> dict:
+        """The model and optimizer state DCP saves and loads (a LoRA run's: what saved_tensors keeps)."""
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=self._dcp_options())
+        if self._lora:  # ignore_frozen_params keeps a tied alias of a frozen weight (GPT-2's lm_head)
+            kept = saved_tensors(self.model)
+            model_state = {name: value for name, value in model_state.items() if name in kept}
+        return dict(model=model_state, optimizer=optimizer_state)
 
     def save_checkpoint(self, out, *, client_state: dict) -> None:
         """DCP of model + optimizer shards (every rank), model/ full weights (rank 0), rank files.
@@ -186,8 +214,7 @@ class FSDP2Engine(LocalEngine):
         coordinates the ranks' writes itself, so its part is written at once even under --async-save.
         """
         writes = as_staged_writes(out)
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        state = dict(model=model_state, optimizer=optimizer_state)
+        state = self._dcp_state()
         writes.now(DCP_DIR, lambda target: dcp.save(state, checkpoint_id=str(target)))
         weights = self.full_state_dict()
         if self.dist_info.is_main:
@@ -205,11 +232,14 @@ class FSDP2Engine(LocalEngine):
         path = pathlib.Path(path)
         if not (path / DCP_DIR / ".metadata").is_file():
             raise UsageError(f"checkpoint {path} has no {DCP_DIR}/: it was not saved by the fsdp2 engine")
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        state = dict(model=model_state, optimizer=optimizer_state)
-        dcp.load(state, checkpoint_id=str(path / DCP_DIR))
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=str(path / DCP_DIR))  # every key asked for must be in the checkpoint
         set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=self._dcp_options(),
         )
         main = load_rank_file(path, 0)
         self.restore_counters(main["counters"])
@@ -223,13 +253,15 @@ class FSDP2Engine(LocalEngine):
         return own["client_state"]
 
     def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
-        """This rank's bytes: fp32 shards (params in fp32, master_params in mixed precision), gathered
-        16-bit parameters still alive, gradient shards, Adam moments; FSDP2's reduce-scatter and
+        """This rank's bytes: fp32 shards (params in fp32, master_params in mixed precision), frozen shards
+        (params, in the compute dtype), gathered 16-bit parameters still alive, gradient shards, Adam moments; FSDP2's reduce-scatter and
         all-gather buffers live only inside a collective (comm_buffers 0 between steps). device: count
         only tensors on it (None: all)."""
 
         seen: set = set()
-        shards = tensor_bytes((_local(p) for p in self.model.parameters()), seen, device=device)
+        params = list(self.model.parameters())
+        shards = tensor_bytes((_local(p) for p in params if p.requires_grad), seen, device=device)
+        frozen = tensor_bytes((_local(p) for p in params if not p.requires_grad), seen, device=device)
         gathered = tensor_bytes(_gathered_parameters(self.model), seen, device=device)
         grads = tensor_bytes((_local(p.grad) for p in self.model.parameters()), seen, device=device)
         states = tensor_bytes(
@@ -239,7 +271,7 @@ class FSDP2Engine(LocalEngine):
         )
         mixed = self.settings.precision != "fp32"
         return dict(
-            params=gathered + (0 if mixed else shards),
+            params=gathered + frozen + (0 if mixed else shards),
             grads=grads,
             master_params=shards if mixed else 0,
             optimizer_states=states,

@@ -131,7 +131,7 @@ class Zero1Engine(LocalEngine):
 
     def load_checkpoint(self, path) -> dict:
         """Restore weights, this rank's optimizer shard and counters; returns this rank's client_state."""
-        weights = read_weights(path)
+        weights = read_weights(path, self.model)
         copy_weights_into(self.model, {k: v.to(self.model.dtype) for k, v in weights.items()})
         own, optimizer_state = load_sharded_optimizer(  # any saved world size (zero_train.checkpoint.elastic)
             path, rank=self.dist_info.rank, world_size=self.dist_info.world_size

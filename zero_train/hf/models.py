@@ -240,12 +240,35 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, vocab_s
     Returns:
         A transformers.PreTrainedModel.
     """
-    if name_or_path in PRESETS or name_or_path in SHAPE_PRESETS or pathlib.Path(name_or_path).is_file():
+    if is_random_init(name_or_path):
         return build_model(model_config(name_or_path, vocab_size=vocab_size), dtype=dtype)
     model_config(name_or_path, vocab_size=vocab_size)  # clear errors before loading weights
     with _hub_errors_as_usage(name_or_path, "model"):
         weights = functools.partial(AutoModelForCausalLM.from_pretrained, name_or_path, dtype=dtype)
         return _causal_lm_loss(hub.load(weights, name_or_path))
+
+
+def is_random_init(name_or_path: str) -> bool:
+    """Whether `--model name_or_path` starts from random weights (a preset, a published shape, a config.json)
+    rather than pretrained ones (a save_pretrained folder, a hub id)."""
+    return name_or_path in PRESETS or name_or_path in SHAPE_PRESETS or pathlib.Path(name_or_path).is_file()
+
+
+def seeded_model(name_or_path: str, *, seed: int, vocab_size: int | None = None, config=None, dtype=None):
+    """The model train.py starts from: seeded, so that every rank, engine and later export builds the same.
+
+    Args:
+        name_or_path: as for load_model.
+        seed: torch.manual_seed before building (random init, and any random layer the caller adds next).
+        vocab_size: the tokenizer's vocabulary size (see model_config).
+        config: a preset's config already made by model_config (skips making it again).
+        dtype: the parameters' dtype (train.py's --load-dtype); None: the default (fp32).
+    """
+    torch.manual_seed(seed)
+    dtype = torch.float32 if dtype is None else dtype
+    if config is not None and name_or_path in PRESETS:
+        return build_model(config, dtype=dtype)
+    return load_model(name_or_path, dtype=dtype, vocab_size=vocab_size)
 
 
 def max_context(config: transformers.PretrainedConfig) -> int:

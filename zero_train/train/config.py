@@ -111,6 +111,54 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class LoraConfig:
+    """[lora]: LoRA adapters (peft) on a frozen base, on every engine; r = 0 trains every weight."""
+
+    r: int = flag(0, parse=non_negative_int, names=("--lora-r",), metavar="R")
+    """LoRA rank of the adapters (peft's LoraConfig/get_peft_model); 0 = off, every weight trains"""
+    alpha: float = flag(8.0, parse=positive_float, names=("--lora-alpha",), metavar="ALPHA")
+    """LoRA scaling numerator: the adapters' update is scaled by alpha / r (peft's default)"""
+    dropout: float = flag(0.0, parse=non_negative_float, names=("--lora-dropout",), metavar="P")
+    """dropout on the adapters' input, in [0, 1)"""
+    target_modules: str | None = flag(None, names=("--lora-target-modules",), metavar="NAMES")
+    """comma-separated module names (or 'all-linear') that get adapters (default: peft's choice for the
+    architecture, else every linear layer of the attention and the MLP)"""
+
+    def __post_init__(self) -> None:
+        check_part(self)
+        if self.dropout >= 1:
+            raise UsageError(
+                f"dropout (--lora-dropout): {self.dropout} is not below 1; use a value in [0, 1)"
+            )
+        if self.target_modules is not None and not target_module_names(self.target_modules):
+            raise UsageError("target_modules (--lora-target-modules): no module name given; drop the flag")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run trains LoRA adapters (r > 0) rather than every weight."""
+        return self.r > 0
+
+    def recorded(self) -> dict[str, Any] | None:
+        """What a checkpoint's run.json records (None: every weight trained); a resume must ask for the same."""
+        return {spec.name: getattr(self, spec.name) for spec in fields(self)} if self.enabled else None
+
+    def spec(self):
+        """The adapters as zero_train.hf.lora.LoraSpec, None when off (r = 0)."""
+        if not self.enabled:
+            return None
+        from zero_train.hf.lora import LoraSpec  # here: the config module stays free of torch
+
+        names = target_module_names(self.target_modules) if self.target_modules is not None else None
+        return LoraSpec(r=self.r, alpha=self.alpha, dropout=self.dropout,
+                        target_modules=tuple(names) if names is not None else None)  # fmt: skip
+
+
+def target_module_names(text: str) -> list[str]:
+    """The names of a --lora-target-modules value ("q_proj, v_proj" -> ["q_proj", "v_proj"])."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+@dataclass(kw_only=True, slots=True)
 class DataConfig:
     """[data]: what it is trained on."""
 
@@ -288,6 +336,8 @@ class RunConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """What is trained."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters on a frozen base (off by default)."""
     data: DataConfig = field(default_factory=DataConfig)
     """What it is trained on."""
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -360,6 +410,7 @@ def check_across_parts(config: RunConfig) -> None:
 
 PARTS: dict[str, type] = {
     "model": ModelConfig,
+    "lora": LoraConfig,
     "data": DataConfig,
     "training": TrainingConfig,
     "optimizer": OptimizerConfig,

@@ -96,6 +96,7 @@ def start_line(config: RunConfig, plan: RunPlan, world_size: int) -> str:
         f"{settings.precision} | micro batch {settings.micro_batch_size} x accum {settings.grad_accum} x world "
         f"{world_size} = {settings.train_batch_size} sequences of {config.data.block_size} | lr {settings.lr:g}"
         + (" | gradient checkpointing" if config.model.gradient_checkpointing else "")
+        + (f" | LoRA r {config.lora.r}, alpha {config.lora.alpha:g} (base frozen)" if plan.lora else "")
     )
 
 
@@ -297,17 +298,20 @@ class Trainer:
         # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.checkpoint.atomic import on_rank0
         from zero_train.checkpoint.export import export_model
+        from zero_train.checkpoint.export_lora import export_adapter
 
         state_dict = self.engine.full_state_dict()  # collective; the weights on rank 0, in CPU memory
+        model, tokenizer = self.engine.model, self.plan.tokenizer
+        if self.plan.lora is not None:  # the adapters alone: a PEFT adapter folder for the --model
+            write = lambda: str(export_adapter(model, state_dict, tokenizer, export_dir))  # noqa: E731
+        else:
+            write = lambda: str(export_model(state_dict, model.config, tokenizer, export_dir))  # noqa: E731
         with rank0_work_group(self.dist_info.world_size) as waiting:  # rank 0 writes alone, maybe for minutes
             on_rank0(  # the others wait in the long-timeout group and raise rank 0's UsageError, if any
-                lambda: str(
-                    export_model(state_dict, self.engine.model.config, self.plan.tokenizer, export_dir)
-                ),
-                dist_info=self.dist_info,
-                process_group=waiting,
+                write, dist_info=self.dist_info, process_group=waiting
             )
-        self.log.info(f"exported Hugging Face model to {export_dir}")
+        what = "PEFT adapter folder" if self.plan.lora is not None else "Hugging Face model"
+        self.log.info(f"exported {what} to {export_dir}")
         return export_dir
 
     def _write_memory_report(self) -> None:
@@ -323,6 +327,7 @@ class Trainer:
             micro_batch_size=self.settings.micro_batch_size,
             grad_accum=self.settings.grad_accum,
             gradient_checkpointing=self.config.model.gradient_checkpointing,
+            lora=lora_record(self.config.lora, self.engine.model),
             block_size=self.config.data.block_size,
             device=self.dist_info.device.type,
             ds_config=self.plan.ds_config,
@@ -350,6 +355,20 @@ def _run_info(config: RunConfig, plan: RunPlan) -> dict:
         dataset=config.data.dataset,
         block_size=config.data.block_size,
         seed=config.training.seed,
+        lora=config.lora.recorded(),
+    )
+
+
+def lora_record(lora, model) -> dict | None:
+    """The run record's LoRA facts: its settings and what trains (None without LoRA)."""
+    if not lora.enabled:
+        return None
+    params = {id(p): p for p in model.parameters()}.values()
+    trainable = [p for p in params if p.requires_grad]
+    return dict(
+        **lora.recorded(),
+        adapter_params=sum(int(getattr(p, "ds_numel", p.numel())) for p in trainable),
+        adapter_tensors=len(trainable),
     )
 
 

@@ -68,6 +68,8 @@ class RunPlan:
     """--model is pretrained weights (a folder or hub id): fine-tuning defaults apply."""
     resume_checkpoint: pathlib.Path | None = None
     """The checkpoint --resume names, verified against its manifest (None: a fresh start)."""
+    lora: Any = None
+    """zero_train.hf.lora.LoraSpec of the adapters (None: every weight trains); its targets checked."""
 
 
 def check_outputs(config: RunConfig) -> None:
@@ -114,6 +116,8 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
     check_outputs(config)
     checkpoint = config.checkpoint
     resume_checkpoint = resume_path(checkpoint.resume, checkpoint.save_dir)  # a damaged checkpoint fails here
+    if resume_checkpoint is not None:
+        check_resume_lora(resume_checkpoint, config.lora.recorded())
     accelerate = launch_fields(os.environ, from_env=True)  # None unless started by `accelerate launch`
     engine_name = config.engine.engine
     config_file = config.engine.deepspeed_config or (accelerate or {}).get("deepspeed_config_file")
@@ -135,6 +139,11 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
     hf_config = hf_config or model_config(model.model, vocab_size=len(tokenizer))
     check_vocabulary(tokenizer, hf_config, model=model.model, tokenizer_given=model.tokenizer)
     check_block_size(hf_config, config.data.block_size)
+    lora = config.lora.spec()
+    if lora is not None:
+        from zero_train.hf.lora import lora_shapes
+
+        lora_shapes(hf_config, lora)  # a target module that names nothing fails here, on the meta device
     max_steps = planned_steps(config.training)
     settings = _settings(config, cfg, world_size=world_size, model_config=hf_config, pretrained=pretrained,
                          max_steps=max_steps or DEFAULT_MAX_STEPS)  # fmt: skip
@@ -152,6 +161,26 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
         world_size=world_size,
         pretrained=pretrained,
         resume_checkpoint=resume_checkpoint,
+        lora=lora,
+    )
+
+
+def check_resume_lora(ckpt: pathlib.Path, asked: dict | None) -> None:
+    """UsageError unless the checkpoint was saved with the LoRA settings this run asks for (both none too)."""
+    from zero_train.checkpoint.resume import read_run_info
+
+    saved = read_run_info(ckpt).get("lora")
+    if saved == asked:
+        return
+
+    def words(settings: dict | None) -> str:
+        if settings is None:
+            return "every weight trained (no --lora-r)"
+        return ", ".join(f"{name} {value}" for name, value in settings.items())
+
+    raise UsageError(
+        f"checkpoint {ckpt} was saved with {words(saved)}; this run asks for {words(asked)}: resume with the "
+        "same [lora] settings (--lora-r, --lora-alpha, --lora-dropout, --lora-target-modules)"
     )
 
 
@@ -222,25 +251,30 @@ def _run_default(key: ConfigKey, max_steps: int, *, pretrained: bool) -> Any:
 
 def model_builder(model: ModelConfig, plan: RunPlan, *, seed: int, probe=None):
     """The model_fn engines call: seeded, so every rank (and every engine) starts from the same weights, built in
-    `model.load_dtype` (the engine casts it to the training precision)."""
-    import torch  # here: planning a run (and its errors) must not wait for torch
+    `model.load_dtype` (the engine casts it to the training precision).
 
+    With LoRA (plan.lora) the model is peft's: the base frozen, the adapters initialised from the same seed
+    right after the base (under ZeRO-3's zero.Init the base is built partitioned; DeepSpeed partitions the
+    adapters when it wraps the model, as it does for the HF Trainer + peft).
+    """
     from zero_train.engines.precision import PRECISION_DTYPES
-    from zero_train.hf.models import PRESETS, build_model, enable_gradient_checkpointing, load_model
+    from zero_train.hf.models import enable_gradient_checkpointing, seeded_model
 
     dtype = PRECISION_DTYPES[model.load_dtype]
 
     def build():
-        torch.manual_seed(seed)
         phase = probe.phase("model_built") if probe is not None else contextlib.nullcontext()
         with phase:
-            if model.model in PRESETS:
-                built = build_model(plan.model_config, dtype=dtype)
-            else:
-                built = load_model(model.model, dtype=dtype, vocab_size=len(plan.tokenizer))
+            built = seeded_model(
+                model.model, seed=seed, vocab_size=len(plan.tokenizer), config=plan.model_config, dtype=dtype
+            )
         built.train()  # from_pretrained returns a model in eval mode: no dropout, no checkpointing
         if model.gradient_checkpointing:
             enable_gradient_checkpointing(built)
+        if plan.lora is not None:
+            from zero_train.hf.lora import apply_lora
+
+            built = apply_lora(built, plan.lora, base_name=model.model)
         return built
 
     return build
