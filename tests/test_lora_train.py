@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -94,15 +92,42 @@ def corpus(tmp_path_factory) -> pathlib.Path:
     return root
 
 
+ELASTIC = ("zero1", "fsdp2-z3", "ds2")  # three checkpoint formats: rank shards, DCP, DeepSpeed's (universal)
+
+
+def _train_each(rank: int, world_size: int, argvs: list[list[str]]) -> list[dict]:
+    """Several runs one after another in the same ranks (one spawn, one import of everything)."""
+    return [_train(rank, world_size, argv) for argv in argvs]
+
+
+@pytest.fixture(scope="module")
+def elastic_runs(corpus) -> dict:
+    """Each engine: 2 ranks train to MAX_STEPS saving at SAVED_AT; 1 rank (micro-batch 4: the same global
+    batch, the same rows) resumes from that checkpoint."""
+    two = [
+        _flags(corpus, engine, "--micro-batch-size", "2", "--save-every", str(SAVED_AT)) for engine in ELASTIC
+    ]
+    whole = run_ranks(_train_each, 2, (two,), timeout_s=600)[0]
+    one = []
+    for engine in ELASTIC:
+        argv = _flags(
+            corpus,
+            engine,
+            "--micro-batch-size",
+            "4",
+            "--resume",
+            str(corpus / engine / f"step-{SAVED_AT:08d}"),
+        )
+        argv[argv.index("--save-dir") + 1] = str(corpus / f"{engine}-resumed")
+        one.append(argv)
+    resumed = run_ranks(_train_each, 1, (one,), timeout_s=600)[0]
+    return {engine: dict(whole=w, resumed=r) for engine, w, r in zip(ELASTIC, whole, resumed, strict=True)}
+
+
 @pytest.mark.multiproc
-@pytest.mark.parametrize("engine", ["zero1", "fsdp2-z3", "ds2"])
-def test_a_two_rank_lora_checkpoint_resumes_on_one_rank_with_the_same_losses(corpus, engine):
-    whole = run_ranks(_train, 2, (_flags(corpus, engine, "--micro-batch-size", "2", "--save-every", str(SAVED_AT)),),
-                      timeout_s=300)[0]  # fmt: skip
-    ckpt = corpus / engine / f"step-{SAVED_AT:08d}"
-    argv = _flags(corpus, engine, "--micro-batch-size", "4", "--resume", str(ckpt))
-    argv[argv.index("--save-dir") + 1] = str(corpus / f"{engine}-resumed")
-    resumed = run_ranks(_train, 1, (argv,), timeout_s=300)[0]
+@pytest.mark.parametrize("engine", ELASTIC)
+def test_a_two_rank_lora_checkpoint_resumes_on_one_rank_with_the_same_losses(elastic_runs, engine):
+    whole, resumed = elastic_runs[engine]["whole"], elastic_runs[engine]["resumed"]
     assert resumed["start_step"] == SAVED_AT
     assert resumed["losses"] == pytest.approx(whole["losses"][SAVED_AT:], rel=1e-5)
     assert whole["losses"][-1] < whole["losses"][0]  # it learns: the comparison means something
@@ -121,36 +146,71 @@ def _eval_losses(rank: int, world_size: int, argv: list[str], adapter: str, merg
     config = parse_args(argv)
     dist_info = init_distributed()
     tokenizer = load_tokenizer(None)
-    data = prepare_datasets(config.data.dataset, tokenizer, block_size=config.data.block_size, seed=config.training.seed)
+    data = prepare_datasets(
+        config.data.dataset, tokenizer, block_size=config.data.block_size, seed=config.training.seed
+    )
     base = seeded_model(config.model.model, seed=config.training.seed, vocab_size=len(tokenizer))
-    models = dict(adapter=PeftModel.from_pretrained(base, adapter), merged=AutoModelForCausalLM.from_pretrained(merged))
+    models = dict(
+        adapter=PeftModel.from_pretrained(base, adapter), merged=AutoModelForCausalLM.from_pretrained(merged)
+    )
     return {
-        name: evaluate(type("Engine", (), {"model": model})(), data["validation"], dist_info=dist_info,
-                       micro_batch_size=2, max_batches=config.evaluation.eval_batches)  # fmt: skip
+        name: evaluate(
+            type("Engine", (), {"model": model})(),
+            data["validation"],
+            dist_info=dist_info,
+            micro_batch_size=2,
+            max_batches=config.evaluation.eval_batches,
+        )  # fmt: skip
         for name, model in models.items()
     }
 
 
-@pytest.mark.slow
+@pytest.mark.multiproc
 def test_exported_adapter_reproduces_the_run_s_eval_loss_and_merge_gives_a_plain_model(corpus):
+    from zero_train.checkpoint.export_lora import export_lora_checkpoint
+
     argv = _flags(corpus, "ddp", "--micro-batch-size", "2", "--export-hf", str(corpus / "ddp-export"))
     run = run_ranks(_train, 1, (argv,), timeout_s=300)[0]
-    command = [sys.executable, "-m", "zero_train.cli.main", "export", str(corpus / "ddp")]
-    for out, extra in (("adapter", []), ("merged", ["--merge"])):
-        done = subprocess.run([*command, str(corpus / out), *extra], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
+    export_lora_checkpoint(corpus / "ddp", corpus / "adapter")  # what `zero-train export` calls on it
+    export_lora_checkpoint(corpus / "ddp", corpus / "merged", merge=True)
     adapter_files = sorted(p.name for p in (corpus / "adapter").iterdir())
-    assert adapter_files == ["adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert adapter_files == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert (corpus / "adapter" / "adapter_model.safetensors").read_bytes() == (
         corpus / "ddp-export" / "adapter_model.safetensors"
     ).read_bytes()  # --export-hf at the end of the run wrote the same adapter
     losses = run_ranks(_eval_losses, 1, (argv, str(corpus / "adapter"), str(corpus / "merged")))[0]
     assert losses["adapter"] == run["eval_loss"]
     assert losses["merged"] == pytest.approx(run["eval_loss"], rel=1e-5)
-    done = subprocess.run([*command, str(corpus / "again"), "--dtype", "bf16"], capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
-        "error: --dtype casts a model's weights: pass --merge too (the adapter folder stays fp32)"
-    ]
+    assert sorted(p.name for p in (corpus / "merged").iterdir())[:2] == ["config.json", "model.safetensors"]
+
+
+def test_export_flags_that_do_not_fit_the_checkpoint_are_one_line(tmp_path):
+    import argparse
+
+    from zero_train.checkpoint.manifest import write_manifest
+    from zero_train.cli.export import export_command
+
+    lora = tmp_path / "lora" / "step-00000001"
+    (lora / "model").mkdir(parents=True)
+    (lora / "model" / "adapter_config.json").write_text("{}")
+    full = tmp_path / "full" / "step-00000001"
+    (full / "model").mkdir(parents=True)
+    for folder in (lora, full):
+        write_manifest(folder)  # a complete checkpoint, as far as its files go
+    for folder, flags, message in (
+        (lora, dict(dtype="bf16", merge=False), "--dtype casts a model's weights: pass --merge too"),
+        (full, dict(dtype=None, merge=True), "--merge is for a LoRA run's checkpoint (--lora-r)"),
+    ):
+        args = argparse.Namespace(
+            checkpoint=str(folder), out_dir=str(tmp_path / "out"), tokenizer=None, force=False, **flags
+        )
+        with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            export_command(args)
 
 
 def test_resuming_with_other_lora_settings_is_one_line(tmp_path):
@@ -158,8 +218,12 @@ def test_resuming_with_other_lora_settings_is_one_line(tmp_path):
 
     from zero_train.train.setup import check_resume_lora
 
-    (tmp_path / "run.json").write_text(json.dumps({"lora": {"r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None}}))
+    (tmp_path / "run.json").write_text(
+        json.dumps({"lora": {"r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None}})
+    )
     check_resume_lora(tmp_path, parse_args(["--lora-r", "4"]).lora.recorded())
-    with pytest.raises(UsageError, match=r"saved with r 4, alpha 8.0, .*; this run asks for every weight trained"):
+    with pytest.raises(
+        UsageError, match=r"saved with r 4, alpha 8.0, .*; this run asks for every weight trained"
+    ):
         check_resume_lora(tmp_path, None)
     assert torch.__version__  # torch imported: the helpers above need no process group
