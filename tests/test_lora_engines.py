@@ -91,7 +91,7 @@ def _train(engine, rank: int, steps) -> list[tuple[float, float]]:
             float(engine.forward_backward(torch.randint(0, VOCAB, (2, 16), generator=generator)))
             for _ in range(engine.settings.grad_accum)
         ]
-        history.append((sum(losses) / len(losses), engine.step().grad_norm))
+        history.append((sum(losses) / len(losses), float(engine.step().grad_norm)))
     return history
 
 
