@@ -96,7 +96,7 @@ def _paths(cell, args: argparse.Namespace) -> tuple[pathlib.Path, pathlib.Path]:
     """(its DeepSpeed config, its run record) under OUT/<architecture>/, named as `zero-train profile` does."""
     arch_out = pathlib.Path(args.out) / cell.architecture
     stem = cell_name(cell.engine, cell.world_size, cell.precision, grad_accum=cell.grad_accum,
-                     checkpointing=cell.gradient_checkpointing)  # fmt: skip
+                     checkpointing=cell.gradient_checkpointing) + (f"-lora{cell.lora_r}" if cell.lora_r else "")  # fmt: skip
     return arch_out / "configs" / f"{stem}.json", arch_out / "cells" / f"{stem}.json"
 
 
@@ -113,6 +113,7 @@ def _train_argv(cell, args: argparse.Namespace) -> list[str]:
     write_config(_with_offload(ds_config, cell.engine), config_path)
     return run_argv(run.RunConfig(
         model=run.ModelConfig(model=str(model), gradient_checkpointing=cell.gradient_checkpointing),
+        lora=run.LoraConfig(r=cell.lora_r),
         data=run.DataConfig(block_size=BLOCK_SIZE),
         training=run.TrainingConfig(max_steps=args.steps, micro_batch_size=MICRO_BATCH_SIZE, grad_accum=cell.grad_accum),
         engine=run.EngineConfig(engine=engine, deepspeed_config=str(config_path)),
@@ -220,7 +221,7 @@ def compare(cell, record: dict) -> dict:
     from zero_train.report.compare import compare_cell
     from zero_train.report.models import model_facts
 
-    row = compare_cell(record, model_facts(record["model"], record["num_params"]))
+    row = compare_cell(record, model_facts(record["model"], record["num_params"], record.get("lora")))
     row.update(matrix_cell=cell.name, matrix=asdict(cell))
     return row
 

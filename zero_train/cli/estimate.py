@@ -20,6 +20,7 @@ import json
 import math
 
 from zero_train.cli.commands import COMMANDS
+from zero_train.cli.lora_flags import add_lora_flags, lora_spec
 from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
 from zero_train.registry import ENGINES
@@ -124,6 +125,7 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         help=f"rows: engines of {','.join(MODELLED_ENGINES)} (default: one per stage, DDP and DeepSpeed "
         "ZeRO-1/2/3), e.g. zero1,zero2 for our ZeRO-1/2",
     )
+    add_lora_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.set_defaults(func=estimate_command, startup=estimate_imports)
     return parser
@@ -198,6 +200,9 @@ def build_estimate(args: argparse.Namespace) -> dict:
     model, block_size = _model(args)
     if args.gpu_margin is not None and not args.gpu_memory:
         raise UsageError("--gpu-margin is kept free of --gpu-memory: give --gpu-memory GB too")
+    lora = lora_spec(args)
+    if lora is not None and args.params is not None:
+        raise UsageError("--lora-r needs --model (which modules get adapters), not --params")
     try:
         result = estimate_setup(
             model, world_size=args.world_size, precision=precision, micro_batch_size=args.micro_batch_size,
@@ -206,6 +211,7 @@ def build_estimate(args: argparse.Namespace) -> dict:
             gpu_memory_bytes=args.gpu_memory * GB if args.gpu_memory else None,
             gpu_margin_bytes=args.gpu_margin * GB if args.gpu_margin is not None else None,
             host_memory_bytes=args.host_memory * GB if args.host_memory else None, engines=args.engines,
+            lora=lora,
         ).as_dict()  # fmt: skip
     except ValueError as err:
         raise UsageError(str(err)) from err

@@ -20,6 +20,7 @@ import pathlib
 import sys
 
 from zero_train.cli.commands import COMMANDS
+from zero_train.cli.lora_flags import add_lora_flags, lora_spec
 from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
 from zero_train.registry import ENGINES
@@ -75,6 +76,7 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     add("--hf-auto", action="store_true",
         help="for the HF Trainer: DeepSpeed set-ups only, \"auto\" for lr, betas, eps, weight decay and clipping "
         "(its arguments), no scheduler block (its lr_scheduler_type); prints the TrainingArguments to pass")  # fmt: skip
+    add_lora_flags(parser)
     add("-o", "--output", help="write the chosen set-up here (.json; .yaml with --format accelerate, .sbatch or .sh "
         "with --format slurm) and print the commands that train it")  # fmt: skip
     add(
@@ -102,14 +104,14 @@ def plan_imports(args: argparse.Namespace) -> None:
     from zero_train.memory.model import activations, peak, plan  # noqa: F401
 
 
-def _model(model: str):
-    """(config, shape) of --model."""
+def _model(model: str, lora=None):
+    """(config, shape) of --model (with LoRA's adapters: only they train)."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import model_config
     from zero_train.memory.model.theory import model_shape
 
     config = model_config(model)
-    return config, model_shape(config)
+    return config, model_shape(config, lora)
 
 
 def request_from_args(args: argparse.Namespace):
@@ -120,7 +122,8 @@ def request_from_args(args: argparse.Namespace):
 
     if not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom {args.headroom} must be a fraction in [0, 1), e.g. 0.1")
-    config, shape = _model(args.model)
+    lora = lora_spec(args)
+    config, shape = _model(args.model, lora)
     check_block_size(config, args.block_size)
     try:
         return PlanRequest(
@@ -129,7 +132,7 @@ def request_from_args(args: argparse.Namespace):
             global_batch_size=args.global_batch_size, block_size=args.block_size, precision=args.precision,
             load_dtype=args.load_dtype,
             headroom=args.headroom, gpu_margin_gb=args.gpu_margin,
-            backend="gloo" if args.device == "cpu" else "nccl",
+            backend="gloo" if args.device == "cpu" else "nccl", lora=lora,
         )  # fmt: skip
     except ValueError as err:
         raise UsageError(str(err)) from err
@@ -165,6 +168,12 @@ def _count(num_params: int) -> str:
     return f"{num_params / 1e9:.2f}B" if num_params >= 1e9 else f"{num_params / 1e6:.1f}M"
 
 
+def _lora_words(request) -> str:
+    if request.lora is None:
+        return ""
+    return f" | LoRA r {request.lora.r}: {_count(request.shape.trainable_params)} adapter params train, base frozen"
+
+
 def render(plan, args: argparse.Namespace) -> str:
     """The table of fitting set-ups, the reasons the cheaper ones do not fit, and how to run the chosen one."""
     # here, not at the top: keeps `zero-train --help` light (tests/test_layout.py); the subcommand loads it when it runs
@@ -175,7 +184,7 @@ def render(plan, args: argparse.Namespace) -> str:
         f"{args.model}: {_count(request.shape.num_params)} params | {args.nodes:,} x {args.gpus_per_node} "
         f"ranks of {args.gpu_memory:g} GB (usable {request.usable_bytes / GB:.1f}) | host "
         f"{args.host_memory:g} GB per machine | {args.global_batch_size:,} x {args.block_size} tokens | "
-        f"{args.precision}",
+        f"{args.precision}" + _lora_words(request),
     ]
     if request.margin:
         extra = f", minus --headroom {args.headroom:.0%}" if args.headroom else ""
@@ -245,6 +254,7 @@ def write_plan(plan, args: argparse.Namespace, paths: list[pathlib.Path]) -> Non
     from zero_train.cli.plan_run import Cluster, run_lines, sbatch_script, train_config
     from zero_train.ds_config import write_config
     from zero_train.ds_config.accelerate import accelerate_config_text
+    from zero_train.train.config import LoraConfig
 
     cfg, setup = chosen_config(plan, hf_auto=args.hf_auto), plan.chosen.setup
     json_path, main = str(paths[-1]), paths[0]
@@ -252,7 +262,8 @@ def write_plan(plan, args: argparse.Namespace, paths: list[pathlib.Path]) -> Non
     cluster = Cluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, master_addr=args.master_addr,
                       master_port=args.master_port)  # fmt: skip
     config = train_config(plan.chosen, model=args.model, block_size=args.block_size, json_path=json_path,
-                          load_dtype=args.load_dtype, max_steps=args.max_steps)  # fmt: skip
+                          load_dtype=args.load_dtype, max_steps=args.max_steps,
+                          lora=LoraConfig(r=args.lora_r, target_modules=args.lora_target_modules))  # fmt: skip
     if args.format == "accelerate":
         text = accelerate_config_text(
             cfg, json_path=json_path, engine=setup.family or setup.engine, num_processes=plan.request.world_size,

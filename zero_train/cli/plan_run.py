@@ -19,7 +19,14 @@ from dataclasses import dataclass
 
 from zero_train.launch.command import Launch, ShellVariable, launch_command, shell_text
 from zero_train.train.args import run_argv
-from zero_train.train.config import DataConfig, EngineConfig, ModelConfig, RunConfig, TrainingConfig
+from zero_train.train.config import (
+    DataConfig,
+    EngineConfig,
+    LoraConfig,
+    ModelConfig,
+    RunConfig,
+    TrainingConfig,
+)
 
 NODE_RANK = ShellVariable("$NODE_RANK")
 """This node's index (0 .. nodes - 1), set on each node before its torchrun / accelerate line."""
@@ -59,10 +66,11 @@ def train_config(
     json_path: str,
     load_dtype: str = "fp32",
     max_steps: int | None = None,
+    lora: LoraConfig | None = None,
 ) -> RunConfig:
     """The run config that trains the chosen set-up: the model, the dtype it is built in, its block, the
     micro-batch and accumulation the plan picked, the engine, recomputation, and the written DeepSpeed JSON (which
-    holds the rest); `max_steps` None: train.py's default."""
+    holds the rest), LoRA's adapters the plan was made for; `max_steps` None: train.py's default."""
     setup = candidate.setup
     steps = {} if max_steps is None else dict(max_steps=max_steps)
     return RunConfig(
@@ -71,6 +79,7 @@ def train_config(
         training=TrainingConfig(micro_batch_size=candidate.micro_batch_size, grad_accum=candidate.grad_accum,
                                 **steps),
         engine=EngineConfig(engine=setup.engine, deepspeed_config=json_path),
+        lora=lora or LoraConfig(),
     )  # fmt: skip
 
 

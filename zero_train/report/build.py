@@ -37,7 +37,7 @@ def analyze(records: list[dict]) -> list[dict]:
 
     rows, facts_of = [], {}
     for record in sorted(records, key=cell_sort_key):
-        lookup = model_facts(record.get("model"), record.get("num_params"))
+        lookup = model_facts(record.get("model"), record.get("num_params"), record.get("lora"))
         row = compare_cell(record, lookup)
         facts_of[row["cell"]] = lookup.facts
         rows.append(row)

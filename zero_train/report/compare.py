@@ -142,6 +142,7 @@ def _meta(record: dict) -> dict:
         tokens_per_s=record.get("tokens_per_s"),
         device=record.get("device"),
         ds_config=record.get("ds_config"),
+        lora=record.get("lora"),
     )
     return row
 
@@ -185,14 +186,19 @@ def activation_count(record: dict, lookup: FactsLookup):
         block_size=record["block_size"],
         dtype=dtype,
         gradient_checkpointing=bool(record.get("gradient_checkpointing")),
+        lora=lookup.facts.lora,
     )
 
 
 def _model_states(record: dict, measured: int, ours: dict | None, largest_layer: int) -> dict:
     """Measured model-state bytes beside the paper's, DeepSpeed's estimator's and ours, with ratios."""
     num_params, world_size, stage = record["num_params"], record["world_size"], record["zero_stage"]
-    paper = theory.paper_bytes(num_params, world_size, stage, precision=record["precision"])
-    deepspeed = deepspeed_estimate(num_params, world_size, stage, largest_layer_params=largest_layer)
+    trainable = (record.get("lora") or {}).get("adapter_params")  # LoRA: the paper's rules on a frozen base
+    paper = theory.paper_bytes(
+        num_params, world_size, stage, precision=record["precision"], trainable=trainable
+    )
+    deepspeed = None if trainable else deepspeed_estimate(num_params, world_size, stage,
+                                                          largest_layer_params=largest_layer)  # fmt: skip
     ours_states = None if ours is None else sum(ours[name] for name in MODEL_STATE_CATEGORIES)
     return dict(
         measured=measured,
@@ -352,7 +358,11 @@ def compare_cell(record: dict, lookup: FactsLookup) -> dict:
         ours_categories=ours,
         ours_peak=None if model is None else model.as_dict(),
         paper_categories=theory.paper_categories(
-            num_params, record["world_size"], record["zero_stage"], precision=record["precision"]
+            num_params,
+            record["world_size"],
+            record["zero_stage"],
+            precision=record["precision"],
+            trainable=(record.get("lora") or {}).get("adapter_params"),
         ),
         footprint=dict(
             measured=footprint_measured,

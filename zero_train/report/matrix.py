@@ -8,13 +8,14 @@ with q/k/v biases and one KV head), activation checkpointing on and off, accumul
 the 8 cells of a 2^(4-1) half fraction of the four two-level factors (every level of every factor meets
 every engine 4 times, every pair of levels twice), the two halves alternating between engines so that all
 16 combinations appear over the matrix, and the architecture rotating so that each meets each engine 2-3
-times. 48 cells, then 8 offload cells, then 8 per engine added since (our ZeRO-3), appended so that the
-cells measured before keep their names. scripts/memory_matrix.py runs them; docs/memory_matrix.md has the
+times. 48 cells, then 8 offload cells, then 8 per engine added since (our ZeRO-3), then 12 LoRA cells
+(each the twin of a full fine-tuning cell), appended so that the cells measured before keep their names. scripts/memory_matrix.py runs them; docs/memory_matrix.md has the
 figures.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from dataclasses import dataclass
@@ -54,21 +55,30 @@ class MatrixCell:
     precision: str
     grad_accum: int
     gradient_checkpointing: bool
+    lora_r: int = 0
+    """LoRA adapters of this rank (peft's default targets for the architecture) on a frozen base; 0: full."""
 
     @property
     def name(self) -> str:
-        """e.g. `llama-ds2-w3-bf16-ga4-ckpt`."""
+        """e.g. `llama-ds2-w3-bf16-ga4-ckpt`, `gpt2-ddp-w2-fp32-lora8`."""
         return (
             f"{self.architecture}-{self.engine}-w{self.world_size}-{self.precision}"
             + (f"-ga{self.grad_accum}" if self.grad_accum > 1 else "")
             + ("-ckpt" if self.gradient_checkpointing else "")
+            + (f"-lora{self.lora_r}" if self.lora_r else "")
         )
+
+    @property
+    def full_twin(self) -> str:
+        """The name of the full fine-tuning cell with the same factors (its own name without LoRA)."""
+        return dataclasses.replace(self, lora_r=0).name
 
 
 def design() -> list[MatrixCell]:
-    """The 64 cells: per engine a 2^(4-1) half fraction of (checkpointing, accumulation, world size,
+    """The 76 cells: per engine a 2^(4-1) half fraction of (checkpointing, accumulation, world size,
     precision), the defining relation alternating by engine, the architecture rotating (48); then the 8
-    offload cells (`offload_design`); then the added engines' cells, continuing the alternation (8 each)."""
+    offload cells (`offload_design`); then the added engines' cells, continuing the alternation (8 each);
+    then the 12 LoRA cells (`lora_design`)."""
     engines = (*MATRIX_ENGINES, *ADDED_ENGINES)
     cells = [cell for index, engine in enumerate(MATRIX_ENGINES) for cell in _half_fraction(engine, index)]
     added = [
@@ -77,7 +87,7 @@ def design() -> list[MatrixCell]:
         if engine in ADDED_ENGINES
         for cell in _half_fraction(engine, index)
     ]
-    return cells + offload_design() + added
+    return cells + offload_design() + added + lora_design(cells)
 
 
 def _half_fraction(engine: str, engine_index: int) -> list[MatrixCell]:
@@ -96,6 +106,21 @@ def _half_fraction(engine: str, engine_index: int) -> list[MatrixCell]:
         )
         for cell_index, (ckpt, accum, world, precision) in enumerate(combos)
     ]
+
+
+LORA_R = 8
+"""The LoRA cells' adapter rank (peft's default targets: GPT-2's c_attn, Llama's and Qwen2's q_proj, v_proj)."""
+
+
+def lora_design(full: list[MatrixCell]) -> list[MatrixCell]:
+    """The 12 LoRA cells: for each engine the first and the last of its 8 full cells (one without
+    checkpointing or accumulation, one with both; one fp32, one bf16; both world sizes), with LoRA r
+    LORA_R: every LoRA cell has a full fine-tuning twin in the matrix."""
+    cells = []
+    for engine in MATRIX_ENGINES:
+        mine = [cell for cell in full if cell.engine == engine]
+        cells += [dataclasses.replace(cell, lora_r=LORA_R) for cell in (mine[0], mine[-1])]
+    return cells
 
 
 def base_engine(engine: str) -> str:
@@ -152,6 +177,7 @@ def summarize(rows: list[dict], goal: float) -> dict:
         "precision",
         "grad_accum",
         "gradient_checkpointing",
+        "lora_r",
     ):
         levels: dict[str, list[float]] = {}
         for row in done:

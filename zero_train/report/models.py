@@ -28,6 +28,8 @@ class ModelFacts:
     """Elements of every parameter tensor, in `model.parameters()` order (tied weights once)."""
     config: Any = None
     """The transformers config (activations are counted on it), None if unknown."""
+    lora: Any = None
+    """The run's zero_train.hf.lora.LoraSpec (the shape then has the adapters, only they trainable), or None."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -41,7 +43,7 @@ class FactsLookup:
 
 
 @functools.lru_cache(maxsize=16)
-def _facts_of(name: str) -> FactsLookup:
+def _facts_of(name: str, lora=None) -> FactsLookup:
     from transformers import AutoModelForCausalLM
 
     from zero_train.hf.models import model_config
@@ -52,24 +54,36 @@ def _facts_of(name: str) -> FactsLookup:
         return FactsLookup(facts=None, problem=f"model {name!r} cannot be rebuilt here ({err})")
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    numels = tuple(p.numel() for p in model.parameters())
-    facts = ModelFacts(shape=model_shape(config), param_numels=numels, config=config)
+    shape = model_shape(config, lora)
+    numels = shape.param_numels if lora is not None else tuple(p.numel() for p in model.parameters())
+    facts = ModelFacts(shape=shape, param_numels=numels, config=config, lora=lora)
     return FactsLookup(facts=facts, problem=None)
 
 
-def model_facts(name: str | None, num_params: int | None) -> FactsLookup:
+def lora_of(recorded: dict | None):
+    """The LoraSpec of a run record's "lora" (train.py's [lora] settings), None without."""
+    if not recorded:
+        return None
+    from zero_train.train.config import LoraConfig
+
+    settings = {key: recorded[key] for key in ("r", "alpha", "dropout", "target_modules") if key in recorded}
+    return LoraConfig(**settings).spec()
+
+
+def model_facts(name: str | None, num_params: int | None, lora: dict | None = None) -> FactsLookup:
     """The facts of the model a record names, checked against the parameter count it recorded.
 
     Args:
         name: the record's "model" (a preset or a local folder).
-        num_params: the record's "num_params" (the model the run really trained).
+        num_params: the record's "num_params" (the model the run really trained, adapters included).
+        lora: the record's "lora" (its adapters' settings), None for full fine-tuning.
 
     Returns:
         A FactsLookup: facts, or the reason there are none (unknown model, or a different size now).
     """
     if not name:
         return FactsLookup(facts=None, problem="the record names no model")
-    lookup = _facts_of(name)
+    lookup = _facts_of(name, lora_of(lora))
     if lookup.facts is not None and num_params and lookup.facts.shape.num_params != num_params:
         return FactsLookup(
             facts=None,

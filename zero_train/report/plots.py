@@ -120,7 +120,7 @@ def _ours_curves(axis, rows: list[dict], x_values: list[int], facts) -> None:
 
 def plot_bytes_per_param(rows: list[dict], path: pathlib.Path, title: str) -> None:
     """Bytes/param vs world size: model states with the theory curves; the peak with our peak model."""
-    lookup = model_facts(rows[0]["model"], rows[0]["num_params"])
+    lookup = model_facts(rows[0]["model"], rows[0]["num_params"], rows[0].get("lora"))
     largest = lookup.facts.shape.largest_layer_params if lookup.facts else 0
     sizes = sorted({row["world_size"] for row in rows})
     x_values = list(range(1, max(4, max(sizes)) + 1))

@@ -78,6 +78,7 @@ def count_activations(
     block_size: int,
     dtype: torch.dtype,
     gradient_checkpointing: bool = False,
+    lora=None,
 ) -> ActivationCount:
     """Count one micro-batch's activations of `config`'s model at its real size, on fake tensors.
 
@@ -91,27 +92,33 @@ def count_activations(
         block_size: tokens per sample.
         dtype: the model's parameter dtype (torch.float32, torch.bfloat16, torch.float16).
         gradient_checkpointing: count with non-reentrant activation checkpointing on every block.
+        lora: a zero_train.hf.lora.LoraSpec: peft's adapters on the frozen base, as training wraps it (what
+            autograd saves follows which tensors require grad: a frozen layer keeps only what the adapters'
+            backward and the layers' input gradients need).
 
     Returns:
         The ActivationCount.
     """
-    key = (config.to_json_string(), micro_batch_size, block_size, dtype, gradient_checkpointing)
+    key = (config.to_json_string(), micro_batch_size, block_size, dtype, gradient_checkpointing, lora)
     if key not in _CACHE:
         settings = dict(micro_batch_size=micro_batch_size, block_size=block_size, dtype=dtype,
-                        gradient_checkpointing=gradient_checkpointing)  # fmt: skip
+                        gradient_checkpointing=gradient_checkpointing, lora=lora)  # fmt: skip
         fields = stored("activations", list(key), lambda: (_by_layers(config, **settings)
                                                             or _count_fake(config, **settings)).as_dict())  # fmt: skip
         _CACHE[key] = ActivationCount(**fields)
     return _CACHE[key]
 
 
-def _count_fake(config, *, dtype: torch.dtype, **settings) -> ActivationCount:
+def _count_fake(config, *, dtype: torch.dtype, lora=None, **settings) -> ActivationCount:
     """The count of the whole model on fake tensors."""
     # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
-        return count_model_activations(build_for_counting(config, dtype=dtype), **settings)
+        model = build_for_counting(
+            config, dtype=dtype, lora=lora, gradient_checkpointing=settings["gradient_checkpointing"]
+        )
+        return count_model_activations(model, **settings)
 
 
 ADDITIVE_FIELDS = ("saved_bytes", "loss_bytes", "forward_peak_bytes", "backward_peak_bytes")
@@ -157,16 +164,62 @@ _CACHE: dict[tuple, ActivationCount] = {}
 """Counts already made in this process (the estimate asks once per stage)."""
 
 
-def build_for_counting(config, *, dtype: torch.dtype):
-    """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode."""
+def build_for_counting(config, *, dtype: torch.dtype, lora=None, gradient_checkpointing: bool = False):
+    """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode; with
+    `lora` wrapped by peft as train.py wraps it: after checkpointing is on, so that peft makes the
+    embeddings' output require grad (PeftModel's _prepare_model_for_gradient_checkpointing) as in training."""
     # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted;
     # built as training builds it (its loss named: no transformers warning at the first loss)
     import copy
 
     from zero_train.hf.models import build_model
 
+    if lora is not None:
+        return _with_adapters(config, lora, dtype=dtype, gradient_checkpointing=gradient_checkpointing)
     with _quiet():  # a copy: the caller's config keeps its use_cache (part of the count's key)
         model = build_model(copy.deepcopy(config), dtype=dtype)
+    model.config.use_cache = False
+    return model.train()
+
+
+def _with_adapters(config, lora, *, dtype: torch.dtype, gradient_checkpointing: bool):
+    """The peft model on the current device/mode, its floating tensors in `dtype` (the engines' compute dtype).
+
+    peft moves each adapter to its base layer with Module.to, which on fake tensors swaps parameters (torch
+    2.13) and fails: the model is wrapped on the meta device (outside any fake mode), then every tensor is
+    made again on the current one, each tied tensor once.
+    """
+    # here, not at the top: peft and the fake-tensor machinery load only when a LoRA model is counted
+    import copy
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from zero_train.hf.lora import apply_lora
+    from zero_train.hf.models import build_model, enable_gradient_checkpointing
+
+    with unset_fake_temporarily(), torch.device("meta"), _quiet():
+        model = build_model(copy.deepcopy(config), dtype=dtype)  # a copy, as in build_for_counting
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(model)  # before peft, as train.py does
+        model = apply_lora(model, lora)
+        model.gradient_checkpointing_disable()  # peft's input hook stays; count_model_activations switches it
+    made: dict[int, torch.Tensor] = {}
+
+    def remade(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in made:
+            kind = dtype if tensor.is_floating_point() else tensor.dtype
+            made[id(tensor)] = torch.empty(tensor.shape, dtype=kind, device="cpu")
+        return made[id(tensor)]
+
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                module._parameters[name] = torch.nn.Parameter(
+                    remade(param), requires_grad=param.requires_grad
+                )
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = remade(buffer)
     model.config.use_cache = False
     return model.train()
 

@@ -28,6 +28,7 @@ STAGE_ENGINES = {
 }
 """The engine our peak model uses for each stage: torch DDP, DeepSpeed ZeRO-1/2/3."""
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+LORA_UNMODELLED = ("zero3",)  # engines whose peak model has no frozen base yet (issue 29)
 DEFAULT_BLOCK_SIZE = 4096
 """Tokens per sample when none is given: the model's context, at most this (a 128k-context model is rarely
 trained at full context, and its activations at 131,072 tokens fit nowhere)."""
@@ -98,6 +99,10 @@ class SetupEstimate:
     """No block size was given: the model's context, at most DEFAULT_BLOCK_SIZE."""
     offload: dict
     activations: dict | None
+    trainable_params: int = 0
+    """Parameters that get gradients, masters and optimizer states (LoRA: the adapters; else num_params)."""
+    lora: dict | None = None
+    """LoRA's r and target modules (None: full fine-tuning)."""
     stages: list[StageEstimate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -133,6 +138,7 @@ def estimate_setup(
     host_memory_bytes: float | None = None,
     stages: tuple[int, ...] = theory.STAGES,
     engines: tuple[str, ...] | None = None,
+    lora=None,
 ) -> SetupEstimate:
     """Device and host bytes of every ZeRO stage for one training set-up.
 
@@ -153,6 +159,7 @@ def estimate_setup(
         host_memory_bytes: host memory per node: fits_host compares host_per_node_bytes with it.
         stages: the stages to estimate (STAGE_ENGINES' engine for each).
         engines: the engines to estimate instead (any with a per-phase model: our zero1/zero2, fsdp2-z2, ...).
+        lora: a zero_train.hf.lora.LoraSpec (needs a config): peft's adapters train, the base is frozen.
 
     Returns:
         The SetupEstimate.
@@ -170,11 +177,11 @@ def estimate_setup(
         raise ValueError(
             "offload needs the host's memory to say whether it fits: give --host-memory GB (per node)"
         )
-    shape, bare = _shape(model), isinstance(model, (int, float))
+    shape, bare = _shape(model, lora), isinstance(model, (int, float))
     block = 0 if bare else block_size or default_block_size(model)
     count = None if bare else counted_activations(
         model, precision=precision, micro_batch_size=micro_batch_size, block_size=block,
-        gradient_checkpointing=gradient_checkpointing)  # fmt: skip
+        gradient_checkpointing=gradient_checkpointing, lora=lora)  # fmt: skip
     per_node = gpus_per_node or min(world_size, 8)
     margin = _margin(device, gpu_memory_bytes, gpu_margin_bytes, world_size)
     result = SetupEstimate(
@@ -186,7 +193,8 @@ def estimate_setup(
         host_memory_bytes=int(host_memory_bytes) if host_memory_bytes else None,
         default_block_size=not bare and not block_size,
         offload=dict(optimizer=settings.optimizer_device, param=settings.param_device),
-        activations=count.as_dict() if count is not None else None,
+        activations=count.as_dict() if count is not None else None, trainable_params=shape.trainable_params,
+        lora=None if lora is None else dict(r=lora.r, target_modules=lora.target_modules),
     )  # fmt: skip
     common = dict(precision=precision, micro_batch_size=micro_batch_size, block_size=block,
                   grad_accum=grad_accum, gradient_checkpointing=gradient_checkpointing,
@@ -222,21 +230,21 @@ def default_block_size(config) -> int:
     return min(max_context(config), DEFAULT_BLOCK_SIZE)
 
 
-def _shape(model) -> theory.ModelShape:
-    """The ModelShape of a config (counted on the meta device) or of a bare parameter count; ValueError when the
-    count is beyond limits.LIMITS or below one."""
+def _shape(model, lora=None) -> theory.ModelShape:
+    """The ModelShape of a config (counted on the meta device, with LoRA's adapters if any; not for a bare count)
+    or of a bare parameter count; ValueError when the count is beyond limits.LIMITS or below one."""
     if isinstance(model, (int, float)):
         if model < 1:
             raise ValueError(f"--params {model:g}: a model has at least one parameter")
         limits.check(params=model)
         return theory.ModelShape(num_params=int(model))
-    shape = theory.model_shape(model)
+    shape = theory.model_shape(model, lora)
     limits.check(model_params=shape.num_params)
     return shape
 
 
 def counted_activations(config, *, precision: str, micro_batch_size: int, block_size: int,
-                        gradient_checkpointing: bool):  # fmt: skip
+                        gradient_checkpointing: bool, lora=None):  # fmt: skip
     """The ActivationCount of one micro-batch of a config (fake tensors), as estimate_setup counts it."""
     # here, not at the top: a raw parameter count needs no torch; counting activations on a real config does
     import torch
@@ -245,7 +253,7 @@ def counted_activations(config, *, precision: str, micro_batch_size: int, block_
 
     return count_activations(config, micro_batch_size=micro_batch_size, block_size=block_size,
                              dtype=getattr(torch, PRECISION_DTYPES[precision]),
-                             gradient_checkpointing=gradient_checkpointing)  # fmt: skip
+                             gradient_checkpointing=gradient_checkpointing, lora=lora)  # fmt: skip
 
 
 def estimate_engine(
@@ -272,6 +280,8 @@ def estimate_engine(
     from zero_train.memory.model.peak import backend_for, engine_peak
 
     spec = engine_spec(engine)
+    if shape.frozen_base and engine in LORA_UNMODELLED:
+        raise ValueError(f"{engine}'s memory model has no LoRA yet; estimate another engine with --lora-r")
     stage = spec.stage
     model = engine_peak(engine, shape, world_size, backend=backend_for(device), activation_count=count,
                         host_in_phases=False, **run)  # fmt: skip
@@ -285,9 +295,10 @@ def estimate_engine(
                                 precision=run["precision"], device=device)  # fmt: skip
     ranks_on_node = min(per_node, world_size)
     peer = _deepspeed_peer(shape, world_size, stage, per_node, settings) if deepspeed_peer else None
+    trainable = shape.trainable_params if shape.frozen_base else None
     row = StageEstimate(
         stage=stage, engine=engine, paper_bytes=theory.paper_bytes(shape.num_params, world_size, stage,
-                                                                   precision=run["precision"]),
+                                                                   precision=run["precision"], trainable=trainable),
         deepspeed_bytes=peer and peer.gpu_bytes, deepspeed_host_per_node_bytes=peer and peer.host_per_node_bytes,
         device_phases=phases, device_peak_phase=peak_phase, device_peak_bytes=totals[peak_phase],
         boundary=model.boundary, host_per_rank=host, host_startup_per_rank=startup,
@@ -301,7 +312,10 @@ def estimate_engine(
 
 
 def _deepspeed_peer(shape, world_size: int, stage: int, per_node: int, settings: offload.OffloadSettings):
-    """DeepSpeed's own estimate of the stage with the set-up's offload (stages 2 and 3 only), or None."""
+    """DeepSpeed's own estimate of the stage with the set-up's offload (stages 2 and 3 only), or None (also for
+    LoRA: its estimators know no frozen base)."""
+    if shape.frozen_base:
+        return None
     # here, not at the top: DeepSpeed imports in seconds and logs a line; only stages 2 and 3 ask for it
     from zero_train.memory.model.deepspeed_estimate import deepspeed_model_states
 
@@ -345,6 +359,12 @@ def _notes(result: SetupEstimate, settings: offload.OffloadSettings, count, ds_c
                 if count.recompute_bytes
                 else ""
             )
+        )
+    if result.lora is not None:
+        notes.append(
+            f"LoRA r {result.lora['r']}: {result.trainable_params:,} adapter parameters train; the frozen base "
+            "(whole, sharded under ZeRO-3) has no gradients, masters or optimizer states; the paper's rules are "
+            "applied so; DeepSpeed's estimators count full fine-tuning only (left out)"
         )
     if result.precision == "fp32":
         notes.append("DeepSpeed's estimators assume mixed precision (18 bytes/param sharded) even for fp32")

@@ -42,8 +42,8 @@ class Partition:
 
 
 def slice_elements(shape: ModelShape, world_size: int) -> int:
-    """P = ceil(Psi / N)."""
-    return -(-shape.num_params // world_size)
+    """P = ceil(Psi / N), Psi the trained parameters (LoRA: the adapters; DeepSpeed and ours flatten only those)."""
+    return -(-shape.trainable_params // world_size)
 
 
 @functools.lru_cache(maxsize=16)
@@ -56,13 +56,13 @@ def partition_of(shape: ModelShape, world_size: int, rank: int) -> Partition:
     """Rank `rank`'s slice (without tensor sizes: one even slice whose largest piece is the largest known tensor).
 
     Args:
-        shape: the model (its param_numels, in parameter order).
+        shape: the model (its trained_numels, in parameter order).
         world_size: N.
         rank: 0 <= rank < N.
     """
-    size, psi, numels = slice_elements(shape, world_size), shape.num_params, shape.param_numels
+    size, psi, numels = slice_elements(shape, world_size), shape.trainable_params, shape.trained_numels
     if not numels:
-        largest = max(shape.param_numels, default=shape.largest_layer_params)
+        largest = max(shape.trained_numels, default=shape.largest_layer_params)
         return Partition(rank=rank, elements=size, touched=size, largest_piece=min(largest, size))
     low, high = rank * size, min((rank + 1) * size, psi)
     if high <= low:  # past the end of the model: an empty slice
@@ -91,7 +91,7 @@ def distinct_partitions(shape: ModelShape, world_size: int) -> tuple[Partition, 
     ranks looked at are, per tensor, the one holding its start and the first one inside it, plus the first and
     last ranks and those around the end of the model: at most 2 T + 6, whatever N is.
     """
-    size, psi, numels = slice_elements(shape, world_size), shape.num_params, shape.param_numels
+    size, psi, numels = slice_elements(shape, world_size), shape.trainable_params, shape.trained_numels
     if not numels:
         return (partition_of(shape, world_size, 0),)
     offsets = _offsets(numels)

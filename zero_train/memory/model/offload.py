@@ -132,6 +132,14 @@ class OffloadInputs:
     """Beside the activations at log_softmax's backward (peak_terms.loss_backward_moments, the first moment)."""
     gather_bytes: int = 0
     """The step's all-gather output buffer (gloo: the whole 16-bit model; 0 on NCCL or one rank)."""
+    param_partition: int | None = None
+    """ZeRO-3: elements of the rank's 16-bit parameter partition when it differs from `partition` (LoRA: the
+    frozen base is partitioned too, the optimizer's partition is the adapters'); None: `partition`."""
+
+    @property
+    def params_partitioned(self) -> int:
+        """Elements of the rank's 16-bit parameter partition (ZeRO-3)."""
+        return self.partition if self.param_partition is None else self.param_partition
 
 
 def host_terms(inputs: OffloadInputs, settings: OffloadSettings) -> dict[str, int]:
@@ -154,9 +162,9 @@ def host_terms(inputs: OffloadInputs, settings: OffloadSettings) -> dict[str, in
         else:
             terms["grads"] = e * p
     if inputs.stage == 3 and settings.param_device == "cpu":
-        terms["params"] = e * p
+        terms["params"] = e * inputs.params_partitioned
     elif inputs.stage == 3 and settings.param_device == "nvme":
-        terms["params"] = e * min(p, settings.max_in_cpu)
+        terms["params"] = e * min(inputs.params_partitioned, settings.max_in_cpu)
         terms["nvme_param_buffers"] = e * settings.param_buffer_count * settings.param_buffer_size
     return terms
 
@@ -166,7 +174,7 @@ def nvme_bytes(inputs: OffloadInputs, settings: OffloadSettings) -> int:
     if inputs.stage < 3:
         return 0
     optimizer = 4 * FP32_BYTES * inputs.partition if settings.optimizer_device == "nvme" else 0
-    params = inputs.element_bytes * inputs.partition if settings.param_device == "nvme" else 0
+    params = inputs.element_bytes * inputs.params_partitioned if settings.param_device == "nvme" else 0
     return optimizer + params
 
 
@@ -240,12 +248,13 @@ HOST_CATEGORIES = {
 def rank_inputs(stage: int, run: Run, part: Partition) -> OffloadInputs:
     """The offload inputs of the rank owning `part` (DeepSpeed's flat slice; ZeRO-3 splits every tensor)."""
     persistent = sum(n for n in run.shape.param_numels if n < run.deepspeed.persistence_threshold)
-    gather = run.element_bytes * run.shape.num_params if run.backend == "gloo" and run.world_size > 1 else 0
+    gather = run.element_bytes * run.trained if run.backend == "gloo" and run.world_size > 1 else 0
     return OffloadInputs(
         stage=stage, partition=part.elements, touched=part.touched, largest_tensor=run.largest_tensor,
         persistent=persistent, element_bytes=run.element_bytes, grad_accum=run.grad_accum,
         sub_group_size=run.deepspeed.sub_group_size, gather_bytes=gather,
         log_softmax_bytes=loss_backward_moments(run)[0],
+        param_partition=-(-run.shape.num_params // run.world_size) if run.shape.frozen_base else None,
     )  # fmt: skip
 
 

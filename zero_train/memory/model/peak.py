@@ -212,7 +212,7 @@ def _rank_models(
         ]  # fmt: skip
         return list(zip(models, parts, strict=True)), alike
     if spec.sharding == "replicated":
-        layout, shares = None, [Share(rank=0, owned=run.shape.num_params, largest=run.largest_tensor)]
+        layout, shares = None, [Share(rank=0, owned=run.trained, largest=run.largest_tensor)]
         alike = True
     else:  # ours: equal slices of one flat buffer; torch's ZeroRedundancyOptimizer: whole tensors
         layout = sharder_layout(run) if spec.sharding == "flat" else whole_tensor_layout(run)

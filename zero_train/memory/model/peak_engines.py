@@ -92,23 +92,25 @@ def ddp_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> P
     and AdamW's temporaries for its largest tensor. Measured on gpt2-25m: backward +5.01 bytes/param
     (4 + two embedding-sized copies), step +1.01 (fp32) and +5.01 (bf16: 4 + 1.01), to 0.02 bytes/param.
     """
-    e, psi = run.element_bytes, run.shape.num_params
+    e, psi, trained = run.element_bytes, run.shape.num_params, run.trained
     rest = dict(
         params=e * psi,
-        master_params=FP32_BYTES * psi if run.mixed else 0,
+        master_params=FP32_BYTES * trained if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * share.owned,
-        comm_buffers=e * psi,
+        comm_buffers=e * trained,  # DDP buckets the parameters that require a gradient
     )
-    forward, backward_start = _forward_terms(run, _accumulated(run, e * psi))
-    end = _add(dict(grads=e * psi, tied_gradient_copies=2 * tied_gradient_copies(run)), _accumulating(run))
+    forward, backward_start = _forward_terms(run, _accumulated(run, e * trained))
+    end = _add(
+        dict(grads=e * trained, tied_gradient_copies=2 * tied_gradient_copies(run)), _accumulating(run)
+    )
     return _phases(
         rest,
         forward=forward,
         backward_start=backward_start,
-        backward_end=_recompute(run, dict(grads=e * psi), end),
+        backward_end=_recompute(run, dict(grads=e * trained), end),
         step=dict(
-            grads=e * psi,
-            fp32_grads=FP32_BYTES * psi if run.mixed else 0,
+            grads=e * trained,
+            fp32_grads=FP32_BYTES * trained if run.mixed else 0,
             adamw_temporaries=local_step_temporaries(run, share.owned),
         ),
     )
@@ -126,7 +128,7 @@ def zero1_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
     e, psi = run.element_bytes, run.shape.num_params
     rest = dict(
         params=e * psi,
-        grads=e * psi,
+        grads=e * run.trained,  # LoRA: the flat gradient buffer holds the adapters only
         master_params=FP32_BYTES * share.owned if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * share.owned,
         comm_buffers=zero1_comm_buffers(run, layout),
@@ -207,9 +209,7 @@ def _deepspeed_step(run: Run, part: Partition, stage: int) -> dict[str, int]:
     update = dict(
         fp32_grads=FP32_BYTES * size, adamw_temporaries=adamw_temporaries(size) if settings.torch_adam else 0
     )
-    gather = dict(
-        gather_buffer=e * run.shape.num_params if run.backend == "gloo" and run.world_size > 1 else 0
-    )
+    gather = dict(gather_buffer=e * run.trained if run.backend == "gloo" and run.world_size > 1 else 0)
     return _largest(norm, flatten, update, gather)
 
 
@@ -223,7 +223,9 @@ def _deepspeed_rest(run: Run, part: Partition, stage: int) -> dict[str, int]:
         return dict(params=e * run.shape.num_params, **rest)
     threshold = run.deepspeed.persistence_threshold
     persistent = sum(n for n in run.shape.param_numels if n < threshold)
-    params = e * (size + persistent) if run.world_size > 1 else e * size
+    # LoRA: the frozen base is partitioned too, but has no fp32 partition (the optimizer's is the adapters')
+    partitioned = -(-run.shape.num_params // run.world_size) if run.shape.frozen_base else size
+    params = e * (partitioned + persistent) if run.world_size > 1 else e * partitioned
     return dict(params=params, grads=e * size, comm_buffers=reduce_buckets(run, 3), **rest)
 
 
@@ -256,11 +258,11 @@ def deepspeed_phases(run: Run, stage: int, part: Partition) -> Phases:
     tied = tied_gradient_copies(run)
     buckets = dict(comm_buffers=reduce_buckets(run, stage))
     if stage == 1:  # accumulation: whole gradients in param.grad until the boundary (reduce_gradients)
-        held = _accumulated(run, e * run.shape.num_params)
+        held = _accumulated(run, e * run.trained)
         forward, backward_start = _forward_terms(run, held)
         copy = _largest(dict(grad_partition_copy=e * part.touched), dict(tied_gradient_copies=2 * tied))
         backward_start = _add(backward_start, buckets)
-        grads = dict(grads=e * run.shape.num_params)
+        grads = dict(grads=e * run.trained)
         backward_end = _recompute(run, _add(buckets, grads), _add(buckets, grads, copy, _accumulating(run)))
     else:  # accumulation: every micro-batch reduces into the partition buffer, kept until the step
         held = _accumulated(run, e * part.touched)

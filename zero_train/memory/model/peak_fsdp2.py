@@ -31,8 +31,11 @@ from zero_train.memory.model.peak_terms import (
 Phases = dict[str, dict[str, int]]
 
 
-def shard_elements(run: Run) -> int:
-    """P: elements of this rank's shards (every tensor split along dim 0, rounded up per tensor)."""
+def shard_elements(run: Run, *, trained: bool = False) -> int:
+    """P: elements of this rank's shards (every tensor split along dim 0, rounded up per tensor); with
+    `trained`, of the trainable tensors only (LoRA: the adapters)."""
+    if trained and run.shape.frozen_base:
+        return sum(-(-n // run.world_size) for n in run.shape.trained_numels)
     numels = run.shape.param_numels or (run.shape.num_params,)
     return sum(-(-n // run.world_size) for n in numels)
 
@@ -56,10 +59,13 @@ def _add(*parts: dict[str, int]) -> dict[str, int]:
 
 
 def fsdp2_rest(run: Run) -> dict[str, int]:
-    """Between steps: the fp32 shards (params in fp32, master_params under a 16-bit policy) and Adam's moments."""
-    shards = FP32_BYTES * shard_elements(run)
+    """Between steps: the fp32 shards (params in fp32, master_params under a 16-bit policy) and Adam's moments;
+    LoRA: the frozen base's shards in the compute dtype (zero_train.engines.fsdp2 stores them so)."""
+    trained = shard_elements(run, trained=True)
+    frozen = shard_elements(run) - trained
+    shards = FP32_BYTES * trained
     return dict(
-        params=0 if run.mixed else shards,
+        params=run.element_bytes * frozen + (0 if run.mixed else shards),
         master_params=shards if run.mixed else 0,
         optimizer_states=2 * shards,
     )
@@ -67,7 +73,7 @@ def fsdp2_rest(run: Run) -> dict[str, int]:
 
 def fsdp2_boundary(run: Run) -> dict[str, int]:
     """The probe's categories at the step boundary: at rest + the fp32 gradient shards."""
-    return _add(fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run)))
+    return _add(fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run, trained=True)))
 
 
 def fsdp2_phases(run: Run, stage: int) -> Phases:
@@ -79,7 +85,7 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
     """
     e, psi = run.element_bytes, run.shape.num_params
     root, block = unit_elements(run)
-    rest, grad_shards = fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run))
+    rest, grad_shards = fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run, trained=True))
     during_forward = e * (root + block) if stage == 3 else e * psi
     during_backward = e * (root + 2 * block) if stage == 3 else e * psi  # backward prefetches the next block
     terms = activation_terms(run)
@@ -89,7 +95,8 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
     recomputed = dict(recomputed_block=terms.recompute_bytes) if terms.recompute_bytes else {}
     root_reduce = dict(
         gathered_params=e * root,
-        fp32_grads=FP32_BYTES * root if run.mixed else 0,  # the reduce dtype's copy of the root's gradients
+        # the reduce dtype's copy of the root's gradients (LoRA: the root is frozen)
+        fp32_grads=FP32_BYTES * root if run.mixed and not run.shape.frozen_base else 0,
         tied_gradient_copies=3 * tied_gradient_copies(run),
     )
     return dict(
@@ -98,5 +105,6 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
         backward_start=_add(rest, held, recomputed, dict(gathered_params=during_backward, activations=saved,
                                                          loss_gradients=loss_backward(run))),
         backward_end=_add(rest, grad_shards, root_reduce),
-        step=_add(rest, grad_shards, dict(adamw_temporaries=local_step_temporaries(run, shard_elements(run)))),
+        step=_add(rest, grad_shards,
+                  dict(adamw_temporaries=local_step_temporaries(run, shard_elements(run, trained=True)))),
     )  # fmt: skip

@@ -118,9 +118,14 @@ class Run:
         return self.micro_batch_size * self.block_size
 
     @property
+    def trained(self) -> int:
+        """Parameters that get gradients, masters and optimizer states (LoRA: the adapters; else every one)."""
+        return self.shape.trainable_params
+
+    @property
     def largest_tensor(self) -> int:
-        """Elements of the largest parameter tensor (the largest module's when tensors are unknown)."""
-        return max(self.shape.param_numels, default=self.shape.largest_layer_params)
+        """Elements of the largest trainable tensor (the largest module's when tensors are unknown)."""
+        return max(self.shape.trained_numels, default=self.shape.largest_layer_params)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -189,7 +194,10 @@ def loss_backward_moments(run: Run) -> tuple[int, int]:
         return 0, 0
     logits = run.tokens * vocab
     at_log_softmax = 2 * logits * FP32_BYTES
-    at_head_matmul = logits * run.element_bytes + vocab * width * run.element_bytes - logits * FP32_BYTES
+    head_gradient = (
+        0 if run.shape.frozen_base else vocab * width * run.element_bytes
+    )  # LoRA: the head is frozen
+    at_head_matmul = logits * run.element_bytes + head_gradient - logits * FP32_BYTES
     return at_log_softmax, at_head_matmul
 
 
@@ -199,10 +207,10 @@ def loss_backward(run: Run) -> int:
 
 
 def tied_gradient_copies(run: Run) -> int:
-    """Bytes of a tied embedding's gradient (0 if untied): autograd adds the LM head's and the embedding's
+    """Bytes of a tied embedding's gradient (0 if untied or frozen, as under LoRA): autograd adds the LM head's and the embedding's
     contributions before the gradient hook, so both and their sum are alive at once at the end of backward
     (measured on gpt2-25m with DDP: all gradients + 2 x 12.58 MB)."""
-    return run.shape.tied_embedding_params * run.element_bytes
+    return 0 if run.shape.frozen_base else run.shape.tied_embedding_params * run.element_bytes
 
 
 def adamw_temporaries(numel: int) -> int:

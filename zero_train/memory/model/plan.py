@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 
 from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.memory.model import limits, offload
-from zero_train.memory.model.estimate import StageEstimate, counted_activations, estimate_engine
+from zero_train.memory.model.estimate import (
+    LORA_UNMODELLED,
+    StageEstimate,
+    counted_activations,
+    estimate_engine,
+)
 from zero_train.memory.model.gpu_terms import gpu_margin
 from zero_train.memory.model.theory import ModelShape
 from zero_train.registry import ENGINES, engine_spec
@@ -126,6 +131,9 @@ class PlanRequest:
     (CUDA context, NCCL buffers, allocator slack). No margin on CPU ranks (backend gloo)."""
     backend: str = "nccl"
     """"nccl" (GPUs) or "gloo" (CPU ranks)."""
+    lora: object = None
+    """A zero_train.hf.lora.LoraSpec: LoRA adapters on a frozen base (the shape must be model_shape's with the
+    same spec); None: full fine-tuning."""
 
     @property
     def world_size(self) -> int:
@@ -214,6 +222,7 @@ class ActivationCounts:
             self.counts[key] = counted_activations(
                 self.request.config, precision=self.request.precision, micro_batch_size=micro_batch_size,
                 block_size=self.request.block_size, gradient_checkpointing=checkpointing,
+                lora=self.request.lora,
             )  # fmt: skip
         return self.counts[key]
 
@@ -305,6 +314,8 @@ def make_plan(request: PlanRequest, *, keep: int = 5, engines: tuple[str, ...] |
     counts = ActivationCounts(request)
     for setup in setup_order():
         if engines is not None and setup.engine not in engines:
+            continue
+        if request.lora is not None and setup.engine in LORA_UNMODELLED:
             continue
         candidate = evaluate(request, setup, counts)
         (fitting if candidate.fits else rejected if not fitting else []).append(candidate)

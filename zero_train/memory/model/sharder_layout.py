@@ -68,13 +68,13 @@ class SharderLayout:
 
 def _flat_share(run: Run, rank: int) -> Share:
     part = partition_of(run.shape, run.world_size, rank)
-    owned = max(0, min((rank + 1) * part.elements, run.shape.num_params) - rank * part.elements)
+    owned = max(0, min((rank + 1) * part.elements, run.trained) - rank * part.elements)
     return Share(rank=rank, owned=owned, largest=part.largest_piece)
 
 
 def sharder_layout(run: Run) -> SharderLayout:
     """Our sharders' element-balanced layout of `run`'s tensors (without tensor sizes: one tensor, an even split)."""
-    psi, world_size, numels = run.shape.num_params, run.world_size, run.shape.param_numels
+    psi, world_size, numels = run.trained, run.world_size, run.shape.trained_numels
     size = max(1, slice_elements(run.shape, world_size))
     tensors = numels or (psi,)
     if numels:
@@ -124,9 +124,9 @@ def _buckets(run: Run, numels: tuple[int, ...], size: int) -> tuple[int, int, in
 def whole_tensor_layout(run: Run) -> SharderLayout:
     """torch's ZeroRedundancyOptimizer's shares of `run`'s tensors (without tensor sizes: one even share that
     updates the largest known tensor)."""
-    numels, world_size = run.shape.param_numels, run.world_size
+    numels, world_size = run.shape.trained_numels, run.world_size
     if not numels:
-        even = Share(rank=0, owned=-(-run.shape.num_params // world_size), largest=run.largest_tensor)
+        even = Share(rank=0, owned=-(-run.trained // world_size), largest=run.largest_tensor)
         return SharderLayout(shares=(even,), share_of=lambda rank: even, alike=True)
     loads: dict[int, int] = {}
     largest: dict[int, int] = {}

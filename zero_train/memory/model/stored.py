@@ -3,7 +3,7 @@ activations (forward and backward on fake tensors), so the next estimate or plan
 the model's modeling code is not even imported.
 
 A count is stored under a digest of everything it depends on: its inputs (the config's JSON, the batch shape, ...),
-torch's and transformers' versions, and the source of the code that counts it (SOURCES); any change is a miss and
+torch's, transformers' and peft's versions, and the source of the code that counts it (SOURCES); any change is a miss and
 a new count. The store is $ZT_CACHE_DIR (default ~/.cache/zero_train/counts), one small JSON file per count,
 written whole (a temporary file renamed into place); a store that cannot be read or written is skipped, never an
 error: the count is then made as if it were the first.
@@ -20,7 +20,13 @@ import tempfile
 from collections.abc import Callable
 from importlib import metadata
 
-SOURCES = ("memory/model/theory.py", "memory/model/activations.py", "memory/model/watch.py", "hf/models.py")
+SOURCES = (
+    "memory/model/theory.py",
+    "memory/model/activations.py",
+    "memory/model/watch.py",
+    "hf/models.py",
+    "hf/lora.py",
+)
 """The modules (in zero_train) whose code makes the stored counts."""
 
 
@@ -34,7 +40,7 @@ def store_dir() -> pathlib.Path:
 def _versions() -> tuple[str, ...]:
     package = pathlib.Path(__file__).parents[2]
     code = hashlib.sha256(b"".join((package / name).read_bytes() for name in SOURCES)).hexdigest()
-    return metadata.version("torch"), metadata.version("transformers"), code
+    return metadata.version("torch"), metadata.version("transformers"), metadata.version("peft"), code
 
 
 def stored(kind: str, inputs: list, compute: Callable[[], dict]) -> dict:

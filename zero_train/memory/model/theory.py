@@ -51,6 +51,24 @@ class ModelShape:
     (then whole-tensor sharding is taken as an even split and no largest tensor is known)."""
     tied_embedding_params: int = 0
     """Elements of the input embedding when the LM head shares it (GPT-2), else 0."""
+    trainable_numels: tuple[int, ...] | None = None
+    """LoRA: elements of every trainable tensor (the adapters), in `model.parameters()` order; the rest of
+    `param_numels` is the frozen base (no gradient, master or optimizer state). None: every parameter trains."""
+
+    @property
+    def frozen_base(self) -> bool:
+        """Whether only some parameters train (LoRA: the base is frozen, the LM head and embedding too)."""
+        return self.trainable_numels is not None
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters that get gradients, masters and optimizer states (all of them without LoRA)."""
+        return self.num_params if self.trainable_numels is None else sum(self.trainable_numels)
+
+    @property
+    def trained_numels(self) -> tuple[int, ...]:
+        """Elements of every trainable tensor (`param_numels` without LoRA)."""
+        return self.param_numels if self.trainable_numels is None else self.trainable_numels
 
 
 def precision_bytes(precision: str) -> dict[str, int]:
@@ -65,7 +83,7 @@ def precision_bytes(precision: str) -> dict[str, int]:
 
 
 def paper_categories(
-    num_params: int, world_size: int, stage: int, *, precision: str = "bf16"
+    num_params: int, world_size: int, stage: int, *, precision: str = "bf16", trainable: int | None = None
 ) -> dict[str, float]:
     """Model-state bytes per rank by category, by the ZeRO paper (fp32: the pure fp32 variant).
 
@@ -74,11 +92,14 @@ def paper_categories(
         world_size: N_d, the data-parallel degree.
         stage: 0 (DDP) .. 3.
         precision: "fp32" or a 16-bit one (K = 12 mixed precision).
+        trainable: LoRA: the parameters that train (the paper's rules applied to a frozen base: it has
+            parameters only; gradients, masters and moments belong to the adapters); None: all Psi.
 
     Returns:
         params, grads, master_params, optimizer_states (bytes, fractional where sharded).
     """
     per_param = precision_bytes(precision)
+    counted = {name: num_params if name == "params" or trainable is None else trainable for name in per_param}
     shard = {name: 1.0 for name in per_param}
     if stage >= 1:
         shard["master_params"] = shard["optimizer_states"] = 1 / world_size
@@ -86,12 +107,16 @@ def paper_categories(
         shard["grads"] = 1 / world_size
     if stage >= 3:
         shard["params"] = 1 / world_size
-    return {name: num_params * per_param[name] * shard[name] for name in per_param}
+    return {name: counted[name] * per_param[name] * shard[name] for name in per_param}
 
 
-def paper_bytes(num_params: int, world_size: int, stage: int, *, precision: str = "bf16") -> float:
+def paper_bytes(
+    num_params: int, world_size: int, stage: int, *, precision: str = "bf16", trainable: int | None = None
+) -> float:
     """Total model-state bytes per rank by the paper (7.5e9 params, 64 ranks: 120/31.4/16.6/1.88 GB)."""
-    return sum(paper_categories(num_params, world_size, stage, precision=precision).values())
+    return sum(
+        paper_categories(num_params, world_size, stage, precision=precision, trainable=trainable).values()
+    )
 
 
 ACTIVATION_VALUES_PER_TOKEN_CHANNEL = 30
@@ -122,30 +147,43 @@ def activation_bytes(shape: ModelShape, *, micro_batch_size: int, block_size: in
     return int(shape.num_layers * per_block + head_inputs + log_softmax)
 
 
-def model_shape(config) -> ModelShape:
+def model_shape(config, lora=None) -> ModelShape:
     """The shape of a Hugging Face model config, counting parameters on the meta device (no memory), once per
-    config, torch and transformers (kept on disk: zero_train.memory.model.stored).
+    config, LoRA spec, torch and transformers (kept on disk: zero_train.memory.model.stored).
 
     Args:
         config: a transformers.PretrainedConfig (e.g. zero_train.hf.models.model_config("tiny")).
+        lora: a zero_train.hf.lora.LoraSpec: the model with peft's adapters, only they trainable.
     """
     # here, not at the top: theory is pure arithmetic
     from dataclasses import asdict
 
     from zero_train.memory.model.stored import stored
 
-    fields = stored("shape", [config.to_json_string()], lambda: asdict(_meta_shape(config)))
-    return ModelShape(**dict(fields, param_numels=tuple(fields["param_numels"])))
+    fields = stored("shape", [config.to_json_string(), lora], lambda: asdict(_meta_shape(config, lora)))
+    trainable = fields.get("trainable_numels")
+    return ModelShape(
+        **dict(
+            fields,
+            param_numels=tuple(fields["param_numels"]),
+            trainable_numels=None if trainable is None else tuple(trainable),
+        )
+    )
 
 
-def _meta_shape(config) -> ModelShape:
+def _meta_shape(config, lora=None) -> ModelShape:
     # here, not at the top: theory is pure arithmetic; only a shape read from a real model needs torch/transformers
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
+        if lora is not None:
+            from zero_train.hf.lora import apply_lora
+
+            model = apply_lora(model, lora)
     numels = tuple(p.numel() for p in model.parameters())  # parameters() deduplicates tied weights
+    trainable = tuple(p.numel() for p in model.parameters() if p.requires_grad) if lora is not None else None
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     tied = head is not None and embedding is not None and head.weight is embedding.weight
@@ -158,4 +196,5 @@ def _meta_shape(config) -> ModelShape:
         vocab_size=getattr(config, "vocab_size", 0) or 0,
         param_numels=numels,
         tied_embedding_params=embedding.weight.numel() if tied else 0,
+        trainable_numels=trainable,
     )
