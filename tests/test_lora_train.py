@@ -6,6 +6,8 @@
 - a LoRA checkpoint saved by 2 ranks resumes on 1 rank (the same global batch: micro-batch 4) for our ZeRO-1
   (optimizer shards merged), FSDP2 (DCP resharded) and DeepSpeed ZeRO-2 (universal checkpoint), and trains
   on with the losses of the uninterrupted 2-rank run, within float rounding.
+- an --hf-auto DeepSpeed config trains LoRA in train.py as in the Hugging Face Trainer + peft (the bench's
+  peer, zero_train.bench.hf_peer, on the same flags): the same losses within 1e-5.
 - `--export-hf` and `zero-train export` write a PEFT adapter folder that PeftModel.from_pretrained loads onto
   the rebuilt base with the run's eval loss, bit for bit; `--merge` writes a plain HF folder with the same
   eval loss within 1e-5.
@@ -16,7 +18,6 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-import torch
 
 from zero_train.hf.lora import LoraSpec, lora_shapes
 from zero_train.hf.models import model_config
@@ -100,14 +101,26 @@ def _train_each(rank: int, world_size: int, argvs: list[list[str]]) -> list[dict
     return [_train(rank, world_size, argv) for argv in argvs]
 
 
+def _hf_auto_flags(corpus: pathlib.Path) -> list[str]:
+    """LoRA on DeepSpeed ZeRO-2 with an --hf-auto config (what `zero-train config --hf-auto` writes)."""
+    import json
+
+    from zero_train.ds_config.generate import ConfigRequest, generate_config
+
+    (corpus / "hf_auto.json").write_text(json.dumps(generate_config(ConfigRequest(stage=2, hf_auto=True))))
+    return ["--engine", "ds2", "--deepspeed_config", str(corpus / "hf_auto.json"), "--model", "tiny",
+            "--dataset", str(corpus / "corpus.txt"), "--block-size", "32", "--max-steps", "3", "--lr", "3e-3",
+            "--warmup-steps", "1", "--lora-r", "4", "--no-progress"]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def elastic_runs(corpus) -> dict:
     """Each engine: 2 ranks train to MAX_STEPS saving at SAVED_AT; 1 rank (micro-batch 4: the same global
-    batch, the same rows) resumes from that checkpoint."""
+    batch, the same rows) resumes from that checkpoint. The same 2 ranks also train on an --hf-auto config."""
     two = [
         _flags(corpus, engine, "--micro-batch-size", "2", "--save-every", str(SAVED_AT)) for engine in ELASTIC
     ]
-    whole = run_ranks(_train_each, 2, (two,), timeout_s=600)[0]
+    *whole, hf_auto = run_ranks(_train_each, 2, ([*two, _hf_auto_flags(corpus)],), timeout_s=600)[0]
     one = []
     for engine in ELASTIC:
         argv = _flags(
@@ -121,7 +134,8 @@ def elastic_runs(corpus) -> dict:
         argv[argv.index("--save-dir") + 1] = str(corpus / f"{engine}-resumed")
         one.append(argv)
     resumed = run_ranks(_train_each, 1, (one,), timeout_s=600)[0]
-    return {engine: dict(whole=w, resumed=r) for engine, w, r in zip(ELASTIC, whole, resumed, strict=True)}
+    runs = {engine: dict(whole=w, resumed=r) for engine, w, r in zip(ELASTIC, whole, resumed, strict=True)}
+    return dict(runs, hf_auto=hf_auto)
 
 
 @pytest.mark.multiproc
@@ -226,4 +240,19 @@ def test_resuming_with_other_lora_settings_is_one_line(tmp_path):
         UsageError, match=r"saved with r 4, alpha 8.0, .*; this run asks for every weight trained"
     ):
         check_resume_lora(tmp_path, None)
-    assert torch.__version__  # torch imported: the helpers above need no process group
+
+
+def _peer(rank: int, world_size: int, argv: list[str]) -> None:
+    from zero_train.bench.hf_peer import run_peer
+
+    run_peer(parse_args(argv))
+
+
+@pytest.mark.multiproc
+def test_an_hf_auto_config_trains_lora_as_the_hf_trainer_with_peft_does(corpus, elastic_runs):
+    import json
+
+    flags = _hf_auto_flags(corpus)
+    run_ranks(_peer, 2, ([*flags, "--metrics-file", str(corpus / "peer.jsonl")],), timeout_s=300)
+    peer = [json.loads(line)["loss"] for line in (corpus / "peer.jsonl").read_text().splitlines()]
+    assert peer == pytest.approx(elastic_runs["hf_auto"]["losses"], rel=1e-5) and len(peer) == 3
