@@ -63,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--summarize-only", action="store_true", help="run nothing: compare the cells recorded in OUT so far"
     )
+    parser.add_argument(
+        "--full-reference", default="docs/report/matrix.json",
+        help="a matrix.json whose full fine-tuning cells stand beside the LoRA cells not run here",
+    )  # fmt: skip
     parser.add_argument("--steps", type=positive_int, default=2, help="optimizer steps per cell (default 2)")
     parser.add_argument("--timeout", type=positive_float, default=300, help="seconds per cell (default 300)")
     parser.add_argument(
@@ -195,6 +199,10 @@ def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
             record_path = _paths(cell, args)[1]
             meta = model_meta(str(build_model_folder(cell.architecture, pathlib.Path(args.out))), BLOCK_SIZE)
             meta.pop("hidden_size")
+            if cell.lora_r:
+                meta.pop(
+                    "num_params"
+                )  # the run's own count has the adapters (the folder's has the base only)
             if error or not record_path.exists():
                 record = error_record(
                     error or "no run record written", engine=base_engine(cell.engine), world_size=world_size
@@ -223,7 +231,21 @@ def compare(cell, record: dict) -> dict:
 
     row = compare_cell(record, model_facts(record["model"], record["num_params"], record.get("lora")))
     row.update(matrix_cell=cell.name, matrix=asdict(cell))
+    if cell.lora_r and not record.get("error"):
+        from zero_train.report.matrix_lora import full_twin_model
+
+        row.update(full_twin_cell=cell.full_twin, full_twin=full_twin_model(record))
     return row
+
+
+def _reference(path: str | None) -> dict[str, int]:
+    """Measured peak minus other of full fine-tuning cells by name, from another run's matrix.json."""
+    if not path or not pathlib.Path(path).is_file():
+        return {}
+    saved = json.loads(pathlib.Path(path).read_text())
+    cells = saved.get("cells") or [dict(row.get("peak", {}), cell=row.get("matrix_cell"))
+                                   for row in saved.get("rows", [])]  # fmt: skip
+    return {c["cell"]: c["measured_without_other"] for c in cells if c.get("measured_without_other")}
 
 
 def _selected(names: str | None) -> list:
@@ -259,7 +281,10 @@ def main(argv: list[str]) -> int:
     summary = dict(summarize(rows, GOAL), design_cells=len(cells))
     out = pathlib.Path(args.out)
     (out / "matrix.json").write_text(json.dumps(dict(summary=summary, rows=rows), indent=1, default=str))
-    (out / "matrix.md").write_text(render_matrix(summary, rows, GOAL))
+    from zero_train.report.matrix_lora import render_lora
+
+    lora = render_lora(rows, _reference(args.full_reference))
+    (out / "matrix.md").write_text(render_matrix(summary, rows, GOAL) + ("\n" + lora if lora else ""))
     ratio = summary["ratio"]
     print(f"{summary['within']} of {len(rows) - len(summary['failed'])} cells within {GOAL:.0%}; ours / (peak - "
           f"other): min {ratio['min']}, median {ratio['median']}, max {ratio['max']} -> {out / 'matrix.md'}")  # fmt: skip
