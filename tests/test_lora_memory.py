@@ -117,9 +117,16 @@ def test_a_lora_plan_on_tiny_writes_a_config_train_py_runs_within_10_percent(tmp
               "--lora-r", "4", "--lora-target-modules", "all-linear", "-o", str(config)])  # fmt: skip
     assert exited.value.code == 0
     printed = capsys.readouterr().out
-    need = float(re.search(r"^->.*?([\d.]+) GB", printed, re.M).group(1)) * 1e9
+    from zero_train.memory.model.plan import PlanRequest, make_plan
+    from zero_train.memory.model.theory import model_shape
+
+    spec, tiny = LoraSpec(r=4, target_modules=("all-linear",)), model_config("tiny")
+    chosen = make_plan(PlanRequest(shape=model_shape(tiny, spec), config=tiny, nodes=1, gpus_per_node=2,
+                                   gpu_memory_gb=0.05, host_memory_gb=100, global_batch_size=4, block_size=64,
+                                   precision="fp32", backend="gloo", lora=spec)).chosen  # fmt: skip
+    need = chosen.device_bytes  # the plan's need per rank, in bytes (it prints GB to one decimal)
     run = re.search(r"^run: scripts/train.py (.*)$", printed, re.M).group(1).replace("FILE", str(config))
-    assert "--lora-r 4 --lora-target-modules all-linear" in run
+    assert f"--engine {chosen.setup.engine} " in run and "--lora-r 4 --lora-target-modules all-linear" in run
     record = tmp_path / "memory.json"
     argv = [*run.split(), "--model", "tiny", "--block-size", "64", "--max-steps", "2", "--no-progress",
             "--eval-batches", "1", "--memory-report", str(record)]  # fmt: skip
