@@ -76,7 +76,7 @@ def _train(rank: int, world_size: int, argv: list[str]) -> dict:
     config = parse_args(argv)
     trainer = Trainer(config, plan_run(config, world_size=world_size), init_distributed())
     losses = []
-    trainer._report = lambda record, bar: losses.append(record["loss"])  # every step's mean loss over ranks
+    trainer._report = lambda record, *_: losses.append(record["loss"])  # every step's mean loss over ranks
     try:
         summary = trainer.run()
     finally:
