@@ -31,7 +31,8 @@ from typing import Any
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import OneLineParser
 from zero_train.train import config as run_config
-from zero_train.train.config import PARTS, RunConfig, field_default, flag_names
+from zero_train.train.config import PARTS, RunConfig
+from zero_train.train.config_flags import field_default, flag_names
 
 if sys.version_info >= (3, 11):
     import tomllib
