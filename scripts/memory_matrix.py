@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict
 
 from zero_train.ds_config import write_config
+from zero_train.hf.offline import DEFAULT_TOKENIZER_NAME
 from zero_train.launch.cells import cell_config, cell_name
 from zero_train.launch.launcher import model_meta
 from zero_train.memory.record import error_record, load_record, write_record
@@ -116,7 +117,8 @@ def _train_argv(cell, args: argparse.Namespace) -> list[str]:
                             grad_accum=cell.grad_accum, hidden_size=hidden)  # fmt: skip
     write_config(_with_offload(ds_config, cell.engine), config_path)
     return run_argv(run.RunConfig(
-        model=run.ModelConfig(model=str(model), gradient_checkpointing=cell.gradient_checkpointing),
+        model=run.ModelConfig(model=str(model), tokenizer=DEFAULT_TOKENIZER_NAME,
+                              gradient_checkpointing=cell.gradient_checkpointing),
         lora=run.LoraConfig(r=cell.lora_r),
         data=run.DataConfig(block_size=BLOCK_SIZE),
         training=run.TrainingConfig(max_steps=args.steps, micro_batch_size=MICRO_BATCH_SIZE, grad_accum=cell.grad_accum),
