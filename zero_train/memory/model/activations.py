@@ -116,7 +116,10 @@ def _count_fake(config, *, dtype: torch.dtype, lora=None, **settings) -> Activat
 
     with FakeTensorMode():
         model = build_for_counting(
-            config, dtype=dtype, lora=lora, gradient_checkpointing=settings["gradient_checkpointing"]
+            config,
+            dtype=dtype,
+            lora=lora,
+            gradient_checkpointing=settings.get("gradient_checkpointing", False),
         )
         return count_model_activations(model, **settings)
 
