@@ -44,7 +44,8 @@ def test_the_shape_trains_peft_s_adapters_only():
 
 def _real_count(config, dtype, checkpointing: bool):
     """The count on a real model wrapped by peft in train.py's order (zero_train.train.setup.model_builder: fp32,
-    checkpointing, peft), then cast to the compute dtype as the engines cast it, adapters included."""
+    checkpointing, peft), then cast to the compute dtype as the engines cast it, adapters included; no KV cache, as
+    activations.build_for_counting (its own config: the count no longer turns the caller's cache off)."""
     from zero_train.hf.lora import apply_lora
     from zero_train.hf.models import build_model, enable_gradient_checkpointing
     from zero_train.memory.model.activations import count_model_activations
@@ -54,6 +55,7 @@ def _real_count(config, dtype, checkpointing: bool):
     if checkpointing:
         enable_gradient_checkpointing(model)
     model = apply_lora(model, SPEC).to(dtype).train()
+    model.config.use_cache = False  # as build_for_counting builds it (no KV cache)
     model.gradient_checkpointing_disable()  # the count turns it on itself
     return count_model_activations(
         model, micro_batch_size=2, block_size=32, gradient_checkpointing=checkpointing
