@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch
@@ -87,8 +86,9 @@ def _plan(gpus: int, *, lora: bool = True):
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_llama_3_8b_lora_r16_on_24_gb_gpus(gpus):
     plan = _plan(gpus)
-    assert all(c.device_bytes <= 24e9 for c in plan.fitting)
-    assert all(c.device_bytes > 24e9 or c.reason.startswith("host") for c in plan.rejected)
+    usable = plan.request.usable_bytes  # 24 GB minus the GPU margin (CUDA context, NCCL, allocator slack)
+    assert 20e9 < usable < 24e9 and all(c.device_bytes <= usable for c in plan.fitting)
+    assert all(c.device_bytes > usable or c.reason.startswith("host") for c in plan.rejected)
     assert plan.chosen.setup.engine == "ds3" and plan.chosen.setup.checkpointing
     # one GPU: the 16 GB bf16 base, the loss's fp32 gradients over 128,256 tokens of vocabulary and the
     # activations do not fit beside each other; the base goes to the host (offload_param)
@@ -127,11 +127,13 @@ def test_a_lora_plan_on_tiny_writes_a_config_train_py_runs_within_10_percent(tmp
                                    gpu_memory_gb=0.05, host_memory_gb=100, global_batch_size=4, block_size=64,
                                    precision="fp32", backend="gloo", lora=spec)).chosen  # fmt: skip
     need = chosen.device_bytes  # the plan's need per rank, in bytes (it prints GB to one decimal)
-    run = re.search(r"^run: scripts/train.py (.*)$", printed, re.M).group(1).replace("FILE", str(config))
+    torchrun = next(line for line in printed.splitlines() if line.strip().startswith("torchrun"))
+    run = torchrun.split(" zero_train.train ", 1)[1]  # the printed run line's train.py flags
     assert f"--engine {chosen.setup.engine} " in run and "--lora-r 4 --lora-target-modules all-linear" in run
+    assert f"--deepspeed_config {config}" in run and "--model tiny " in run and "--block-size 64 " in run
     record = tmp_path / "memory.json"
-    argv = [*run.split(), "--model", "tiny", "--block-size", "64", "--max-steps", "2", "--no-progress",
-            "--eval-batches", "1", "--memory-report", str(record)]  # fmt: skip
+    argv = [*run.split(), "--max-steps", "2", "--no-progress", "--eval-batches", "1",
+            "--memory-report", str(record)]  # fmt: skip
     run_ranks(_train, 2, args=(argv,), timeout_s=400)
     ranks = json.loads(record.read_text())["ranks"]
     measured = max(rank["peak_bytes"] - baseline_other(rank) for rank in ranks)
