@@ -26,6 +26,7 @@ from zero_train.memory.model.peak_engines import (
 )
 from zero_train.memory.model.peak_fsdp2 import fsdp2_boundary, fsdp2_phases
 from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run, activations
+from zero_train.memory.model.peak_zero3 import zero3_phases
 from zero_train.memory.model.sharder_layout import (
     Share,
     sharder_layout,
@@ -119,7 +120,7 @@ def every_rank_peak(
             run
         )  # its buffers are checked against the accounting's (test_sharder_layout_...)
         for share in shares:
-            phases = {"zero1": zero1_phases, "zero2": zero2_phases}.get(engine)
+            phases = {"zero1": zero1_phases, "zero2": zero2_phases, "zero3": zero3_phases}.get(engine)
             phases = phases(run, share, layout) if phases else ddp_phases(run, share)
             models.append((PeakModel(engine=engine, rank=share.rank, phases=phases, boundary=_state(phases["step"])), None))  # fmt: skip
     settings_offload = offload.OffloadSettings.from_config(ds_config)
