@@ -33,7 +33,7 @@ def test_design_meets_every_level_with_every_engine():
     assert ADDED_ENGINES == ("zero3",) and [c.engine for c in everything[-20:-12]] == ["zero3"] * 8
     loras, everything = everything[-12:], everything[:-12]
     assert all(cell.lora_r for cell in loras) and not any(cell.lora_r for cell in everything)
-    assert {cell.full_twin for cell in loras} <= {cell.name for cell in everything}  # every LoRA cell has its twin
+    assert {cell.full_twin for cell in loras} <= {cell.name for cell in everything}  # each has its full twin
     assert sorted(collections.Counter(cell.engine for cell in loras).values()) == [2] * 6
     cells = [cell for cell in everything if cell.engine in MATRIX_ENGINES]
     offloads = [cell for cell in everything if cell.engine in OFFLOAD_ENGINES]
