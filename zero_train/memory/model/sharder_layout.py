@@ -22,7 +22,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zero_train.memory.model.flat_partition import distinct_partitions, partition_of, slice_elements
+from zero_train.memory.model.flat_partition import partition_of, slice_elements
 from zero_train.memory.model.peak_terms import Run
 from zero_train.sharding import accounting, collectives
 from zero_train.sharding.partition import bucket_groups
@@ -79,13 +79,12 @@ def sharder_layout(run: Run) -> SharderLayout:
     tensors = numels or (psi,)
     if numels:
         filled = -(-psi // size)  # ranks holding data; the last of them may hold fewer than P
-        ranks = {part.rank for part in distinct_partitions(run.shape, world_size)} | {
-            filled - 1,
-            min(filled, world_size - 1),
-        }
-        distinct: dict[tuple[int, int], Share] = {}
+        # a full slice, the last one with data, the first without: the phases read a share's `owned` only
+        # (foreach / fused optimizers: temporaries per updated element), so these stand for every rank
+        ranks = {0, filled - 1, min(filled, world_size - 1)}
+        distinct: dict[int, Share] = {}
         for share in sorted((_flat_share(run, rank) for rank in ranks), key=lambda share: share.rank):
-            distinct.setdefault((share.owned, share.largest), share)
+            distinct.setdefault(share.owned, share)
         shares = tuple(distinct.values())
     else:
         shares = (Share(rank=0, owned=size, largest=min(run.largest_tensor, size)),)
