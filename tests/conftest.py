@@ -13,13 +13,17 @@ transformers, zero_train and DeepSpeed once) for what leaves process-wide state 
 (deepspeed.comm, ZeRO-3's hooks), environment changes, a test that kills or times out a rank. A failed
 call closes that pool; the next rank_pool(n) starts a fresh one.
 
-Tiers: `-m quick` (bash scripts/test.sh -m quick, the inner loop, < 2 min) is every test that is not
-`multiproc` (spawns ranks) or `slow` (launches processes). A test whose code or fixtures call run_ranks /
-rank_pool / RankPool is marked multiproc here, one that calls subprocess slow; mark by hand what hides it.
+Tiers, marked by hand per module (`pytestmark = pytest.mark.tier("quick")`, a test of another tier marks
+itself): `quick` single process (bash scripts/test.sh -m quick, the inner loop), `multiproc` spawns gloo ranks,
+`slow` launches processes. Collection stops on a test without a tier, or marked quick while its code or
+fixtures call run_ranks / rank_pool / RankPool or subprocess.
+
+Layout: tests/<area>/test_*.py by the code they test (sharding, engines, train, checkpoint, memory, measure,
+config, package); helpers that ranks import live in zero_train/testing/ (ranks, sharders, storage).
 
 ZT_DEVICE=cpu (and DeepSpeed's DS_ACCELERATOR=cpu) hold on a GPU machine too: the tests compare against
 bit-exact CPU references and run gloo rings; the CUDA branches are exercised by tests that force them
-(tests/test_gpu_paths.py), and scripts/gpu_check.sh runs the real thing on GPUs.
+(tests/engines/test_gpu_paths.py), and scripts/gpu_check.sh runs the real thing on GPUs.
 """
 
 import inspect
@@ -68,7 +72,7 @@ def rank_pool():
 def no_zero3_left_on():
     """Fail the test that leaves transformers' process-wide ZeRO-3 switch on (a live HfDeepSpeedConfig of
     stage 3), rather than the later test of the same worker whose from_config then runs deepspeed.zero.Init
-    (seen in CI: tests/test_hf.py failing on mpi4py after tests/test_config_generate.py's --hf-auto test)."""
+    (seen in CI: tests/train/test_hf.py failing on mpi4py after tests/config/test_config_generate.py's --hf-auto test)."""
     yield
     import sys
 
@@ -80,6 +84,7 @@ def no_zero3_left_on():
         )
 
 
+TIERS = ("quick", "multiproc", "slow")
 SPAWNS = ("run_ranks(", "rank_pool(", "RankPool(")
 LAUNCHES = ("subprocess.", "Popen(")
 
@@ -100,18 +105,34 @@ def _sources(item) -> str:
     return "\n".join(texts)
 
 
+def _tier(item) -> str | None:
+    """The closest `tier(...)` mark: the test's own, else its module's `pytestmark`."""
+    marker = item.get_closest_marker("tier")
+    return marker.args[0] if marker is not None and marker.args and marker.args[0] in TIERS else None
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Mark what spawns ranks `multiproc` and what launches processes `slow` (by the code the test and its
-    fixtures run, so that a new test is tiered without anyone remembering to); every other test is `quick`."""
+    """Give every test the marker of its tier (`-m quick|multiproc|slow`), marked by hand: a module declares
+    `pytestmark = pytest.mark.tier("quick")` (single process), "multiproc" (spawns gloo ranks) or "slow"
+    (launches processes), and a test of another tier carries its own `@pytest.mark.tier(...)`. A test without
+    one, or marked quick while it (or a fixture it uses) spawns ranks or launches processes, stops collection."""
+    problems = []
     for item in items:
-        if item.get_closest_marker("multiproc") is None and item.get_closest_marker("slow") is None:
+        tier = _tier(item)
+        if tier is None:
+            problems.append(
+                f'{item.nodeid}: no tier: add pytestmark = pytest.mark.tier("quick"|"multiproc"|"slow")'
+            )
+            continue
+        if tier == "quick":
             source = _sources(item)
             if any(word in source for word in SPAWNS):
-                item.add_marker(pytest.mark.multiproc)
+                problems.append(f'{item.nodeid} spawns gloo ranks: mark it tier("multiproc")')
             elif any(word in source for word in LAUNCHES):
-                item.add_marker(pytest.mark.slow)
-            else:
-                item.add_marker(pytest.mark.quick)
+                problems.append(f'{item.nodeid} launches processes: mark it tier("slow")')
+        item.add_marker(getattr(pytest.mark, tier))
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
     _heaviest_files_first(items)
 
 

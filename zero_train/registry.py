@@ -9,7 +9,7 @@ run record's "engine", the report's rows and plots, the peak model. `--engine de
 stay accepted as aliases (FAMILIES): that library at the config's ZeRO stage, resolved to the engine's name once,
 when the run is planned. Every other list of engines (train.py's choices, profile's and bench's defaults, the
 report's order, labels and markers, the memory matrix, the paper's stage of each engine, the peak model's
-dispatch, plan's candidates) is derived from ENGINES; tests/test_registry.py fails on a hand-written one.
+dispatch, plan's candidates) is derived from ENGINES; tests/package/test_registry.py fails on a hand-written one.
 
 Adding an engine is one EngineSpec here plus its builder module (and, for the memory report, the per-phase model
 its `peak_model` names in zero_train.memory.model). Pure data that imports nothing heavy: memory, engines,

@@ -12,7 +12,7 @@ and ZeRO stage when `checkpoint.load_universal` is on. Inside one of our checkpo
                             manifest.json; verified (and reused) by every later resume
 
 Exact: saved by 2 ranks and loaded by 1 or 3, ZeRO-1, 2 and 3 give the same module weights, fp32 masters and
-Adam moments, bit for bit, and the same lr schedule position (tests/test_elastic.py; docs/reliability.md).
+Adam moments, bit for bit, and the same lr schedule position (tests/checkpoint/test_elastic.py; docs/reliability.md).
 """
 
 from __future__ import annotations

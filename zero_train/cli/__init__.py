@@ -10,6 +10,6 @@
 - ``bench``: every engine on the same run, interleaved.
 - ``export``: a training checkpoint -> a Hugging Face model folder.
 
-Building the parser imports no torch, DeepSpeed or transformers (tests/test_layout.py): the subcommands
+Building the parser imports no torch, DeepSpeed or transformers (tests/package/test_layout.py): the subcommands
 import them when they run.
 """

@@ -27,7 +27,7 @@ def optimizer_spec(
     synchronisation), the foreach (multi-tensor) one elsewhere; without a device, the single-tensor one
     (the DeepSpeed client optimizer keeps DeepSpeed's choice). All three are elementwise, so the update of a
     parameter does not depend on how the parameters are grouped or split between ranks: ddp and zero1 agree
-    bit for bit with any of them (tests/test_partition.py checks foreach and single-tensor on split tensors).
+    bit for bit with any of them (tests/sharding/test_partition.py checks foreach and single-tensor on split tensors).
 
     Args:
         settings: the resolved training settings.

@@ -1,6 +1,6 @@
 """fp16 dynamic loss scaling with DeepSpeed's rules, for our sharders and the ddp / torch-zero engines.
 
-The scaler follows DeepSpeed's runtime/fp16/loss_scaler.py (tests/test_engines.py checks it against
+The scaler follows DeepSpeed's runtime/fp16/loss_scaler.py (tests/engines/test_engines.py checks it against
 DeepSpeed's own class); the sharders only need `.loss_scale` and `.update_scale(overflow)` (and
 `state_dict` / `load_state_dict` for checkpoints). engines/precision.py builds it from the settings.
 

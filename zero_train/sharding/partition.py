@@ -25,7 +25,7 @@ parameter order. Inside a bucket, rank r's part is the bucket's overlap with its
 
 A FlatPartition is one flat buffer; the sharders keep one per group of tensors that became trainable
 together (normally one for the whole model), and a ZeRO-3 can keep one per transformer block.
-Nothing here talks to other processes; `tests/test_partition.py` checks it without spawning any.
+Nothing here talks to other processes; `tests/sharding/test_partition.py` checks it without spawning any.
 """
 
 from __future__ import annotations

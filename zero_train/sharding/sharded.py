@@ -40,7 +40,7 @@ ELEMENTWISE_OPTIMIZERS = (
     torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Rprop, torch.optim.ASGD,
 )  # fmt: skip
 """Optimizers whose update of an element reads only that element, so a tensor split in two pieces updates
-bit for bit as whole (tests/test_partition.py checks each); their subclasses are accepted too. Any other
+bit for bit as whole (tests/sharding/test_partition.py checks each); their subclasses are accepted too. Any other
 (LBFGS, Adafactor, ...) is refused: its update reads whole tensors."""
 
 

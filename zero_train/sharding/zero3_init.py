@@ -13,7 +13,7 @@ parameter, the training data's shuffling) sees the same random stream.
 
 `values(param)` then replays one parameter's record on a CPU tensor: the generator is set to each recorded
 state, the same operations run, and the generator is put back. The result is bit for bit the tensor the
-unsharded build made (tests/test_zero3.py). Zero3Model asks for one parameter at a time and keeps only this
+unsharded build made (tests/sharding/test_zero3.py). Zero3Model asks for one parameter at a time and keeps only this
 rank's piece, so the build holds at most one whole parameter besides the slices: about 1/N of the model.
 
 What is recorded: writes into a parameter, through any view of it (an operation is matched to its parameter

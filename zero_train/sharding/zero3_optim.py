@@ -5,7 +5,7 @@ is split, each rank updating its own piece). The inner optimizer (AdamW, Adam, S
 as views of the fp32 master slice: the slice itself for an fp32 model, an fp32 copy of it for bf16/fp16 (then
 the updated masters are rounded back into the slice). Nothing is gathered after the step: the next forward
 gathers the new slices. The update of an element reads only its own parameter, gradient and state, so the
-pieces update bit for bit as the whole tensors would (tests/test_partition.py).
+pieces update bit for bit as the whole tensors would (tests/sharding/test_partition.py).
 
 Clipping and "which parameters had a gradient" take one all-reduce: the float64 partial sums of |g|^p of this
 rank's pieces (norms.py: the same bits however the tensors are cut) and one flag per trainable parameter. A

@@ -4,7 +4,7 @@ DeepSpeed ZeRO-1/2/3 flatten the parameters (in `model.parameters()` order) into
 slice [r P, (r + 1) P), P = ceil(Psi / N), tensors split where the slices fall (padding < N elements). A rank's
 memory depends on its slice only through `Partition`'s fields, so ranks whose fields are equal hold the same:
 with T tensors at most 2 T + 6 ranks need looking at, whatever N is (`distinct_partitions`), each found by
-bisection on the tensors' offsets (`partition_of`). tests/test_rank_scaling.py checks both against every rank's
+bisection on the tensors' offsets (`partition_of`). tests/memory/test_rank_scaling.py checks both against every rank's
 slice computed the plain way (pieces of every tensor) at small N.
 """
 

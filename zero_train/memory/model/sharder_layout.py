@@ -12,7 +12,7 @@ torch's ZeroRedundancyOptimizer gives WHOLE tensors to ranks, sorted-greedy (lar
 rank, lowest rank on ties); ranks that own nothing are alike and those that own something are at most the T
 tensors, found with a heap (T log N, not the T x N scan).
 
-tests/test_rank_scaling.py checks every field against the sharders' own partition, buckets and accounting and
+tests/memory/test_rank_scaling.py checks every field against the sharders' own partition, buckets and accounting and
 torch's greedy at small N, rank by rank.
 """
 

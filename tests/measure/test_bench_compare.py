@@ -1,0 +1,110 @@
+"""`zero-train bench --launch compare`: one launch against a launch per run.
+
+The verdict arithmetic against hand-computed numbers, and one real comparison of a tiny model (ddp and zero1,
+fp32, one repeat: one launch of both runs and a launch of each) whose per-step bytes on the wire must be the
+same both ways, byte for byte, and whose peak memory per rank, reported for a run of the one launch minus what
+the runs before it left behind, must be what that run measured in its own launch. Step times are not asserted
+(noisy); the bench reports them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from zero_train.bench.compare import cell_noise, check_table, launch_check, run_noise
+from zero_train.bench.summary import target_ratios
+
+pytestmark = pytest.mark.tier("quick")
+
+BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+
+
+def sample(engine: str, repeat: int, steps: list[float], warmup: int = 1) -> dict:
+    measured = steps[warmup:]
+    return dict(cell=f"{engine}-fp32", engine=engine, precision="fp32", repeat=repeat, error=None,
+                step_times_s=steps, warmup=warmup, median_step_s=statistics.median(measured))  # fmt: skip
+
+
+def test_step_noise_is_the_coefficient_of_variation_after_warm_up():
+    assert run_noise(sample("ddp", 0, [9.0, 1.0, 2.0, 3.0])) == pytest.approx(statistics.stdev([1, 2, 3]) / 2)
+    assert run_noise(sample("ddp", 0, [9.0, 1.0])) is None  # one measured step: no noise estimate
+    assert run_noise(dict(sample("ddp", 0, [1.0, 1.0, 1.0]), error="exit code 1")) is None
+    runs = [
+        sample("ddp", 0, [9.0, 1.0, 1.0]),
+        sample("ddp", 1, [9.0, 1.0, 3.0]),
+        sample("ddp", 2, [9.0, 2.0, 2.2]),
+    ]
+    cvs = sorted(run_noise(s) for s in runs)
+    assert cell_noise(runs) == {"ddp-fp32": cvs[1]}
+
+
+def test_ratios_agree_within_the_step_noise_and_differ_beyond_it():
+    # zero1's median step: 1.00 in one launch, 1.03 per run (-2.9%); ddp's 2.00 both ways. Step noise: zero1's
+    # runs have cv 0.071 and 0.069, ddp's 0.071: 0.099 for the ratio, so the 2.9% agree.
+    def runs(zero1_steps):
+        return [sample("zero1", 0, [5.0, *zero1_steps]), sample("ddp", 0, [5.0, 1.9, 2.1])]
+
+    once, per_run = runs([0.95, 1.05]), runs([0.98, 1.08])
+    targets = [target_ratios(s, {}, ["fp32"]) for s in (once, per_run)]
+    check = launch_check(once, per_run, *targets)
+    row = next(r for r in check["ratios"] if r["name"] == "zero1 / ddp step time")
+    assert (row["once"], row["per_run"]) == (pytest.approx(0.5), pytest.approx(1.03 / 2))
+    assert row["difference"] == pytest.approx(0.5 / (1.03 / 2) - 1)  # -2.9%
+    cv_zero1 = statistics.median(
+        [statistics.stdev(s) / statistics.mean(s) for s in ([0.95, 1.05], [0.98, 1.08])]
+    )
+    cv_ddp = statistics.stdev([1.9, 2.1]) / 2.0
+    assert row["noise"] == pytest.approx(math.hypot(cv_zero1, cv_ddp))  # 0.089
+    assert row["agree"] is True and check["agree"] is True
+    cell = next(c for c in check["cells"] if c["cell"] == "zero1-fp32")
+    assert cell["agree"] is True and cell["difference"] == pytest.approx(1 / 1.03 - 1)
+
+    slow = runs([1.19, 1.21])  # per run 20% slower, with little noise of its own
+    check = launch_check(once, slow, targets[0], target_ratios(slow, {}, ["fp32"]))
+    row = next(r for r in check["ratios"] if r["name"] == "zero1 / ddp step time")
+    assert row["agree"] is False and check["agree"] is False
+    assert (
+        "**differ**" in "\n".join(check_table(check)) and "Not every verdict agrees" in check_table(check)[0]
+    )
+    assert not any(r["name"].startswith("zero1 / ds1") for r in check["ratios"])  # no ds1 cell: no row
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    argv = ["--model", "tiny", "--engines", "ddp,zero1", "--precisions", "fp32", "--repeats", "1", "--steps", "3",
+            "--warmup", "1", "--block-size", "32", "--launch", "compare", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_SCRIPT), *argv], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text(), out
+
+
+@pytest.mark.tier("slow")
+def test_compare_runs_every_cell_both_ways_with_the_same_bytes_and_peaks(compared):
+    result, markdown, out = compared
+    per_run = result["launch_check"]["per_run"]["samples"]
+    assert [(s["cell"], s["error"]) for s in result["samples"]] == [("ddp-fp32", None), ("zero1-fp32", None)]
+    assert [(s["cell"], s["error"]) for s in per_run] == [("ddp-fp32", None), ("zero1-fp32", None)]
+    assert "teardown" in result["samples"][1] and "teardown" not in per_run[1]  # one launch vs its own
+    assert (out / "once" / "plan-r0-0.json").exists() and (
+        out / "per-run" / "logs" / "ddp-fp32-r0.log"
+    ).exists()
+    for once_run, own_run in zip(result["samples"], per_run, strict=True):
+        for rank_once, rank_own in zip(once_run["ranks"], own_run["ranks"], strict=True):
+            assert rank_once["comm_bytes_per_step"] == rank_own["comm_bytes_per_step"]
+            # the run after ddp, minus what ddp left behind, peaks where its own launch did (CPU allocator)
+            assert rank_once["peak_bytes"] == pytest.approx(rank_own["peak_bytes"], rel=0.10)
+    wire = next(r for r in result["launch_check"]["ratios"] if r["what"] == "wire")
+    assert wire["difference"] == 0 and wire["agree"] is True
+    steps = [r for r in result["launch_check"]["ratios"] if r["what"] == "step"]
+    assert [r["name"] for r in steps] == ["zero1 / ddp step time"] and steps[0]["noise"] > 0
+    assert "### One launch vs a launch per run" in markdown and "| zero1-fp32 |" in markdown

@@ -1,0 +1,421 @@
+"""`zero-train report` on a real profile: the numbers in summary.json and report.md against the records
+and against the ZeRO paper's formulas and DeepSpeed's estimators, computed here independently.
+
+One real matrix (model tiny, world sizes 1 and 2, engines ddp, zero1, ds2, fp32) runs once for the
+module through `zero-train profile` (torchrun: it starts faster than the deepspeed launcher); one more
+cell, ds1 at 1 rank, runs a train script that dies (the profile's own --train-script hook), so the
+report must list it as failed with its error. Bad input (no directory, no records, corrupt or off-schema
+records, an unwritable --out) must exit 2 with one `error:` line and leave no output behind.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from zero_train.memory.record import (
+    CATEGORIES,
+    MODEL_STATE_CATEGORIES,
+    error_record,
+    load_records,
+    write_record,
+)
+
+pytestmark = pytest.mark.tier("multiproc")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+DS1_ERROR = "exit code 1: error: ds1 cell broken on purpose"
+FAILING_FOR_DS1 = """
+import json, runpy, sys
+config = json.load(open(sys.argv[sys.argv.index("--deepspeed_config") + 1]))
+if sys.argv[sys.argv.index("--engine") + 1] == "ds1" and config["zero_optimization"]["stage"] == 1:
+    sys.exit("error: ds1 cell broken on purpose")
+runpy.run_module("zero_train.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def run_cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "zero_train.cli.main", *argv], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def profile_dir(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("report")
+    script = root / "train_failing_for_ds1.py"
+    script.write_text(FAILING_FOR_DS1)
+    out = root / "profile"
+    proc = run_cli(
+        "profile", "--model", "tiny", "--world-sizes", "1,2", "--engines", "ddp,zero1,ds2", "--steps", "2",
+        "--block-size", "32", "--launcher", "torchrun", "--out", str(out), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli(
+        "profile", "--model", "tiny", "--world-sizes", "1", "--engines", "ds1", "--steps", "2",
+        "--block-size", "32", "--train-script", str(script), "--out", str(out), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]  # its only cell failed
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(profile_dir) -> dict:
+    proc = run_cli("report", str(profile_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = profile_dir / "report"
+    assert f"report: {out / 'report.md'}" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    return dict(
+        out=out,
+        summary=summary,
+        markdown=(out / "report.md").read_text(),
+        records=load_records(profile_dir),
+        cells={cell["cell"]: cell for cell in summary["cells"]},
+    )
+
+
+def cell_name(record: dict) -> str:
+    return f"{record['engine']}-w{record['world_size']}-{record['precision']}"
+
+
+def paper_fp32_bytes(num_params: int, world_size: int, stage: int) -> float:
+    """The ZeRO paper's model states, pure fp32 Adam: params 4 + grads 4 + moments 8 bytes, sharded by stage."""
+    params, grads, moments = 4 * num_params, 4 * num_params, 8 * num_params
+    if stage >= 1:
+        moments /= world_size
+    if stage >= 2:
+        grads /= world_size
+    if stage >= 3:
+        params /= world_size
+    return params + grads + moments
+
+
+def deepspeed_zero2_bytes(num_params: int, world_size: int) -> int:
+    """DeepSpeed's estimate_zero2_model_states_mem_needs (no offload): 2 Psi + 18 Psi / N."""
+    return 2 * num_params + int(18 * num_params / world_size)
+
+
+def comm_paper_unit(payload: dict, world_size: int) -> float:
+    weights = dict(all_reduce=2, reduce_scatter=1, all_gather=1, broadcast=1, reduce=1)
+    total = sum(payload.get(key, 0) * weight for key, weight in weights.items())
+    return total + (
+        payload.get("send_recv", 0) * world_size / (2 * (world_size - 1)) if world_size > 1 else 0
+    )
+
+
+def test_every_record_appears_with_its_numbers(report):
+    successful = [r for r in report["records"] if r["error"] is None]
+    assert {cell_name(r) for r in successful} == set(report["cells"])
+    assert {"ddp-w1-fp32", "zero1-w2-fp32", "ds2-w2-fp32"} <= set(report["cells"])
+    for record in successful:
+        cell = report["cells"][cell_name(record)]
+        worst = max(record["ranks"], key=lambda rank: (rank["peak_bytes"], -rank["rank"]))
+        assert cell["reported_rank"] == worst["rank"]
+        assert cell["categories"] == worst["categories"]
+        assert (
+            cell["allocator_bytes"]
+            == worst["allocator_bytes"]
+            == sum(worst["categories"][c] for c in CATEGORIES)
+        )
+        assert cell["peak_bytes"] == worst["peak_bytes"]
+        assert len(cell["ranks"]) == record["world_size"]
+        states = sum(worst["categories"][c] for c in MODEL_STATE_CATEGORIES)
+        assert cell["model_states"]["measured"] == states
+        assert cell["bytes_per_param"]["model_states"] == pytest.approx(states / record["num_params"])
+        assert cell["bytes_per_param"]["peak"] == pytest.approx(worst["peak_bytes"] / record["num_params"])
+
+
+def test_theory_columns_equal_the_formulas_computed_here(report):
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    for cell in report["cells"].values():
+        psi, world_size, stage = cell["num_params"], cell["world_size"], cell["zero_stage"]
+        states = cell["model_states"]
+        assert states["paper"] == pytest.approx(paper_fp32_bytes(psi, world_size, stage))
+        assert states["paper_ratio"] == pytest.approx(states["paper"] / states["measured"])
+        if stage == 2:
+            _, gpu_bytes = estimate_zero2_model_states_mem_needs(
+                psi, num_gpus_per_node=world_size, cpu_offload=False
+            )
+            assert states["deepspeed"] == gpu_bytes == deepspeed_zero2_bytes(psi, world_size)
+            assert states["deepspeed_ratio"] == pytest.approx(gpu_bytes / states["measured"])
+        else:
+            assert states["deepspeed"] is None and states["deepspeed_ratio"] is None
+        assert states["ours_ratio"] == pytest.approx(states["ours"] / states["measured"])
+
+
+def test_ddp_and_zero1_model_states_match_the_paper(report):
+    """tiny's tied embedding is 82% of the model: whole tensors per rank put it on one rank (its owner held
+    1.6x its share at 2 ranks); equal slices of the flat buffer split it, and zero1 meets the paper."""
+    for name in ("ddp-w1-fp32", "ddp-w2-fp32", "zero1-w1-fp32", "zero1-w2-fp32"):
+        assert report["cells"][name]["model_states"]["paper_ratio"] == pytest.approx(1, abs=0.02)
+    from zero_train.report.models import model_facts
+    from zero_train.sharding.accounting import partition_of
+
+    numels = model_facts("tiny", None).facts.param_numels
+    assert max(numels) > sum(numels) - max(numels)
+    partition = partition_of(numels, 2)
+    zero1 = report["cells"]["zero1-w2-fp32"]
+    for rank in zero1["ranks"]:  # Adam: two fp32 moments per owned element, a 4-byte step per owned piece
+        r = rank["rank"]
+        expected = 8 * partition.loads()[r] + 4 * len(partition.pieces(r))
+        assert rank["categories"]["optimizer_states"] == expected
+    states = [s for s in zero1["explanations"] if s.startswith("Adam states")]
+    assert not any("whole-tensor" in s or "unexplained" in s for s in states)  # no gap left to explain
+
+
+def our_peak(cell: dict):
+    """Our peak model of a cell, computed here from tiny's shape, its counted activations and the cell's
+    settings."""
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model import theory
+    from zero_train.memory.model.activations import count_activations
+    from zero_train.memory.model.peak import engine_peak
+
+    config = model_config("tiny")
+    counted = count_activations(config, micro_batch_size=2, block_size=32, dtype=torch.float32)
+    return engine_peak(
+        cell["engine"], theory.model_shape(config), cell["world_size"], precision="fp32", micro_batch_size=2,
+        block_size=32, ds_config=cell["ds_config"], backend="gloo", activation_count=counted,
+    )  # fmt: skip
+
+
+def peak_minus_other(cell: dict) -> int:
+    """The largest measured peak minus that rank's "other" between steps, over the ranks."""
+    return max(rank["peak_bytes"] - rank["other_between_steps"] for rank in cell["ranks"])
+
+
+def cell_other_drift(rank: dict) -> int:
+    """How much more "other" a rank held at the step boundary than between steps."""
+    return abs(rank["categories"]["other"] - rank["other_between_steps"])
+
+
+def test_peak_and_comm_ratios(report):
+    for cell in report["cells"].values():
+        model = our_peak(cell)
+        peak = cell["peak"]
+        reported = next(r for r in cell["ranks"] if r["rank"] == cell["reported_rank"])
+        assert peak["other_source"] == "between steps"  # the probe measures the baseline between steps
+        assert peak["other"] == reported["other_between_steps"] == peak["other_between_steps"]
+        assert cell_other_drift(reported) < 0.05 * cell["categories"]["other"]
+        assert cell["ours_peak"]["peak_bytes"] == model.peak_bytes == peak["ours_without_other"]
+        assert peak["ours"] == model.peak_bytes + peak["other"]
+        assert peak["ours_ratio"] == pytest.approx(peak["ours"] / cell["peak_bytes"])
+        assert peak["within_goal_with_other"] == (abs(peak["ours_ratio"] - 1) <= 0.10)
+        assert peak["within_goal"] == (
+            abs(peak["ratio_without_other"] - 1) <= 0.10
+        )  # the headline: ours alone
+        assert peak["baseline"] == reported["baseline_bytes"] > 0  # the process before the model
+        assert peak["ours_plus_baseline_ratio"] == pytest.approx(
+            (model.peak_bytes + reported["baseline_bytes"]) / cell["peak_bytes"]
+        )
+        assert peak["measured_without_other"] == peak_minus_other(cell)
+        comm = cell["comm"]
+        rank = next(r for r in cell["ranks"] if r["rank"] == cell["reported_rank"])
+        measured = comm_paper_unit(rank["comm_bytes_per_step"], cell["world_size"])
+        paper = 2 * cell["num_params"] * 4  # DDP, ZeRO-1, ZeRO-2: 2 Psi fp32 elements
+        assert comm["measured_volume"] == pytest.approx(measured)
+        assert comm["paper_volume"] == paper and comm["ratio"] == pytest.approx(measured / paper)
+    ddp, ds2 = report["cells"]["ddp-w2-fp32"]["comm"], report["cells"]["ds2-w2-fp32"]["comm"]
+    assert ddp["ratio"] == pytest.approx(1.0, abs=0.01)  # one all-reduce of every gradient
+    assert ds2["ratio"] == pytest.approx(1.5, abs=0.01)  # all-reduce of the buckets + all-gather
+
+
+def test_our_peak_within_10_percent_of_the_measured_peak_minus_other(report):
+    """The peak model's accuracy goal (ours within 10% of the measured peak) on real runs (tiny: ddp, zero1, ds2 at 1 and 2 ranks), with nothing hidden in "other".
+
+    ours + other within 10% of the peak, and ours alone never more than 10% below the peak minus other.
+    Above it by up to 25% is allowed HERE: the CPU peak is sampled every millisecond, a lower bound, and on
+    tiny (its tied embedding is 82% of the model) DeepSpeed ZeRO-2's peak at 2 ranks is the sum of the
+    embedding's two gradient contributions and their sum, alive for one addition kernel: 13.7 MB above
+    other when the sampler misses it, 15.35 MB by an exact tally of every tensor the ops allocate (6.41 MB
+    kept between steps + 8.94 MB), ours 15.28 MB. The two-sided 10% check runs where the sampled peak is
+    reliable: tests/memory/test_memory_accuracy.py
+    (ddp, zero1, torch-zero) and tests/memory/test_peak_model.py (all six engines, gpt2-25m).
+    """
+    for name, cell in report["cells"].items():
+        model = our_peak(cell)
+        measured = peak_minus_other(cell)
+        assert 0.90 * measured <= model.peak_bytes <= 1.25 * measured, (name, model.phase_bytes, measured)
+        assert cell["peak"]["within_goal_with_other"], name
+        sentence = next(s for s in cell["explanations"] if s.startswith("our model"))
+        assert (
+            f"{model.peak_bytes / 1e6:.2f} MB" in sentence or f"{model.peak_bytes / 1e6:.1f} MB" in sentence
+        )
+
+
+def test_explanations_carry_their_numbers(report):
+    ds2 = report["cells"]["ds2-w2-fp32"]
+    master = next(s for s in ds2["explanations"] if s.startswith("fp32 master parameters"))
+    assert f"{4 * ds2['num_params'] / 2 / 1e6:.2f} MB = 4 bytes/param / 2 ranks" in master
+    assert any("use_multi_rank_bucket_allreduce" in s for s in ds2["explanations"])
+    ddp = report["cells"]["ddp-w2-fp32"]
+    assert any(
+        s.startswith("comm_buffers: ddp holds") and "flat gradient buckets" in s for s in ddp["explanations"]
+    )
+    for cell in report["cells"].values():
+        other = next(s for s in cell["explanations"] if s.startswith("other = "))
+        assert (
+            f"{cell['categories']['other'] / 1e6:.0f} MB" in other
+            or f"{cell['categories']['other'] / 1e6:.1f}" in other
+        )
+        assert any("the 10% goal" in s for s in cell["explanations"])
+
+
+def test_failed_cells_are_listed_with_their_error(report):
+    failed = report["summary"]["failed"]
+    assert failed == [
+        dict(cell="ds1-w1-fp32", engine="ds1", world_size=1, precision="fp32", model="tiny", error=DS1_ERROR)
+    ]
+    section = report["markdown"].split("## Failed cells")[1]
+    assert f"| ds1-w1-fp32 | {DS1_ERROR} |" in section
+
+
+def test_plots_are_real_pngs(report):
+    import matplotlib.image
+
+    for name in ("memory_by_category.png", "bytes_per_param.png"):
+        path = report["out"] / name
+        assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 20_000
+        height, width = matplotlib.image.imread(path).shape[:2]
+        assert width >= 800 and height >= 400
+        assert f"]({name})" in report["markdown"]
+    assert set(report["summary"]["files"]) == {p.name for p in report["out"].iterdir()}
+
+
+def table_row(markdown: str, section: str, cell: str) -> list[str]:
+    """The cells of `cell`'s row in the table under the `## section` heading."""
+    body = markdown.split(f"## {section}")[1].split("\n## ")[0]
+    line = next(line for line in body.splitlines() if line.startswith(f"| {cell} |"))
+    return [part.strip() for part in line.strip("|").split("|")]
+
+
+def test_markdown_tables_show_the_summary_numbers(report):
+    markdown = report["markdown"]
+    assert "mallinfo2" in markdown and "lower bound" in markdown
+    for name, cell in report["cells"].items():
+        states = table_row(markdown, "Model states: measured vs theory", name)
+        psi = cell["num_params"]
+        assert states[1] == f"{cell['model_states']['measured'] / psi:.2f}"
+        assert states[3] == f"{cell['model_states']['paper'] / psi:.2f}"
+        assert states[4] == f"{cell['model_states']['paper_ratio']:.2f}"
+        assert states[6] == (
+            "n/a" if cell["zero_stage"] != 2 else f"{cell['model_states']['deepspeed_ratio']:.2f}"
+        )
+        peak = table_row(markdown, "Peak: measured vs estimates", name)
+        assert peak[4] == f"{cell['peak']['ratio_without_other']:.2f}"  # the headline column
+        assert peak[5] == ("yes" if cell["peak"]["within_goal"] else "**no**")
+        assert peak[7] == f"{cell['peak']['ours_ratio']:.2f}"  # the old in-sample figure, labelled
+        categories = table_row(markdown, "Per-rank memory by category (MB)", name)
+        assert categories[1] == str(cell["reported_rank"]) and len(categories) == 2 + len(CATEGORIES) + 4
+        assert f"### {name} (" in markdown
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess, fragment: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def failed_profile(directory: pathlib.Path) -> pathlib.Path:
+    """A profile directory holding one valid record: a failed cell (no ranks needed)."""
+    record = error_record("exit code 1: boom", engine="ddp", zero_stage=0, model="tiny", num_params=640768,
+                          precision="fp32", world_size=2)  # fmt: skip
+    write_record(record, directory / "cells" / "ddp-w2-fp32.json")
+    return directory
+
+
+@pytest.mark.tier("quick")
+def test_missing_directory(tmp_path):
+    proc = run_cli("report", str(tmp_path / "nowhere"), timeout=60)
+    assert_usage_error(proc, "is not a directory of run records")
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.tier("quick")
+def test_directory_without_records(tmp_path):
+    proc = run_cli("report", str(tmp_path), timeout=60)
+    assert_usage_error(proc, "no run records")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [("{not json", "is unreadable or not JSON"), ('{"schema": "something else"}', "missing key 'engine'")],
+)
+@pytest.mark.tier("quick")
+def test_corrupt_or_off_schema_record(tmp_path, content, fragment):
+    failed_profile(tmp_path)
+    (tmp_path / "cells" / "zz-broken.json").write_text(content)
+    proc = run_cli("report", str(tmp_path), timeout=60)
+    assert_usage_error(proc, fragment)
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.tier("quick")
+def test_unwritable_out(tmp_path):
+    failed_profile(tmp_path / "profile")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = run_cli("report", str(tmp_path / "profile"), "--out", str(blocker / "report"), timeout=60)
+    assert_usage_error(proc, "cannot be created")
+    assert blocker.read_text() == "not a directory"
+    proc = run_cli("report", str(tmp_path / "profile"), "--out", str(blocker), timeout=60)
+    assert_usage_error(proc, "is a file")
+    proc = run_cli("report", str(tmp_path / "profile"), "--out", "/proc/zero-train-report", timeout=60)
+    assert_usage_error(proc, "is not writable")
+    proc = run_cli("report", str(tmp_path / "profile"), "--out", str(tmp_path), timeout=60)
+    assert_usage_error(proc, "would contain the run records")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "profile"]
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["cells"]
+
+
+@pytest.mark.tier("slow")
+def test_only_failed_cells_still_make_a_report(tmp_path):
+    failed_profile(tmp_path)
+    proc = run_cli("report", str(tmp_path), "--out", str(tmp_path / "out"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["cells"] == [] and summary["failed"][0]["error"] == "exit code 1: boom"
+    assert "| ddp-w2-fp32 | exit code 1: boom |" in (tmp_path / "out" / "report.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.md", "summary.json"]
+
+
+@pytest.mark.tier("quick")
+def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
+    from zero_train.report import build, plots
+
+    def broken_plots(rows, out):
+        (out / "half.png").write_bytes(PNG_MAGIC)
+        raise RuntimeError("plotting failed")
+
+    monkeypatch.setattr(plots, "write_plots", broken_plots)
+    failed_profile(tmp_path / "profile")
+    with pytest.raises(RuntimeError, match="plotting failed"):
+        build.write_report(tmp_path / "profile", tmp_path / "new" / "report")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError, match="plotting failed"):
+        build.write_report(tmp_path / "profile", tmp_path / "kept")
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.tier("quick")
+def test_our_model_keeps_torch_zero_masters_whole():
+    from zero_train.memory.model.peak import engine_categories
+    from zero_train.memory.model.theory import ModelShape
+
+    shape = ModelShape(num_params=1_000_000)
+    bf16 = engine_categories("torch-zero", shape, 4, precision="bf16", micro_batch_size=1, block_size=1)
+    assert bf16["master_params"] == 4_000_000  # whole on every rank (zero_train.engines.torch_zero)
+    assert bf16["optimizer_states"] == 8_000_000 / 4  # only Adam's moments are sharded
+    fp32 = engine_categories("torch-zero", shape, 4, precision="fp32", micro_batch_size=1, block_size=1)
+    assert fp32["master_params"] == 0
