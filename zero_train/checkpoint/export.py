@@ -79,7 +79,6 @@ def export_model(
     """
     out = check_export_dir(out_dir, force=force)
     if isinstance(tokenizer, (str, type(None))):
-        # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
         from zero_train.hf.models import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
@@ -102,7 +101,6 @@ def export_model(
 
 def _verify_folder(folder: pathlib.Path, weights: dict[str, torch.Tensor]) -> None:
     """UsageError unless from_pretrained(folder) loads every weight, unchanged, with nothing left over."""
-    # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -173,7 +171,6 @@ def _floating_dtype(weights: dict[str, torch.Tensor]) -> torch.dtype:
 
 
 def _write_weights(weights: dict[str, torch.Tensor], folder: pathlib.Path) -> None:
-    # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
     from safetensors.torch import save_file
 
     save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -181,7 +178,6 @@ def _write_weights(weights: dict[str, torch.Tensor], folder: pathlib.Path) -> No
 
 def _write_config(config, dtype: torch.dtype, folder: pathlib.Path) -> None:
     """config.json with `architectures` (read by pipelines and serving tools) and the weights' dtype."""
-    # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = config.__class__.from_dict(config.to_dict())  # a copy: the caller's config stays untouched
@@ -245,7 +241,6 @@ def export_checkpoint(
 
 def _read_config(ckpt: pathlib.Path, run: dict):
     """model/config.json (written by every engine), else the config dict recorded in run.json."""
-    # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
     from transformers import CONFIG_MAPPING, AutoConfig
 
     if (ckpt / MODEL_DIR / "config.json").is_file():
@@ -262,7 +257,6 @@ def _read_config(ckpt: pathlib.Path, run: dict):
 def _read_weights(ckpt: pathlib.Path) -> dict[str, torch.Tensor]:
     weights_file = ckpt / MODEL_DIR / WEIGHTS_FILE
     if weights_file.is_file():
-        # here, not at the top: transformers/safetensors load in seconds; check_export_dir runs before training and needs neither
         from safetensors.torch import load_file
 
         return load_file(str(weights_file))

@@ -45,7 +45,6 @@ def _engine_list(text: str) -> tuple[str, ...]:
 
 def _row_name(row: dict) -> str:
     """The stage's name for the stage's default engine (DDP, DeepSpeed ZeRO-1/2/3), else the engine's."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.estimate import STAGE_ENGINES
 
     return STAGE_NAMES[row["stage"]] if STAGE_ENGINES[row["stage"]] == row["engine"] else row["engine"]
@@ -136,7 +135,6 @@ def estimate_imports(args: argparse.Namespace) -> None:
     transformers), at once: the `zero-train` process does it with the garbage collector paused
     (zero_train.cli.main). Not the model's modeling module: only a shape or activations not yet stored need it
     (zero_train.memory.model.stored)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model import estimate, peak  # noqa: F401  (imported for their cost)
     from zero_train.memory.model.deepspeed_estimate import load_estimators
 
@@ -149,7 +147,6 @@ def estimate_imports(args: argparse.Namespace) -> None:
 def _precision(args: argparse.Namespace, ds_config: dict | None) -> str:
     if ds_config is None:
         return args.precision or "bf16"
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.ds_config.parse import precision_of
 
     config_precision = precision_of(ds_config)
@@ -168,7 +165,6 @@ def _model(args: argparse.Namespace):
                 "--block-size and --gradient-checkpointing need --model (activations need its shape)"
             )
         return args.params, 0
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import max_context, model_config
 
     config = model_config(args.model)
@@ -183,7 +179,6 @@ def build_estimate(args: argparse.Namespace) -> dict:
     """All numbers of the estimate, as the --json output (memory.model.estimate.SetupEstimate.as_dict, with
     each stage also under its earlier names: ours_bytes = device_peak_bytes, ours_peak_phase, ours_phases =
     device_phases, ours_categories = boundary)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.estimate import estimate_setup
     from zero_train.memory.model.offload import OffloadSettings
 
@@ -240,7 +235,6 @@ def _phase_line(row: dict, unit: float) -> str:
 
 
 def _words() -> dict[str, str]:
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.offload import OFFLOAD_WORDS
     from zero_train.memory.model.peak import TERM_WORDS
 
@@ -305,7 +299,6 @@ def _print_host(result: dict, unit: float) -> None:
 
 
 def _print_verdict(result: dict) -> None:
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.gpu_terms import margin_line
 
     capacity = result["gpu_memory_bytes"]

@@ -20,7 +20,6 @@ def add_lora_flags(parser: argparse.ArgumentParser) -> None:
 
 def lora_spec(args: argparse.Namespace):
     """The zero_train.hf.lora.LoraSpec of the flags, None without --lora-r (UsageError as train.py gives)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py)
     from zero_train.train.config import LoraConfig
 
     if args.lora_target_modules is not None and not args.lora_r:

@@ -99,14 +99,12 @@ def plan_imports(args: argparse.Namespace) -> None:
     """Import what the plan will use (torch, transformers, the memory model), at once: the `zero-train` process
     does it with the garbage collector paused (zero_train.cli.main). Not the model's modeling module: only a
     shape or activations not yet stored need it (zero_train.memory.model.stored)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf import models  # noqa: F401  (imported for their cost)
     from zero_train.memory.model import activations, peak, plan  # noqa: F401
 
 
 def _model(model: str, lora=None):
     """(config, shape) of --model (with LoRA's adapters: only they train)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import model_config
     from zero_train.memory.model.theory import model_shape
 
@@ -116,7 +114,6 @@ def _model(model: str, lora=None):
 
 def request_from_args(args: argparse.Namespace):
     """The PlanRequest (UsageError for an inconsistent batch, a bad headroom, an unknown model)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.hf.models import check_block_size
     from zero_train.memory.model.plan import PlanRequest
 
@@ -140,7 +137,6 @@ def request_from_args(args: argparse.Namespace):
 
 def chosen_config(plan, *, hf_auto: bool = False) -> dict:
     """The DeepSpeed JSON of the chosen set-up: the one its estimate read (hf_auto: with HF's "auto")."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.plan import setup_config
 
     chosen = plan.chosen
@@ -176,7 +172,6 @@ def _lora_words(request) -> str:
 
 def render(plan, args: argparse.Namespace) -> str:
     """The table of fitting set-ups, the reasons the cheaper ones do not fit, and how to run the chosen one."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.gpu_terms import margin_line
 
     request = plan.request
@@ -208,7 +203,6 @@ def render(plan, args: argparse.Namespace) -> str:
 def output_paths(args: argparse.Namespace) -> list[pathlib.Path]:
     """The files -o writes (-o, and the JSON beside a YAML or a batch script), checked before any work: the
     suffix fits --format, the folder is writable, and an existing file is refused without --force."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.runtime.outputs import check_output_file
 
     if not args.output:
@@ -227,7 +221,6 @@ def output_paths(args: argparse.Namespace) -> list[pathlib.Path]:
 
 def plan_command(args: argparse.Namespace) -> int:
     """Print the plan; with -o write the chosen set-up and print the commands that train it."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.memory.model.plan import make_plan
 
     paths = output_paths(args)
@@ -250,7 +243,6 @@ def plan_command(args: argparse.Namespace) -> int:
 def write_plan(plan, args: argparse.Namespace, paths: list[pathlib.Path]) -> None:
     """Write the JSON (and the YAML or the batch script), then print the run block (not with --hf-auto: the
     HF Trainer's own script trains it)."""
-    # here, not at the top: keeps `zero-train --help` light (tests/package/test_layout.py); the subcommand loads it when it runs
     from zero_train.cli.plan_run import Cluster, run_lines, sbatch_script, train_config
     from zero_train.ds_config import write_config
     from zero_train.ds_config.accelerate import accelerate_config_text

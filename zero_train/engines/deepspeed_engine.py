@@ -66,7 +66,6 @@ class DeepSpeedEngine:
         # deepspeed.comm must wrap our process group before zero.Init reads the world size
         deepspeed.init_distributed(dist_backend=dist_info.backend)
         if settings.zero_stage == 3:
-            # here, not at the top: transformers' ZeRO-3 integration is needed only at stage 3
             from transformers.integrations import HfDeepSpeedConfig
 
             # must stay referenced while the model is built (transformers keeps only a weak reference)

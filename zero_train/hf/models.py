@@ -347,7 +347,6 @@ def did_you_mean(name: str) -> str:
 @contextlib.contextmanager
 def _hub_errors_as_usage(name: str, what: str):
     """Turn 'not found / not cached / offline' from the hub (or a broken folder) into one UsageError."""
-    # here, not at the top: only the hub path needs huggingface_hub's error classes
     from huggingface_hub.errors import HFValidationError
 
     try:

@@ -15,7 +15,6 @@ CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "comm_buff
 def full_twin_model(record: dict) -> dict | None:
     """Our model of the record's run without LoRA (same engine, model, batch, precision): {"peak_bytes",
     "categories"} of the rank the record reports, None when the model cannot be rebuilt."""
-    # here, not at the top: the report's theory loads torch and transformers
     from zero_train.report.compare import our_model, reported_rank
     from zero_train.report.models import model_facts
 

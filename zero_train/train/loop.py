@@ -104,7 +104,6 @@ class Trainer:
     """One run: data, engine, loop, evaluation, checkpoints, export and memory report."""
 
     def __init__(self, config: RunConfig, plan: RunPlan, dist_info) -> None:
-        # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.train.data import RunData
 
         self.config, self.dist_info = config, dist_info
@@ -160,7 +159,6 @@ class Trainer:
         return self.probe.phase(name) if self.probe is not None else contextlib.nullcontext()
 
     def _build_engine(self):
-        # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.engines import build_engine
 
         with self._phase("engine_initialized"):
@@ -295,7 +293,6 @@ class Trainer:
         export_dir = self.config.checkpoint.export_hf
         if not export_dir:
             return None
-        # here, not at the top: plan_run's one-line errors (exit 2) come before datasets, transformers and the engines load
         from zero_train.checkpoint.atomic import on_rank0
         from zero_train.checkpoint.export import export_model
         from zero_train.checkpoint.export_lora import export_adapter

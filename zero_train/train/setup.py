@@ -87,7 +87,6 @@ def check_outputs(config: RunConfig) -> None:
         if path:
             check_output_file(path, flag=flag)
     if config.checkpoint.export_hf:
-        # here, not at the top: plan_run's one-line errors (exit 2) come before transformers loads
         from zero_train.checkpoint.export import check_export_dir
 
         check_export_dir(config.checkpoint.export_hf)
@@ -108,7 +107,6 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
     Returns:
         The RunPlan; UsageError on anything the user can fix.
     """
-    # here, not at the top: plan_run's one-line errors (exit 2) come before transformers and torch load
     from zero_train.checkpoint.resume import resume_path
     from zero_train.hf.models import check_block_size, is_pretrained, model_config
     from zero_train.hf.tokenizer import check_vocabulary, run_tokenizer, tokenizer_source

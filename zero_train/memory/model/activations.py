@@ -111,7 +111,6 @@ def count_activations(
 
 def _count_fake(config, *, dtype: torch.dtype, lora=None, **settings) -> ActivationCount:
     """The count of the whole model on fake tensors."""
-    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -138,7 +137,6 @@ def _by_layers(config, **settings) -> ActivationCount | None:
     and without checkpointing). None for shallow models and for configs whose layers differ (per-layer
     `layer_types`, sliding windows on some layers only), or when the largest block differs between the two.
     """
-    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     import copy
 
     layers = getattr(config, "num_hidden_layers", 0) or 0
@@ -171,7 +169,6 @@ def build_for_counting(config, *, dtype: torch.dtype, lora=None, gradient_checkp
     """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode; with
     `lora` wrapped by peft as train.py wraps it: after checkpointing is on, so that peft makes the
     embeddings' output require grad (PeftModel's _prepare_model_for_gradient_checkpointing) as in training."""
-    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted;
     # built as training builds it (its loss named: no transformers warning at the first loss)
     import copy
 
@@ -192,7 +189,6 @@ def _with_adapters(config, lora, *, dtype: torch.dtype, gradient_checkpointing: 
     2.13) and fails: the model is wrapped on the meta device (outside any fake mode), then every tensor is
     made again on the current one, each tied tensor once.
     """
-    # here, not at the top: peft and the fake-tensor machinery load only when a LoRA model is counted
     import copy
 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -278,7 +274,6 @@ def _block_saved_bytes(model, blocks: list, ids: torch.Tensor) -> tuple[int, int
 def _blocks(model) -> list[torch.nn.Module]:
     """The transformer blocks: the modules HF checkpoints (GradientCheckpointingLayer), else the longest
     ModuleList."""
-    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -315,7 +310,6 @@ def _unpacked_positions():
     b x 1 x T x T float attention mask that the real run never builds. The engines pass no position ids, so
     the real answer is "not packed" (None): the fake run is told so.
     """
-    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from transformers import masking_utils
 
     original = getattr(masking_utils, "find_packed_sequence_indices", None)
@@ -332,7 +326,6 @@ def _unpacked_positions():
 @contextlib.contextmanager
 def _quiet():
     """transformers' deprecation and "use_cache is incompatible" notices are not for the estimate's user."""
-    # here, not at the top: transformers and torch's fake-tensor machinery load only when a model is counted
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()

@@ -224,7 +224,6 @@ def _margin(device: str, gpu_memory_bytes, gpu_margin_bytes, world_size: int) ->
 
 def default_block_size(config) -> int:
     """Tokens per sample when none is given: the model's context, at most DEFAULT_BLOCK_SIZE."""
-    # here, not at the top: a raw parameter count needs no transformers
     from zero_train.hf.models import max_context
 
     return min(max_context(config), DEFAULT_BLOCK_SIZE)
@@ -246,7 +245,6 @@ def _shape(model, lora=None) -> theory.ModelShape:
 def counted_activations(config, *, precision: str, micro_batch_size: int, block_size: int,
                         gradient_checkpointing: bool, lora=None):  # fmt: skip
     """The ActivationCount of one micro-batch of a config (fake tensors), as estimate_setup counts it."""
-    # here, not at the top: a raw parameter count needs no torch; counting activations on a real config does
     import torch
 
     from zero_train.memory.model.activations import count_activations
@@ -276,7 +274,6 @@ def estimate_engine(
     the margin), and DeepSpeed's own estimate beside it (`deepspeed_peer`). `run`: precision, micro_batch_size,
     block_size, grad_accum, gradient_checkpointing, ds_config. estimate_setup calls it for each stage,
     `zero-train plan` for each set-up it tries."""
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; `zero-train --help` and flag errors come before it
     from zero_train.memory.model.peak import backend_for, engine_peak
 
     spec = engine_spec(engine)
@@ -316,7 +313,6 @@ def _deepspeed_peer(shape, world_size: int, stage: int, per_node: int, settings:
     LoRA: its estimators know no frozen base)."""
     if shape.frozen_base:
         return None
-    # here, not at the top: DeepSpeed imports in seconds and logs a line; only stages 2 and 3 ask for it
     from zero_train.memory.model.deepspeed_estimate import deepspeed_model_states
 
     moved = stage > 0 and settings.active
@@ -329,7 +325,6 @@ def _deepspeed_peer(shape, world_size: int, stage: int, per_node: int, settings:
 
 def _offload_inputs(stage, shape, world_size, rank, run) -> offload.OffloadInputs:
     """The partition of the modelled rank (DeepSpeed's flat slices; ZeRO-3 splits every tensor)."""
-    # here, not at the top: only an offloading stage needs the partition arithmetic
     from zero_train.memory.model.flat_partition import partition_of
     from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run
 

@@ -155,7 +155,6 @@ def model_shape(config, lora=None) -> ModelShape:
         config: a transformers.PretrainedConfig (e.g. zero_train.hf.models.model_config("tiny")).
         lora: a zero_train.hf.lora.LoraSpec: the model with peft's adapters, only they trainable.
     """
-    # here, not at the top: theory is pure arithmetic
     from dataclasses import asdict
 
     from zero_train.memory.model.stored import stored
@@ -172,7 +171,6 @@ def model_shape(config, lora=None) -> ModelShape:
 
 
 def _meta_shape(config, lora=None) -> ModelShape:
-    # here, not at the top: theory is pure arithmetic; only a shape read from a real model needs torch/transformers
     import torch
     from transformers import AutoModelForCausalLM
 
