@@ -55,7 +55,9 @@ def test_every_cell_ran_and_reports_positive_numbers(tiny_bench):
         assert cell["errors"] == [], cell["errors"]
         assert cell["step_time_s"]["median"] > 0 and cell["tokens_per_s"]["median"] > 0
         assert len(cell["peak_bytes"]) == 2 and min(cell["peak_bytes"]) > 0
-    assert len(result["samples"]) == 10 and all(len(s["step_times_s"]) == 2 for s in result["samples"])
+    assert len(result["samples"]) == sum(cell["runs"] for cell in result["cells"]) and all(
+        len(s["step_times_s"]) == 2 for s in result["samples"]
+    )
     assert result["machine"]["logical_cpus"] >= 1 and result["machine"]["torch"]
     assert set(result["machine"]["cpu_flags"]) <= set(CPU_FLAGS)
 
