@@ -26,6 +26,7 @@ peak while the first block is recomputed (peak_terms.activation_terms).
 
 from __future__ import annotations
 
+from zero_train.memory.model.peak_engines import _add, _largest
 from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
     Run,
@@ -56,18 +57,6 @@ def _communication_bytes(run: Run) -> int:
     if name in ("fp32", "float32"):
         return FP32_BYTES
     return 2 if name in ("bf16", "bfloat16", "fp16", "float16") else run.element_bytes
-
-
-def _add(*parts: dict[str, int]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for part in parts:
-        for name, value in part.items():
-            total[name] = total.get(name, 0) + int(value)
-    return {name: value for name, value in total.items() if value}
-
-
-def _largest(*moments: dict[str, int]) -> dict[str, int]:
-    return max(moments, key=lambda terms: sum(terms.values()))
 
 
 def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> Phases:
