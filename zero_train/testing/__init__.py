@@ -60,10 +60,10 @@ def rank_context():
     return _context
 
 
-def _child(
-    rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, environ: dict[str, str]
-) -> None:
-    os.environ.clear()  # the caller's environment now, not the forkserver's at its start
+def _become_rank(rank: int, world_size: int, port: int, environ: dict[str, str]) -> None:
+    """A child's set-up before its group: the caller's environment (not the forkserver's at its start) with
+    this rank's variables, one torch thread, the forkserver's imports frozen out of its collections."""
+    os.environ.clear()
     os.environ.update(environ)
     os.environ.update(
         RANK=str(rank),
@@ -74,7 +74,13 @@ def _child(
         ZT_DEVICE="cpu",
     )
     torch.set_num_threads(1)
-    gc.freeze()  # the forkserver's imports: this rank's collections skip them (zero_train.runtime.startup)
+    gc.freeze()  # zero_train.runtime.startup
+
+
+def _child(
+    rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, environ: dict[str, str]
+) -> None:
+    _become_rank(rank, world_size, port, environ)
     try:
         timeout = datetime.timedelta(seconds=collective_timeout_s())
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
@@ -138,19 +144,7 @@ def _collect(queue, procs: list, world_size: int, timeout_s: float) -> tuple[dic
 
 def _serve(rank: int, world_size: int, port: int, tasks, results, environ: dict[str, str]) -> None:
     """A pool rank: one gloo group for its whole life, then fn(rank, world_size, *args) per task."""
-    os.environ.clear()
-    os.environ.update(environ)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        ZT_DEVICE="cpu",
-    )
-    torch.set_num_threads(1)
-    gc.freeze()  # the forkserver's imports: this rank's collections skip them (zero_train.runtime.startup)
-
+    _become_rank(rank, world_size, port, environ)
     timeout = datetime.timedelta(seconds=collective_timeout_s())
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
     try:
