@@ -17,7 +17,6 @@ from torch.nn.parallel import DistributedDataParallel
 from zero_train.checkpoint.files import (
     copy_weights_into,
     load_rank_file,
-    rank_file,
     read_weights,
     save_rank_file,
     unique_state_dict,
@@ -129,15 +128,7 @@ class DDPEngine(LocalEngine):
         self.master.master_to_model()
         main = load_rank_file(path, 0)
         self.optimizer.load_state_dict(main["optimizer"])
-        self.restore_counters(main["counters"])
-        if self.loss_scaler is not None and main.get("loss_scaler"):
-            self.loss_scaler.load_state_dict(main["loss_scaler"])
-        own = (
-            load_rank_file(path, self.dist_info.rank)
-            if rank_file(path, self.dist_info.rank).is_file()
-            else main
-        )
-        return own["client_state"]
+        return self.restore_unsharded_state(path, main)
 
     def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
         """Bytes held by this rank: whole model, grads, fp32 masters (mixed precision), Adam moments, DDP buckets.

@@ -40,7 +40,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from zero_train.checkpoint.files import load_rank_file, rank_file, save_rank_file, saved_tensors, write_model
+from zero_train.checkpoint.files import save_rank_file, saved_tensors, write_model
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine, warn_unsupported
@@ -241,16 +241,7 @@ class FSDP2Engine(LocalEngine):
             optim_state_dict=state["optimizer"],
             options=self._dcp_options(),
         )
-        main = load_rank_file(path, 0)
-        self.restore_counters(main["counters"])
-        if self.loss_scaler is not None and main.get("loss_scaler"):
-            self.loss_scaler.load_state_dict(main["loss_scaler"])
-        own = (
-            load_rank_file(path, self.dist_info.rank)
-            if rank_file(path, self.dist_info.rank).is_file()
-            else main
-        )
-        return own["client_state"]
+        return self.restore_unsharded_state(path)
 
     def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
         """This rank's bytes: fp32 shards (params in fp32, master_params in mixed precision), frozen shards

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zero_train.checkpoint.files import load_rank_file, rank_file
 from zero_train.engines.base import StepResult
 from zero_train.engines.optim import scheduled_lr
 from zero_train.engines.precision import PRECISION_DTYPES
@@ -91,6 +92,21 @@ class LocalEngine:
         self.micro_steps = int(saved["micro_steps"])
         self.global_steps = int(saved["global_steps"])
         self.applied_steps = int(saved["applied_steps"])
+
+    def restore_unsharded_state(self, path, main: dict | None = None) -> dict:
+        """Counters and the loss scale from rank 0's file `main` (read from `path` if not given: they are
+        not sharded); returns this rank's client_state, rank 0's for a rank that did not exist at the save."""
+        main = load_rank_file(path, 0) if main is None else main
+        self.restore_counters(main["counters"])
+        scaler = getattr(self, "loss_scaler", None)
+        if scaler is not None and main.get("loss_scaler"):
+            scaler.load_state_dict(main["loss_scaler"])
+        own = (
+            load_rank_file(path, self.dist_info.rank)
+            if rank_file(path, self.dist_info.rank).is_file()
+            else main
+        )
+        return own["client_state"]
 
     def loss_scale(self) -> float | None:
         """The current fp16 loss scale, None without loss scaling."""
