@@ -8,7 +8,13 @@ import os
 import pytest
 import torch
 
-from zero_train.runtime.dist import local_world_size, share_cpu_threads
+from zero_train.runtime.dist import (
+    collective_timeout_s,
+    local_world_size,
+    rank0_work_timeout_s,
+    share_cpu_threads,
+)
+from zero_train.runtime.errors import UsageError
 
 pytestmark = pytest.mark.tier("quick")
 
@@ -59,6 +65,27 @@ def _train_in_a_given_group_then_in_its_own(rank: int, world_size: int, corpus: 
     os.environ["MASTER_PORT"] = str(port)  # a fresh rendezvous for the group run_training makes itself
     own = run_training(parse_args(argv))
     return kept, dist.is_initialized(), given["final_loss"], own["final_loss"]
+
+
+@pytest.mark.parametrize(
+    "read, name, default",
+    [
+        (collective_timeout_s, "ZT_COLLECTIVE_TIMEOUT_S", 60.0),
+        (rank0_work_timeout_s, "ZT_RANK0_WORK_TIMEOUT_S", 3600.0),
+    ],
+)
+def test_timeouts_from_the_environment_or_one_line_naming_the_variable(monkeypatch, read, name, default):
+    monkeypatch.delenv(name, raising=False)
+    assert read() == default
+    monkeypatch.setenv(name, "2.5")
+    assert read() == 2.5
+    for bad in ("abc", "0", "-1", "nan"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(
+            UsageError,
+            match=f"^{name}='{bad}' is not a positive number of seconds; unset it or use e.g. {default:g}$",
+        ):
+            read()
 
 
 @pytest.mark.tier("multiproc")

@@ -25,14 +25,19 @@ DEFAULT_TIMEOUT_S = 60.0  # not torch's 30 minutes: a dead rank must be noticed 
 
 def collective_timeout_s() -> float:
     """Seconds a collective may wait for a peer: $ZT_COLLECTIVE_TIMEOUT_S, else 60."""
-    value = os.environ.get(TIMEOUT_ENV, "")
+    return _seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    """$name as a positive number of seconds, `default` when unset; anything else is a UsageError."""
+    value = os.environ.get(name, "")
     try:
-        seconds = float(value) if value else DEFAULT_TIMEOUT_S
+        seconds = float(value) if value else default
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
         raise UsageError(
-            f"{TIMEOUT_ENV}={value!r} is not a positive number of seconds; unset it or use e.g. 60"
+            f"{name}={value!r} is not a positive number of seconds; unset it or use e.g. {default:g}"
         )
     return seconds
 
@@ -150,16 +155,7 @@ def init_distributed(*, timeout_s: float | None = None, force_cpu: bool = False)
 
 def rank0_work_timeout_s() -> float:
     """Seconds the other ranks wait for work rank 0 does alone: $ZT_RANK0_WORK_TIMEOUT_S, else 3600."""
-    value = os.environ.get(RANK0_WORK_TIMEOUT_ENV, "")
-    try:
-        seconds = float(value) if value else DEFAULT_RANK0_WORK_TIMEOUT_S
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise UsageError(
-            f"{RANK0_WORK_TIMEOUT_ENV}={value!r} is not a positive number of seconds; unset it or use e.g. 3600"
-        )
-    return seconds
+    return _seconds_from_env(RANK0_WORK_TIMEOUT_ENV, DEFAULT_RANK0_WORK_TIMEOUT_S)
 
 
 @contextlib.contextmanager
