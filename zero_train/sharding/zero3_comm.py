@@ -12,8 +12,7 @@ block's gather is prefetched while this one computes; a block's gradients travel
 NCCL (and any backend but gloo): torch's all_gather_into_tensor / reduce_scatter_tensor with async_op=True,
 real rings on NCCL's stream. gloo: every rank posts its N-1 sends and N-1 receives at once (isend/irecv, a
 direct exchange); the reduce-scatter adds what it received when waited for, in rank order after its own
-part. Measured (2 gloo ranks over loopback, 16.8 MB, 2-core AMD EPYC, docs/zero3.md): gloo's own
-all_gather_into_tensor 65 ms and reduce_scatter_tensor 43 ms against 14 and 15 ms for the exchange.
+part: 3-5x faster than gloo's own collectives on loopback (docs/zero3.md#communication-3-psi-per-step).
 Bytes each rank sends per call: (N - 1) P elements, what a ring sends; so a step sends the ZeRO paper's
 3 Psi summed over the ranks, per (N - 1) / N: one gather in forward, one in backward, one reduce-scatter.
 

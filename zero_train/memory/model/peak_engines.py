@@ -89,8 +89,7 @@ def ddp_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> P
     gradient_as_bucket_view=False), fp32 masters of a 16-bit model (whole, also under torch's ZeRO), Adam's
     moments (the owned share only with torch's ZeRO). Backward allocates every gradient (e Psi); the step
     keeps them, adds the fp32 master gradients of a 16-bit model (MasterWeights.grads_to_master: 4 Psi)
-    and AdamW's temporaries for its largest tensor. Measured on gpt2-25m: backward +5.01 bytes/param
-    (4 + two embedding-sized copies), step +1.01 (fp32) and +5.01 (bf16: 4 + 1.01), to 0.02 bytes/param.
+    and AdamW's temporaries for its largest tensor (in-sample figures: docs/memory_model.md#the-peak-model).
     """
     e, psi, trained = run.element_bytes, run.shape.num_params, run.trained
     rest = dict(
@@ -122,8 +121,8 @@ def zero1_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
     At rest: the model, the flat gradient buffer (whole), padding and the gloo ring's receive buffer, and
     for the owned slice the fp32 masters (16-bit model) and Adam's moments. Backward only passes each
     gradient through to its slot; the step converts the owned gradients to fp32 (16-bit model, one piece
-    at a time, all kept until the step ends) and runs AdamW on the owned pieces. Measured on gpt2-25m:
-    forward+backward +3.57 bytes/param (activations and the loss), step +1.01 (fp32), +5.01 (bf16, 1 rank).
+    at a time, all kept until the step ends) and runs AdamW on the owned pieces (in-sample figures:
+    docs/memory_model.md#the-peak-model).
     """
     e, psi = run.element_bytes, run.shape.num_params
     rest = dict(
@@ -155,8 +154,8 @@ def zero2_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
     and the parameter buffer's padding; for the owned share the fp32 masters (16-bit model) and Adam's
     moments. Backward holds each gradient until its bucket is complete: at its start that is the LM head's
     weight gradient, already in loss_backward's term; later at most the largest bucket's tensors, or at its
-    end a tied embedding's two contributions and their sum. The step is ZeRO-1's. Measured on gpt2-25m
-    (fp32, 2 ranks): forward+backward 350 MB and step 268 MB above "other", ours 349.6 and 266.
+    end a tied embedding's two contributions and their sum. The step is ZeRO-1's (in-sample figures:
+    docs/memory_model.md#the-peak-model).
     """
     e, psi = run.element_bytes, run.shape.num_params
     comm_buffers, largest_bucket = zero2_buffers(run, layout)
@@ -190,9 +189,8 @@ def _deepspeed_step(run: Run, part: Partition, stage: int) -> dict[str, int]:
     then flatten the gradient partition into a copy, convert it to fp32 (the 16-bit gradients then freed),
     run torch's AdamW on that ONE flat fp32 tensor (torch_adam: partition-sized temporaries) and all-gather
     the updated parameters, on gloo through a flat output buffer of the whole model. ZeRO-3 keeps its
-    gradient partition and steps an fp32 copy per sub-group. Measured on gpt2-25m: +8/N (fp32) and +10/N
-    (bf16) bytes/param over the step boundary for ZeRO-1/2 (+2.95 at N = 4 fp32: the gather), +12/N for
-    ZeRO-3; on `tiny` the fp64 norm copy of its embedding's piece.
+    gradient partition and steps an fp32 copy per sub-group (in-sample figures:
+    docs/memory_model.md#the-peak-model).
     """
     e, settings, size = run.element_bytes, run.deepspeed, part.elements
     if stage == 3:
@@ -231,8 +229,7 @@ def _deepspeed_rest(run: Run, part: Partition, stage: int) -> dict[str, int]:
 
 def _zero3_phases(run: Run, part: Partition, rest: dict) -> Phases:
     """ZeRO-3: every parameter gathered (N > 1: e x min(Psi, stage3_max_live_parameters)) from forward until
-    the end of backward; gradients reduced into the kept partition. Measured on gpt2-25m: forward+backward
-    4 + 3.56 bytes/param above the level between steps at N > 1 (fp32)."""
+    the end of backward; gradients reduced into the kept partition (docs/memory_model.md#the-peak-model)."""
     e, psi = run.element_bytes, run.shape.num_params
     live = min(psi, run.deepspeed.max_live_parameters)
     gathered = dict(gathered_params=e * live if run.world_size > 1 else 0)
@@ -248,8 +245,7 @@ def deepspeed_phases(run: Run, stage: int, part: Partition) -> Phases:
     Backward: ZeRO-1 (no overlap_comm) lets every gradient accumulate whole and copies its partition's
     tensors out at the end (e Psi + e x touched alive); ZeRO-2 copies each gradient through the reduce
     bucket into its partition's buffer as it comes (e x touched, allocated at its first reduction: after
-    the loss's gradients, while the LM head's gradient is alive). Measured on gpt2-25m (bytes/param above
-    the level between steps): ZeRO-1 4 + 4/N (fp32), ZeRO-2 4/N + 3.53 (exact tally: 187.48 MB at N = 1).
+    the loss's gradients, while the LM head's gradient is alive); docs/memory_model.md#the-peak-model.
     """
     rest = _deepspeed_rest(run, part, stage)
     if stage == 3:

@@ -182,9 +182,8 @@ def loss_backward_moments(run: Run) -> tuple[int, int]:
     At log_softmax's backward: the fp32 gradients of the log-probabilities and of the logits, 2 x T x V x 4
     (the saved log-softmax still alive). At the LM head's weight-gradient matmul: the logits' gradient
     (T x V x e) and the V x h weight gradient, the first gradient of backward, while the log-softmax
-    (T x V x 4) is already freed; a tied weight's gradient stays alive until the embedding's arrives.
-    Measured on gpt2-25m (exact tally): +12.8 MB over the activations in fp32 (the matmul), +8.4 MB in
-    bf16 (log_softmax's backward).
+    (T x V x 4) is already freed; a tied weight's gradient stays alive until the embedding's arrives
+    (docs/memory_model.md#the-peak-model).
 
     Returns:
         (at log_softmax's backward, at the LM head's matmul), bytes beside the activations.

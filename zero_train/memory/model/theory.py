@@ -134,8 +134,7 @@ def activation_bytes(shape: ModelShape, *, micro_batch_size: int, block_size: in
 
     Per block: b*s*h*ACTIVATION_VALUES_PER_TOKEN_CHANNEL values in the model dtype; after the blocks, the
     final layer norm's input and the LM head's input (2*b*s*h values); and the loss's fp32 log-softmax
-    over the vocabulary (b*s*V*4 bytes), which dominates small models. gpt2-25m, micro-batch 2 x block
-    64: 75.37 MB (fp32) and 39.78 MB (bf16), measured 75.43 and 39.83.
+    over the vocabulary (b*s*V*4 bytes), which dominates small models (docs/memory_model.md#the-peak-model).
     """
     if not (shape.num_layers and shape.hidden_size):
         return 0
