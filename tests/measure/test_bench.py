@@ -188,3 +188,14 @@ def test_bf16_runs_take_few_steps_only_where_the_cpu_emulates_bf16(emulated, exp
     paths = dict(config="c.json", record="r.json", metrics="m.jsonl")
     argv = run_argv(Cell("ddp", "bf16"), args, paths)
     assert argv[argv.index("--max-steps") + 1] == str(expected[0])
+
+
+@pytest.mark.tier("quick")
+def test_the_targets_table_leaves_out_targets_whose_engines_did_not_run():
+    from zero_train.bench.markdown import targets_table
+
+    ran = dict(name="zero3 / ds3 step time", target="<= 0.8", what="step",
+               by_precision={"fp32": dict(min=0.5, median=0.6, max=0.7, n=3, met=True)})  # fmt: skip
+    absent = dict(name="zero1 / ddp step time", target="<= 1", what="step", by_precision={"fp32": None})
+    lines = targets_table([absent, ran], ["fp32"])
+    assert lines[2:] == ["| zero3 / ds3 step time | 0.500 / **0.600** / 0.700 (met) | <= 0.8 |"]

@@ -65,7 +65,9 @@ def _ratio_text(values: dict | None, what: str = "step") -> str:
 
 
 def targets_table(targets: list[dict], precisions: list[str]) -> list[str]:
-    """Lines of the targets table: min / median / max of the per-repeat ratios per precision."""
+    """Lines of the targets table: min / median / max of the per-repeat ratios per precision; a target whose
+    engines were not all benchmarked is left out (a table of n/a rows reads as missing results)."""
+    targets = [row for row in targets if any(row["by_precision"].get(p) is not None for p in precisions)]
     lines = [
         "| ratio (min / median / max over repeats) | " + " | ".join(precisions) + " | target |",
         "|---" * (len(precisions) + 2) + "|",
