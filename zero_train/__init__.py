@@ -4,7 +4,7 @@ Packages, in the order data flows through them (imports go down this list only; 
 contracts hold it):
     cli           `zero-train` subcommands, one module each.
     bench         `zero-train bench`: every engine on the same run, interleaved.
-    report        run records -> report.md, PNG plots, summary.json, measured next to theory.
+    report        run records -> report.md, PNG plots, summary.json + cells.json, measured next to theory.
     train         one training run, `python -m zero_train.train`: the typed run config, setup, loop, eval, ...
     launch        launch command lines (deepspeed, torchrun, accelerate, python); profile and bench cells.
     engines       one protocol over ddp, zero1, zero2, torch-zero, fsdp2 and deepspeed.

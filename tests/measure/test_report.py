@@ -1,4 +1,4 @@
-"""`zero-train report` on a real profile: the numbers in summary.json and report.md against the records
+"""`zero-train report` on a real profile: the numbers in summary.json, cells.json and report.md against the records
 and against the ZeRO paper's formulas and DeepSpeed's estimators, computed here independently.
 
 One real matrix (model tiny, world sizes 1 and 2, engines ddp, zero1, ds2, fp32) runs once for the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -289,6 +290,39 @@ def test_plots_are_real_pngs(report):
     assert set(report["summary"]["files"]) == {p.name for p in report["out"].iterdir()}
 
 
+def test_cells_json_is_the_summary_cut_to_the_numbers_that_matter(report):
+    compact = json.loads((report["out"] / "cells.json").read_text())
+    summary = report["summary"]
+    assert compact["schema"] == "zero_train.report_cells/1" and compact["source"] == summary["source"]
+    assert (compact["groups"], compact["failed"]) == (summary["groups"], summary["failed"])
+    assert [cell["cell"] for cell in compact["cells"]] == list(report["cells"])
+    for cell in compact["cells"]:
+        full = report["cells"][cell["cell"]]
+        for key in ("engine", "world_size", "precision", "ds_config", "reported_rank", "categories", "peak_bytes",
+                    "allocator_bytes", "baseline_bytes", "model_states", "peak"):  # fmt: skip
+            assert cell[key] == full[key], key
+        assert cell["ours_peak"]["phase_bytes"] == full["ours_peak"]["phase_bytes"]
+        assert cell["comm"]["ratio"] == full["comm"]["ratio"]
+        for rank, full_rank in zip(cell["ranks"], full["ranks"], strict=True):
+            assert rank == {
+                key: value for key, value in full_rank.items() if key not in ("phases", "comm_bytes_per_step")
+            }
+        assert "explanations" not in cell
+    assert (report["out"] / "cells.json").stat().st_size < 4000 * len(compact["cells"]) + 3000
+
+
+def test_a_summary_renders_again_without_its_records_and_without_plots(report, tmp_path):
+    proc = run_cli("report", str(report["out"] / "summary.json"), "--out", str(tmp_path), "--no-plots")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cells.json", "report.md", "summary.json"]
+    without_images = re.sub(r"\n\n!\[[^\]]*\]\([^)]*\.png\)", "", report["markdown"])
+    assert ".png" not in without_images and (tmp_path / "report.md").read_text() == without_images
+    assert (tmp_path / "cells.json").read_text() == (report["out"] / "cells.json").read_text()
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again.pop("files") == ["report.md", "summary.json", "cells.json"]
+    assert again == {key: value for key, value in report["summary"].items() if key != "files"}
+
+
 def table_row(markdown: str, section: str, cell: str) -> list[str]:
     """The cells of `cell`'s row in the table under the `## section` heading."""
     body = markdown.split(f"## {section}")[1].split("\n## ")[0]
@@ -340,6 +374,19 @@ def test_missing_directory(tmp_path):
 
 
 @pytest.mark.tier("quick")
+def test_a_json_file_that_is_no_report_summary(tmp_path):
+    (tmp_path / "summary.json").write_text('{"schema": "zero_train.run_record/1"}')
+    proc = run_cli("report", str(tmp_path / "summary.json"), timeout=60)
+    assert_usage_error(proc, "is not a report's summary.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+    older = {"schema": "zero_train.report_summary/1", "source": "runs/x", "cells": [{"cell": "ddp-w1-fp32"}]}
+    (tmp_path / "summary.json").write_text(json.dumps(older))
+    proc = run_cli("report", str(tmp_path / "summary.json"), timeout=60)
+    assert_usage_error(proc, "was written by an older `zero-train report` (its cells lack allocator_bytes")
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+@pytest.mark.tier("quick")
 def test_directory_without_records(tmp_path):
     proc = run_cli("report", str(tmp_path), timeout=60)
     assert_usage_error(proc, "no run records")
@@ -385,7 +432,8 @@ def test_only_failed_cells_still_make_a_report(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["cells"] == [] and summary["failed"][0]["error"] == "exit code 1: boom"
     assert "| ddp-w2-fp32 | exit code 1: boom |" in (tmp_path / "out" / "report.md").read_text()
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.md", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cells.json", "report.md", "summary.json"]
+    assert json.loads((tmp_path / "out" / "cells.json").read_text())["failed"] == summary["failed"]
 
 
 @pytest.mark.tier("quick")

@@ -6,7 +6,7 @@
 - ``plan``: the cheapest set-up that fits a model, a cluster and a batch, as a DeepSpeed JSON.
 - ``estimate``: per-rank memory for ZeRO stages 0-3 before launching, and which stages fit.
 - ``profile``: the memory comparison matrix, one real training run per (engine, world size).
-- ``report``: a profile directory -> report.md, PNG plots, summary.json.
+- ``report``: a profile directory -> report.md, PNG plots, summary.json and its compact cells.json.
 - ``bench``: every engine on the same run, interleaved.
 - ``export``: a training checkpoint -> a Hugging Face model folder.
 

@@ -8,7 +8,7 @@ COMMANDS = {
     "estimate": "per-rank memory of ZeRO stages 0-3 (device and host): paper, DeepSpeed's estimator, ours; which fit",
     "plan": "the cheapest ZeRO / FSDP2 set-up that fits, written as a DeepSpeed JSON (or accelerate YAML)",
     "profile": "run the memory comparison matrix (engines x world sizes), one run record per cell",
-    "report": "write report.md, PNG plots and summary.json from a profile directory's run records",
+    "report": "write report.md, PNG plots, summary.json and cells.json from a profile directory's run records",
     "bench": "step time, tokens/s, comm bytes and peak memory of every engine, interleaved repeats",
     "env": "versions, device, CUDA/NCCL/gloo, bf16, DeepSpeed ops, CPU and memory: for bug reports (--json)",
 }

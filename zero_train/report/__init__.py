@@ -1,7 +1,7 @@
 """Run records -> report: Markdown, PNG plots and a JSON summary, measured next to theory.
 
     zero-train profile --model tiny --world-sizes 1,2 --out runs/profile
-    zero-train report runs/profile                 # runs/profile/report/{report.md, *.png, summary.json}
+    zero-train report runs/profile                 # runs/profile/report/{report.md, *.png, summary.json, cells.json}
 
 Modules, in the order data flows through them:
     models.py    the model facts theory needs (shape, parameter sizes), rebuilt from a record's model name
@@ -12,7 +12,7 @@ Modules, in the order data flows through them:
     explain_runtime.py  pure: what no model-state formula covers: "other" and communication per step
     buffers.py   pure: the communication buffers each engine keeps, in words
     units.py     how numbers read (MB, bytes/param, ratios)
-    summary.py   the machine-readable summary.json
+    summary.py   the machine-readable summary.json, and cells.json: its numbers that matter per cell
     markdown.py  report.md (markdown_text.py: its fixed prose)
     plots.py     PNG plots (matplotlib, Agg backend)
     build.py     loads the records, writes everything into OUT (nothing left behind on failure)

@@ -1,7 +1,8 @@
 """From a profile directory to the report files: load, compare, explain, write (all or nothing).
 
     from zero_train.report.build import write_report
-    paths = write_report("runs/profile", "runs/profile/report")   # report.md, *.png, summary.json
+    paths = write_report("runs/profile", "runs/profile/report")   # report.md, *.png, summary.json, cells.json
+    write_report("docs/report/summary.json", "docs/report", plots=False)   # re-rendered from a full summary
 
 Everything is generated into a temporary folder inside OUT and only then moved into OUT, so a failure
 (unwritable OUT, a plotting error) leaves no half-written report behind; a directory this call created
@@ -10,6 +11,7 @@ is removed again.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import tempfile
@@ -20,6 +22,7 @@ from zero_train.runtime.outputs import check_output_dir
 
 REPORT_NAME = "report.md"
 SUMMARY_NAME = "summary.json"
+CELLS_NAME = "cells.json"
 
 
 def analyze(records: list[dict]) -> list[dict]:
@@ -62,17 +65,42 @@ def _load(directory: pathlib.Path) -> list[dict]:
         raise UsageError(f"{err}{more}") from None
 
 
-def _generate(rows: list[dict], directory: pathlib.Path, staging: pathlib.Path) -> list[str]:
-    """Write plots, summary.json and report.md into `staging`; return the file names."""
-    from zero_train.report.markdown import render_report
-    from zero_train.report.plots import write_plots
-    from zero_train.report.summary import build_summary, write_summary
+def _summary_rows(path: pathlib.Path) -> tuple[list[dict], str]:
+    """The rows (cells, then failed cells) and the records' source of a report's summary.json."""
+    from zero_train.report.summary import CELL_KEYS, SCHEMA
 
-    plots = write_plots(rows, staging)
-    files = [REPORT_NAME, SUMMARY_NAME, *plots["bytes_per_param"], *plots["categories"]]
-    summary = build_summary(rows, source=str(directory), files=files)
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise UsageError(
+            f"cannot read {path} ({err}); give a profile directory or a report's summary.json"
+        ) from None
+    if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
+        raise UsageError(f"{path} is not a report's summary.json (schema {SCHEMA}); give a profile directory")
+    missing = sorted({key for cell in summary["cells"] for key in CELL_KEYS if key not in cell})
+    if missing:
+        raise UsageError(
+            f"{path} was written by an older `zero-train report` (its cells lack {', '.join(missing)}); "
+            "run `zero-train report` on its profile directory"
+        )
+    return summary["cells"] + summary["failed"], summary["source"]
+
+
+def _generate(rows: list[dict], source: str, staging: pathlib.Path, *, plots: bool) -> list[str]:
+    """Write the plots (if asked), summary.json, cells.json and report.md into `staging`; return the file names."""
+    from zero_train.report.markdown import render_report
+    from zero_train.report.summary import build_summary, write_cells, write_summary
+
+    images: dict[str, list[str]] = {"bytes_per_param": [], "categories": []}
+    if plots:
+        from zero_train.report.plots import write_plots
+
+        images = write_plots(rows, staging)
+    files = [REPORT_NAME, SUMMARY_NAME, CELLS_NAME, *images["bytes_per_param"], *images["categories"]]
+    summary = build_summary(rows, source=source, files=files)
     write_summary(summary, staging / SUMMARY_NAME)
-    (staging / REPORT_NAME).write_text(render_report(summary, plots))
+    write_cells(summary, staging / CELLS_NAME)
+    (staging / REPORT_NAME).write_text(render_report(summary, images))
     return files
 
 
@@ -98,12 +126,14 @@ def _check_out(directory: pathlib.Path, out: pathlib.Path) -> None:
         )
 
 
-def write_report(directory, out) -> dict[str, pathlib.Path]:
-    """Read DIR's run records and write report.md, the PNG plots and summary.json into OUT.
+def write_report(directory, out, *, plots: bool = True) -> dict[str, pathlib.Path]:
+    """Read DIR's run records and write report.md, the PNG plots, summary.json and cells.json into OUT.
 
     Args:
-        directory: a `zero-train profile --out` directory (or a directory of run record JSON files).
+        directory: a `zero-train profile --out` directory (or a directory of run record JSON files), or a
+            report's summary.json, whose cells are rendered again without their run records.
         out: where the report goes (created if missing; files of the same names are replaced).
+        plots: write the PNG plots (report.md links them); without them report.md links none.
 
     Returns:
         file name -> path of every file written.
@@ -112,10 +142,14 @@ def write_report(directory, out) -> dict[str, pathlib.Path]:
         UsageError: no or invalid records, or OUT cannot be written; nothing is left in OUT then.
     """
     directory = pathlib.Path(directory)
-    records = _load(directory)
-    out = check_output_dir(out, flag="--out")  # probed before any work: a file, /proc, a read-only folder
-    _check_out(directory, out)
-    rows = analyze(records)
+    if directory.is_file():
+        rows, source = _summary_rows(directory)
+        out = check_output_dir(out, flag="--out")
+    else:
+        records = _load(directory)
+        out = check_output_dir(out, flag="--out")  # probed before any work: a file, /proc, a read-only folder
+        _check_out(directory, out)
+        rows, source = analyze(records), str(directory)
     created = _make_out(out)
     try:
         staging = pathlib.Path(tempfile.mkdtemp(prefix=".report-", dir=out))
@@ -123,7 +157,7 @@ def write_report(directory, out) -> dict[str, pathlib.Path]:
         _remove(created)
         raise UsageError(f"cannot write into {out} ({err.strerror}); choose another --out") from None
     try:
-        files = _generate(rows, directory, staging)
+        files = _generate(rows, source, staging, plots=plots)
         paths = {name: out / name for name in files}
         for name, path in paths.items():
             (staging / name).replace(path)

@@ -248,8 +248,9 @@ def render_report(summary: dict, plots: dict[str, list[str]]) -> str:
     sections = [_title(summary), _source(summary), PREAMBLE, theory_note(summary)]
     if cells:
         sections.append("## Bytes per parameter")
-        for group, image in zip(summary["groups"], plots["bytes_per_param"], strict=True):
-            sections += [_bytes_per_param_section(group), *_images([image])]
+        per_group = plots["bytes_per_param"] or [None] * len(summary["groups"])  # None: written without plots
+        for group, image in zip(summary["groups"], per_group, strict=True):
+            sections += [_bytes_per_param_section(group), *_images([image] if image else [])]
         sections += [_category_section(cells), *_images(plots["categories"])]
         sections += [
             _states_section(cells),

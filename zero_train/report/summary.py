@@ -1,4 +1,4 @@
-"""summary.json: every number of the report, machine-readable.
+"""summary.json: every number of the report, machine-readable; cells.json: the numbers that matter per cell.
 
     {"schema": "zero_train.report_summary/1", "source": DIR, "peak_goal": 0.1,
      "ratio_convention": "...",
@@ -7,7 +7,13 @@
                                      "paper": {stage: {world_size: x}}}}],
      "cells": [comparison row, one per successful cell (zero_train.report.compare) + "explanations"],
      "failed": [{"cell", "engine", "world_size", "precision", "model", "error"}],
-     "files": ["report.md", "summary.json", PNG names]}
+     "files": ["report.md", "summary.json", "cells.json", PNG names]}
+
+cells.json (schema zero_train.report_cells/1) is the same object with each cell cut to what tests and docs
+read (compact_cell): the cell's settings and DeepSpeed config, measured peak / other / allocator / categories
+per rank, the measured and estimated peak per phase, model states beside the paper and DeepSpeed, bytes per
+parameter, communication per step. It drops the per-rank phase series, our model's terms per phase and the
+explanations (those are in report.md): docs/ commits it, not summary.json (docs/index.md#results-what-was-measured).
 
 Bytes are per rank (the cell's reported rank: the one with the highest peak; every rank under "ranks").
 World sizes are JSON object keys, so they are strings in the file.
@@ -22,6 +28,24 @@ from zero_train.memory.model import theory
 from zero_train.report.compare import PEAK_GOAL, engine_index
 
 SCHEMA = "zero_train.report_summary/1"
+CELLS_SCHEMA = "zero_train.report_cells/1"
+CELL_KEYS = (
+    "cell", "engine", "zero_stage", "world_size", "precision", "model", "num_params", "micro_batch_size",
+    "block_size", "grad_accum", "gradient_checkpointing", "steps", "device", "lora", "ds_config",
+    "reported_rank", "categories", "allocator_bytes", "peak_bytes", "baseline_bytes", "model_states",
+    "footprint", "peak",
+)  # fmt: skip
+RANK_KEYS = (
+    "rank",
+    "categories",
+    "model_state_bytes",
+    "allocator_bytes",
+    "peak_bytes",
+    "baseline_bytes",
+    "other_between_steps",
+)
+OURS_PEAK_KEYS = ("rank", "peak_phase", "peak_bytes", "phase_bytes")
+COMM_KEYS = ("payload", "measured_volume", "paper_volume", "ratio", "sent_bytes")
 RATIO_CONVENTION = (
     "memory ratios are estimate / measured (1.00 exact, < 1 the estimate is too low); "
     "communication ratios are measured / paper"
@@ -90,6 +114,47 @@ def build_summary(rows: list[dict], *, source: str, files: list[str]) -> dict:
     )
 
 
+def _pick(values: dict, keys: tuple[str, ...]) -> dict:
+    """`values` cut to `keys`, in that order (a key an older record lacks is left out, not invented)."""
+    return {key: values[key] for key in keys if key in values}
+
+
+def compact_cell(row: dict) -> dict:
+    """One summary cell cut to the numbers that matter (the module docstring lists them)."""
+    cell = _pick(row, CELL_KEYS)
+    cell["ranks"] = [_pick(rank, RANK_KEYS) for rank in row["ranks"]]
+    cell["bytes_per_param"] = _pick(row["bytes_per_param"], ("model_states", "peak"))
+    cell["ours_peak"] = _pick(row["ours_peak"], OURS_PEAK_KEYS)
+    cell["comm"] = _pick(row["comm"], COMM_KEYS)
+    return cell
+
+
+def compact_summary(summary: dict) -> dict:
+    """The cells.json object from a summary.json object: same groups and failed cells, compact cells."""
+    return dict(
+        schema=CELLS_SCHEMA,
+        source=summary["source"],
+        peak_goal=summary["peak_goal"],
+        ratio_convention=summary["ratio_convention"],
+        groups=summary["groups"],
+        cells=[compact_cell(row) for row in summary["cells"]],
+        failed=summary["failed"],
+    )
+
+
 def write_summary(summary: dict, path: pathlib.Path) -> None:
     """Write `summary` as indented JSON (no NaN or infinity: every unknown is null)."""
     path.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+
+
+def write_cells(summary: dict, path: pathlib.Path) -> None:
+    """Write cells.json from the summary object: one line per key, and per cell, group and failed cell, so a
+    re-measurement diffs cell by cell."""
+    lines = []
+    for key, value in compact_summary(summary).items():
+        if isinstance(value, list) and value:
+            items = ",\n  ".join(json.dumps(item, allow_nan=False) for item in value)
+            lines.append(f" {json.dumps(key)}: [\n  {items}\n ]")
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value, allow_nan=False)}")
+    path.write_text("{\n" + ",\n".join(lines) + "\n}\n")
