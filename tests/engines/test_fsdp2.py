@@ -172,7 +172,7 @@ def test_fsdp2_matches_ddp_and_resumes_at_other_world_sizes(tmp_path):
         )
 
 
-SUMMARY = pathlib.Path(__file__).resolve().parents[2] / "docs" / "fsdp2" / "report" / "summary.json"
+SUMMARY = pathlib.Path(__file__).resolve().parents[2] / "docs" / "fsdp2" / "report" / "cells.json"
 
 
 def _summary_cells() -> list[dict]:

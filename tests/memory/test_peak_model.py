@@ -1,7 +1,7 @@
 """Our per-phase peak model (zero_train.memory.model.peak): its terms, and its accuracy on real measured runs.
 
-The accuracy check needs no new run: docs/report/summary.json holds what 36 real runs measured (gpt2-25m,
-fp32 and bf16, 1/2/4 ranks, all six engines: peak, "other" and every phase per rank); our model is
+The accuracy check needs no new run: docs/report/cells.json holds what 36 real runs measured (gpt2-25m,
+fp32 and bf16, 1/2/4 ranks, all six engines: peak, "other" and the categories per rank); our model is
 recomputed here from the model's shape and each cell's settings and must land within 10% of the measured
 peak minus the measured "other" (the part no estimator predicts) in every cell.
 """
@@ -19,7 +19,7 @@ from zero_train.memory.model.theory import ModelShape, activation_bytes
 
 pytestmark = pytest.mark.tier("quick")
 
-SUMMARY = pathlib.Path(__file__).resolve().parents[2] / "docs" / "report" / "summary.json"
+SUMMARY = pathlib.Path(__file__).resolve().parents[2] / "docs" / "report" / "cells.json"
 PSI = 1_000_000
 TIED = 100_000
 SHAPE = ModelShape(num_params=PSI, param_numels=(TIED, 400_000, 300_000, 200_000), tied_embedding_params=TIED)
