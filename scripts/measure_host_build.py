@@ -1,14 +1,14 @@
 """Measure the host bytes train.py's model build takes, by --load-dtype and under zero.Init, against the estimate.
 
-    python scripts/measure_host_build.py                       # 3 torchrun launches, minutes here
+    python scripts/measure_host_build.py                       # 4 torchrun launches, minutes here
     python scripts/measure_host_build.py --cases ddp-bf16-load,ds3-zero-init
     python scripts/measure_host_build.py --json host_build.json
 
 Writes a Llama-shaped config of 0.32B parameters (20 layers x 1024, SwiGLU 2816, vocabulary 32,000, untied) and
 trains it for one step through torchrun and scripts/train.py with --memory-report, three ways: DDP on 1 rank with
 --load-dtype fp32, the same with --load-dtype bf16 (fp32 training: the engine casts it up), and DeepSpeed ZeRO-3
-on 2 ranks (train.py builds under zero.Init, fp32). For every rank it reads the probe's "model_built" phase: the
-allocator's peak inside the build minus its level before it (glibc mallinfo2 on CPU), beside the estimate's
+on 2 and on 3 ranks (train.py builds under zero.Init, fp32). For every rank it reads the probe's "model_built"
+phase: the allocator's peak inside the build minus its level before it (glibc mallinfo2 on CPU), beside the estimate's
 start-up host term for the same set-up (zero_train.memory.model.host_build.model_build_bytes, device cpu) and the
 whole process's allocator peak of the run. Exit 0 when every build is within 10% of the estimate, 1 otherwise.
 """
@@ -33,6 +33,7 @@ CASES = {  # name -> (train.py --engine, ZeRO stage of the JSON, --load-dtype, r
     "ddp-fp32-load": ("ddp", 0, "fp32", 1, "ddp"),
     "ddp-bf16-load": ("ddp", 0, "bf16", 1, "ddp"),
     "ds3-zero-init": ("deepspeed", 3, "fp32", 2, "ds3"),
+    "ds3-zero-init-3": ("deepspeed", 3, "fp32", 3, "ds3"),
 }
 TOLERANCE = 0.10
 
@@ -61,7 +62,7 @@ def _ds_config(stage: int) -> dict:
 def _launch(folder: pathlib.Path, name: str) -> dict:
     """One torchrun launch of scripts/train.py; its memory run record."""
     engine, stage, load_dtype, ranks, _ = CASES[name]
-    config, report = folder / f"zero{stage}.json", folder / f"{engine}-{load_dtype}.memory.json"
+    config, report = folder / f"zero{stage}.json", folder / f"{name}.memory.json"
     config.write_text(json.dumps(_ds_config(stage)))
     scripts = pathlib.Path(__file__).resolve().parent
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",

@@ -3,9 +3,12 @@
 - train.py's own model build (zero_train.train.setup.model_builder) of llama-60m in fp32 and in bf16: the bytes the
   CPU allocator gains during the build are the estimate's start-up host term (memory.model.host_build) within
   10%, and the bf16 build holds exactly the weights the fp32 build rounds to (a bf16 run starts the same).
+- DeepSpeed ZeRO-3 on 2 CPU ranks: train.py's build under zero.Init (a 39M-parameter Llama, its embedding and LM
+  head the largest modules) is the estimate's term within 10%: the partition, plus the largest set transformers
+  gathers to initialise the weights held twice (DeepSpeed's buffer and gloo's receive buffer).
 - The estimate: --load-dtype bf16 halves the start-up host bytes of the stages that build the whole model on
   each rank; ZeRO-3 builds under zero.Init on the GPU (no model bytes on the host), on CPU ranks its partition
-  and its largest module.
+  and, twice, the largest set gathered to initialise the weights.
 - plan for Llama-2-70B on 256 x 8 GPUs with 2,000 GB per node: in fp32 every stage 0-2 set-up is rejected for
   host memory (8 x 276 GB per node); in bf16 none is.
 - A bf16-loaded `tiny` trained in fp32 by ddp, our zero2, FSDP2 and DeepSpeed ZeRO-2 (2 ranks): the same losses.
@@ -64,6 +67,53 @@ def test_train_builds_in_the_load_dtype_with_the_host_bytes_the_estimate_predict
         assert torch.equal(fp32.to(torch.bfloat16), bf16), name
 
 
+ZERO_INIT_MODEL = dict(
+    model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=512, intermediate_size=1408,
+    num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, vocab_size=32_000,
+    max_position_embeddings=64, tie_word_embeddings=False, rms_norm_eps=1e-5,
+)  # fmt: skip
+
+
+def _zero_init_build_in_ranks(rank: int, world_size: int, argv: list[str]) -> int:
+    """train.py's engine set-up in this rank (no step): the host bytes its model build added (the probe's)."""
+    from zero_train.runtime.dist import init_distributed
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import Trainer
+    from zero_train.train.setup import plan_run
+
+    args = parse_args(argv)
+    trainer = Trainer(args, plan_run(args, world_size=world_size), init_distributed())
+    built = trainer.probe.phases["model_built"]["peak_bytes"] - trainer.probe.baseline_bytes
+    trainer.close()
+    return built
+
+
+@pytest.mark.tier("multiproc")
+def test_zero3_builds_under_zero_init_on_cpu_ranks_with_the_host_bytes_the_estimate_predicts(tmp_path):
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.host_build import model_build_bytes
+    from zero_train.memory.model.theory import model_shape
+    from zero_train.registry import engine_spec
+    from zero_train.testing import run_ranks
+
+    (tmp_path / "config.json").write_text(json.dumps(ZERO_INIT_MODEL))
+    (tmp_path / "zero3.json").write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "SGD", "params": {"lr": 1e-3}}, "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 100_000, "stage3_prefetch_bucket_size": 100_000},
+    }))  # fmt: skip
+    argv = ["--model", str(tmp_path / "config.json"), "--engine", "deepspeed", "--precision", "fp32",
+            "--deepspeed_config", str(tmp_path / "zero3.json"), "--block-size", "32", "--micro-batch-size", "1",
+            "--no-progress", "--memory-report", str(tmp_path / "memory.json")]  # fmt: skip
+    built = run_ranks(_zero_init_build_in_ranks, 2, args=(argv,), timeout_s=600)
+    shape = model_shape(model_config(str(tmp_path / "config.json")))
+    assert shape.init_gather_numels == (32_000 * 512, 512)  # the embedding with the final norm
+    predicted = model_build_bytes(engine_spec("ds3"), shape, world_size=2, load_dtype="fp32", precision="fp32",
+                                  device="cpu")  # fmt: skip
+    for rank_bytes in built:
+        assert abs(rank_bytes - predicted) <= 0.10 * predicted, (built, predicted)
+
+
 def test_the_estimate_s_host_start_up_follows_the_load_dtype_and_zero_init():
     from zero_train.hf.models import model_config
     from zero_train.memory.model.estimate import estimate_setup
@@ -81,10 +131,12 @@ def test_the_estimate_s_host_start_up_follows_the_load_dtype_and_zero_init():
         assert rows["fp32", "cuda"][stage].host_startup_per_rank == 4 * psi
         assert rows["bf16", "cuda"][stage].host_startup_per_rank == 2 * psi
         assert rows["bf16", "cuda"][stage].host_per_node_bytes == 8 * 2 * psi
-    largest = 128256 * 4096  # the embedding (untied: the LM head is as large)
+    # the largest set transformers gathers to initialise: the embedding with the final norm (untied: the LM head
+    # is as large), each held twice, DeepSpeed's buffer and gloo's
+    gathered = 128256 * 4096 + 4096
     for load_dtype in ("fp32", "bf16"):
         assert rows[load_dtype, "cuda"][3].host_startup_per_rank == 0
-        assert rows[load_dtype, "cpu"][3].host_startup_per_rank == 2 * (-(-psi // 8) + largest)
+        assert rows[load_dtype, "cpu"][3].host_startup_per_rank == 2 * (-(-psi // 8) + 2 * gathered)
     with pytest.raises(ValueError, match="load dtype"):
         estimate_setup(config, world_size=8, block_size=256, load_dtype="fp16")
 

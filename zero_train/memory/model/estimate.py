@@ -57,7 +57,8 @@ class StageEstimate:
     """Host bytes per rank while training, by term (offload; {} without)."""
     host_startup_per_rank: int
     """Host bytes per rank while train.py builds the model (host_build: the whole model in --load-dtype; ZeRO-3
-    under zero.Init: nothing on a GPU's host, its partition and largest module on CPU ranks)."""
+    under zero.Init: nothing on a GPU's host; on CPU ranks its partition and the largest set gathered to
+    initialise the weights, twice)."""
     host_per_node_bytes: int
     """Ranks on one node x the larger of training and start-up host bytes."""
     nvme_per_rank_bytes: int

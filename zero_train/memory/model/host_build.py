@@ -6,10 +6,12 @@ Every engine but DeepSpeed's ZeRO-3 builds the whole model on each rank's host i
 bytes/param, what train.py always did; bf16: 2), then the engine casts it to the training precision and moves it
 to the device (zero_train.train.setup.model_builder). ZeRO-3 (ds3) builds under DeepSpeed's zero.Init: each
 module's parameters are made on the rank's device in the config's precision and partitioned as soon as the module
-exists, so on a GPU the host holds none of them; on CPU ranks (the device is the host) a rank holds its partition
-plus, for a moment, the largest module whole. FSDP2 builds the whole model like the others (train.py does not
-build it on the meta device). Measured against train.py's own build on CPU ranks (the whole-model builds within
-2%, ZeRO-3's 19% above): docs/memory_model.md ("Host memory while the model is built").
+exists, so on a GPU the host holds none of them. On CPU ranks (the device is the host) a rank holds its partition,
+and then transformers initialises the weights module by module, each gathered whole (rank 0 draws them and
+broadcasts): the largest set it gathers at once (ModelShape.init_gather_numels, e.g. the embedding) is alive
+together with gloo's receive buffers. FSDP2 builds the whole model like the others (train.py does not build it on
+the meta device). Measured against train.py's own build on CPU ranks: docs/memory_model.md ("Host memory while the
+model is built").
 """
 
 from __future__ import annotations
@@ -18,10 +20,22 @@ from zero_train.ds_config.keys import LOAD_DTYPES
 from zero_train.memory.model.theory import ModelShape, precision_bytes
 from zero_train.registry import EngineSpec
 
+GLOO_THREADS = 2
+"""Worker threads of torch's gloo process group (ProcessGroupGloo's default): collectives DeepSpeed launches
+asynchronously (a multi-tensor gather) run this many at a time, each with its own receive buffer."""
+
 
 def builds_under_zero_init(spec: EngineSpec) -> bool:
     """DeepSpeed at ZeRO-3: train.py builds the model inside zero.Init (transformers' HfDeepSpeedConfig)."""
     return spec.family == "deepspeed" and spec.stage == 3
+
+
+def init_gather_numels(shape: ModelShape) -> int:
+    """Elements alive while ZeRO-3's weight initialisation gathers its largest set on CPU ranks: the gathered
+    tensors, plus gloo's copy of each in flight (gloo's allgather receives into a flat buffer of its own and copies
+    it out: ProcessGroupGloo's allgather), GLOO_THREADS at a time."""
+    gathered = shape.init_gather_numels or (shape.largest_layer_params,)
+    return sum(gathered) + sum(gathered[:GLOO_THREADS])
 
 
 def model_build_bytes(
@@ -42,4 +56,4 @@ def model_build_bytes(
     if device == "cuda":
         return 0
     partition = -(-shape.num_params // world_size)
-    return precision_bytes(precision)["params"] * (partition + shape.largest_layer_params)
+    return precision_bytes(precision)["params"] * (partition + init_gather_numels(shape))

@@ -54,6 +54,9 @@ class ModelShape:
     trainable_numels: tuple[int, ...] | None = None
     """LoRA: elements of every trainable tensor (the adapters), in `model.parameters()` order; the rest of
     `param_numels` is the frozen base (no gradient, master or optimizer state). None: every parameter trains."""
+    init_gather_numels: tuple[int, ...] = ()
+    """Elements of each tensor in the largest set transformers gathers at once to initialise a model built under
+    ZeRO-3's zero.Init (a module's own parameters with its direct children's), largest first; () = unknown."""
 
     @property
     def frozen_base(self) -> bool:
@@ -165,6 +168,7 @@ def model_shape(config, lora=None) -> ModelShape:
             fields,
             param_numels=tuple(fields["param_numels"]),
             trainable_numels=None if trainable is None else tuple(trainable),
+            init_gather_numels=tuple(fields["init_gather_numels"]),
         )
     )
 
@@ -175,6 +179,7 @@ def _meta_shape(config, lora=None) -> ModelShape:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
+        init_gather = _largest_init_gather(model)  # the base's: zero.Init builds it before peft wraps it
         if lora is not None:
             from zero_train.hf.lora import apply_lora
 
@@ -194,4 +199,20 @@ def _meta_shape(config, lora=None) -> ModelShape:
         param_numels=numels,
         tied_embedding_params=embedding.weight.numel() if tied else 0,
         trainable_numels=trainable,
+        init_gather_numels=init_gather,
     )
+
+
+def _largest_init_gather(model) -> tuple[int, ...]:
+    """The largest set of tensors transformers' initialize_weights_zero3 gathers at once, largest first: it
+    initialises each module with its parameters and its direct children's (a nested PreTrainedModel apart)."""
+    from transformers import PreTrainedModel
+
+    def gathered(module) -> tuple[int, ...]:
+        numels = {id(p): p.numel() for p in module.parameters(recurse=False)}
+        for child in module.children():
+            if not isinstance(child, PreTrainedModel):
+                numels.update((id(p), p.numel()) for p in child.parameters(recurse=False))
+        return tuple(sorted(numels.values(), reverse=True))
+
+    return max((gathered(module) for module in model.modules()), key=sum)
