@@ -3,7 +3,7 @@
 - train.py's own model build (zero_train.train.setup.model_builder) of llama-60m in fp32 and in bf16: the bytes the
   CPU allocator gains during the build are the estimate's start-up host term (memory.model.host_build) within
   10%, and the bf16 build holds exactly the weights the fp32 build rounds to (a bf16 run starts the same).
-- DeepSpeed ZeRO-3 on 2 CPU ranks: train.py's build under zero.Init (a 39M-parameter Llama, its embedding and LM
+- DeepSpeed ZeRO-3 on 2 CPU ranks: train.py's build under zero.Init (a 91M-parameter Llama, its embedding and LM
   head the largest modules) is the estimate's term within 10%: the partition, plus the largest set transformers
   gathers to initialise the weights held twice (DeepSpeed's buffer and gloo's receive buffer).
 - The estimate: --load-dtype bf16 halves the start-up host bytes of the stages that build the whole model on
@@ -68,8 +68,8 @@ def test_train_builds_in_the_load_dtype_with_the_host_bytes_the_estimate_predict
 
 
 ZERO_INIT_MODEL = dict(
-    model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=512, intermediate_size=1408,
-    num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, vocab_size=32_000,
+    model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=1024, intermediate_size=2816,
+    num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16, vocab_size=32_000,
     max_position_embeddings=64, tie_word_embeddings=False, rms_norm_eps=1e-5,
 )  # fmt: skip
 
@@ -107,7 +107,7 @@ def test_zero3_builds_under_zero_init_on_cpu_ranks_with_the_host_bytes_the_estim
             "--no-progress", "--memory-report", str(tmp_path / "memory.json")]  # fmt: skip
     built = run_ranks(_zero_init_build_in_ranks, 2, args=(argv,), timeout_s=600)
     shape = model_shape(model_config(str(tmp_path / "config.json")))
-    assert shape.init_gather_numels == (32_000 * 512, 512)  # the embedding with the final norm
+    assert shape.init_gather_numels == (32_000 * 1024, 1024)  # the embedding with the final norm
     predicted = model_build_bytes(engine_spec("ds3"), shape, world_size=2, load_dtype="fp32", precision="fp32",
                                   device="cpu")  # fmt: skip
     for rank_bytes in built:
