@@ -22,6 +22,11 @@ it for a 16-bit model, Adam's moments of its trainable pieces. What lives only f
 Gradient accumulation: the gradient slices of earlier micro-batches live through the later ones (every
 micro-batch is reduce-scattered, nothing whole is kept). Activation checkpointing: the end of backward may
 peak while the first block is recomputed (peak_terms.activation_terms).
+
+LoRA: a unit mixing frozen and trainable parameters is two (sharding/zero3.py), so the frozen base costs its
+slice (e x Psi_frozen / N) and its gathers only; gradients, masters and moments are the adapters' (`owned`
+is this rank's slice of them), and whole gradients exist only for a block's adapters (peft's targets, all-linear
+included, leave the embedding and LM head frozen: no head gradient, no tied copies).
 """
 
 from __future__ import annotations
@@ -50,6 +55,15 @@ def zero3_units(run: Run) -> tuple[int, int, int]:
     return embedding, head, block
 
 
+def trained_units(run: Run) -> tuple[int, int, int]:
+    """(input embedding, untied LM head, one block) elements that take gradients: zero3_units without LoRA;
+    with it, the adapters, all in the blocks."""
+    if not run.shape.frozen_base:
+        return zero3_units(run)
+    layers = run.shape.num_layers
+    return 0, 0, run.trained // layers if layers else run.trained
+
+
 def _communication_bytes(run: Run) -> int:
     """c: bytes per gradient element on the wire and in the slices (the config's communication_data_type,
     default the model's dtype, as engines/zero3.py reads it)."""
@@ -66,8 +80,9 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
     c = _communication_bytes(run)
     embedding, head, block = zero3_units(run)
     owned = share.owned
+    frozen_slice = -(-(run.shape.num_params - run.trained) // n)  # LoRA's base: 1/N, no grads/masters/moments
     rest = dict(
-        params=e * owned,
+        params=e * (owned + frozen_slice),
         master_params=FP32_BYTES * owned if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * owned,
     )
@@ -80,9 +95,9 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
                               gathered_params=gathered))  # fmt: skip
     at_head = _add(held, dict(activations=terms.saved_bytes, loss_gradients=loss_backward(run),
                               gathered_params=gathered + prefetched))  # fmt: skip
-    backward_start = _largest(at_head, _add(held, _last_block(run, embedding, head, block, c),
+    backward_start = _largest(at_head, _add(held, _last_block(run, (embedding, head, block), c),
                                             dict(activations=terms.saved_bytes)))  # fmt: skip
-    last = _embedding_leaves(run, embedding, c)
+    last = _embedding_leaves(run, trained_units(run)[0], c)
     end = _add(slices, dict(gathered_params=e * embedding if n > 1 else 0), last)
     if terms.recompute_bytes:
         recompute = _add(slices, dict(gathered_params=e * (embedding + block) if n > 1 else 0,
@@ -110,20 +125,23 @@ def _embedding_leaves(run: Run, embedding: int, c: int) -> dict[str, int]:
     return _largest(tied, copying, exchanging)
 
 
-def _last_block(run: Run, embedding: int, head: int, block: int, c: int) -> dict[str, int]:
+def _last_block(run: Run, units: tuple[int, int, int], c: int) -> dict[str, int]:
     """The last block's backward, after the head's: it, the block prefetched after it and a tied embedding
-    gathered; its whole gradients copied into its flat buffer; and either a tied head's gradient waiting for
-    the embedding's contribution, or an untied head's gradients on their way (flat buffer, on gloo the
-    exchange's receive buffer), in flight until this block's are launched."""
+    gathered (`units`: zero3_units); its whole gradients copied into its flat buffer; and either a tied head's
+    gradient waiting for the embedding's contribution, or an untied head's gradients on their way (flat
+    buffer, on gloo the exchange's receive buffer), in flight until this block's are launched."""
     e, n = run.element_bytes, run.world_size
+    embedding, head, block = units
+    _, head_trained, block_trained = trained_units(run)
     if n == 1:
-        return dict(pending_grads=e * block)
+        return dict(pending_grads=e * block_trained)
     received = (n - 1) / n if run.backend == "gloo" else 0.0
     waiting = dict(tied_gradient_copies=tied_gradient_copies(run))
     if head:
-        waiting = dict(reduce_scatter_buffer=int(c * head * (1 + received)))
+        waiting = dict(reduce_scatter_buffer=int(c * head_trained * (1 + received)))
     else:
-        waiting["reduce_scatter_buffer"] = c * block
+        waiting["reduce_scatter_buffer"] = c * block_trained
     return _add(
-        dict(gathered_params=e * ((0 if head else embedding) + 2 * block), pending_grads=e * block), waiting
+        dict(gathered_params=e * ((0 if head else embedding) + 2 * block), pending_grads=e * block_trained),
+        waiting,
     )
