@@ -23,6 +23,9 @@ Gradient accumulation: the gradient slices of earlier micro-batches live through
 micro-batch is reduce-scattered, nothing whole is kept). Activation checkpointing: the end of backward may
 peak while the first block is recomputed (peak_terms.activation_terms).
 
+One rank is no exception: a gathered unit is a copy of its slice (Unit.begin_gather) and gradients still pass
+through the unit's flat buffer (GradientReducer._launch); only gloo's receive buffers need peers.
+
 LoRA: a unit mixing frozen and trainable parameters is two (sharding/zero3.py), so the frozen base costs its
 slice (e x Psi_frozen / N) and its gathers only; gradients, masters and moments are the adapters' (`owned`
 is this rank's slice of them), and whole gradients exist only for a block's adapters (peft's targets, all-linear
@@ -89,8 +92,8 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
     slices = dict(grads=c * owned)
     held = dict(accumulated_grads=c * owned) if run.grad_accum > 1 else {}
     terms = activation_terms(run)
-    gathered = e * (head or embedding) if n > 1 else 0  # the unit computing the logits
-    prefetched = e * block if n > 1 else 0
+    gathered = e * (head or embedding)  # the unit computing the logits (at N = 1 too: a copy of the slice)
+    prefetched = e * block
     forward = _add(held, dict(activations=terms.saved_bytes, loss_temporaries=terms.loss_bytes,
                               gathered_params=gathered))  # fmt: skip
     at_head = _add(held, dict(activations=terms.saved_bytes, loss_gradients=loss_backward(run),
@@ -98,9 +101,9 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
     backward_start = _largest(at_head, _add(held, _last_block(run, (embedding, head, block), c),
                                             dict(activations=terms.saved_bytes)))  # fmt: skip
     last = _embedding_leaves(run, trained_units(run)[0], c)
-    end = _add(slices, dict(gathered_params=e * embedding if n > 1 else 0), last)
+    end = _add(slices, dict(gathered_params=e * embedding), last)
     if terms.recompute_bytes:
-        recompute = _add(slices, dict(gathered_params=e * (embedding + block) if n > 1 else 0,
+        recompute = _add(slices, dict(gathered_params=e * (embedding + block),
                                       recomputed_block=terms.recompute_bytes))  # fmt: skip
         end = _largest(end, recompute)
     step = _add(slices, dict(fp32_grads=FP32_BYTES * owned if c != FP32_BYTES else 0,
@@ -119,9 +122,9 @@ def _embedding_leaves(run: Run, embedding: int, c: int) -> dict[str, int]:
     gloo exchange's receive buffer."""
     e, n = run.element_bytes, run.world_size
     tied = dict(tied_gradient_copies=3 * tied_gradient_copies(run))
-    copying = dict(pending_grads=e * embedding, reduce_scatter_buffer=c * embedding if n > 1 else 0)
+    copying = dict(pending_grads=e * embedding, reduce_scatter_buffer=c * embedding)
     received = c * embedding * (n - 1) // n if run.backend == "gloo" else 0
-    exchanging = dict(reduce_scatter_buffer=(c * embedding + received) if n > 1 else 0)
+    exchanging = dict(reduce_scatter_buffer=c * embedding + received)
     return _largest(tied, copying, exchanging)
 
 
@@ -133,8 +136,6 @@ def _last_block(run: Run, units: tuple[int, int, int], c: int) -> dict[str, int]
     e, n = run.element_bytes, run.world_size
     embedding, head, block = units
     _, head_trained, block_trained = trained_units(run)
-    if n == 1:
-        return dict(pending_grads=e * block_trained)
     received = (n - 1) / n if run.backend == "gloo" else 0.0
     waiting = dict(tied_gradient_copies=tied_gradient_copies(run))
     if head:
