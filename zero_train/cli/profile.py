@@ -131,7 +131,8 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         error = f"exit code {code}: {last_error_line(log_path.read_text())}"
     record = error_record(error, ds_config=config, **cell_meta) if error else load_record(record_path)
     record["zero_stage"] = engine_spec(engine).stage
-    record["num_params"] = meta["num_params"]  # counted on the full model (ZeRO-3 ranks see partitions)
+    adapters = (record.get("lora") or {}).get("adapter_params") or 0
+    record["num_params"] = meta["num_params"] + adapters  # the full model (ZeRO-3 ranks see partitions) + LoRA's
     write_record(record, record_path)
     return record
 
