@@ -9,8 +9,8 @@
   24 GB, nothing cheaper does, full fine-tuning fits on neither;
 - a plan on `tiny` with --lora-r writes a config that train.py runs with the printed flags, its measured peak
   (minus "other") within 10% of the plan's need per rank;
-- our ZeRO-3 with LoRA, out of sample: docs/report/lora_zero3.json holds what `zero-train profile --lora-r 8`
-  measured (gpt2-25m, 2 x 64, fp32 and bf16, 2 and 4 ranks: docs/lora.md); our model, computed here as the
+- our ZeRO-3 with LoRA, out of sample: docs/lora/zero3-report/cells.json holds what `zero-train profile --lora-r 8`
+  measured (gpt2-25m, 2 x 64, fp32 and bf16, 1, 2 and 4 ranks: docs/lora.md); our model, computed here as the
   report computes it, lands within 10% of every cell's peak minus its "other".
 """
 
@@ -29,7 +29,7 @@ from zero_train.testing import run_ranks
 pytestmark = pytest.mark.tier("quick")
 
 SPEC = LoraSpec(r=4, target_modules=("all-linear",))
-ZERO3_CELLS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "report" / "lora_zero3.json"
+ZERO3_CELLS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "lora" / "zero3-report" / "cells.json"
 
 
 def test_the_shape_trains_peft_s_adapters_only():
