@@ -4,13 +4,14 @@
   choice (GPT-2: c_attn; Llama: q_proj, v_proj), else every linear layer; a name that matches nothing, a
   dropout of 1, or a resume with other LoRA settings is one line and exit 2.
 - a LoRA checkpoint saved by 2 ranks resumes on 1 rank (the same global batch: micro-batch 4) for our ZeRO-1
-  (optimizer shards merged), FSDP2 (DCP resharded) and DeepSpeed ZeRO-2 (universal checkpoint), and trains
-  on with the losses of the uninterrupted 2-rank run, within float rounding.
+  (optimizer shards merged), our ZeRO-3 (pieces re-cut), FSDP2 (DCP resharded) and DeepSpeed ZeRO-2 (universal
+  checkpoint), and trains on with the losses of the uninterrupted 2-rank run, within float rounding.
 - an --hf-auto DeepSpeed config trains LoRA in train.py as in the Hugging Face Trainer + peft (the bench's
   peer, zero_train.bench.hf_peer, on the same flags): the same losses within 1e-5.
 - `--export-hf` and `zero-train export` write a PEFT adapter folder that PeftModel.from_pretrained loads onto
   the rebuilt base with the run's eval loss, bit for bit; `--merge` writes a plain HF folder with the same
-  eval loss within 1e-5.
+  eval loss within 1e-5; our ZeRO-3's 2-rank run exports the same PEFT folder from `--export-hf` and from its
+  checkpoint, and peft loads every adapter of it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+import torch
 
 from zero_train.hf.lora import LoraSpec, lora_shapes
 from zero_train.hf.models import model_config
@@ -95,7 +97,7 @@ def corpus(tmp_path_factory) -> pathlib.Path:
     return root
 
 
-ELASTIC = ("zero1", "fsdp2-z3", "ds2")  # three checkpoint formats: rank shards, DCP, DeepSpeed's (universal)
+ELASTIC = ("zero1", "zero3", "fsdp2-z3", "ds2")  # rank shards (flat, pieces), DCP, DeepSpeed's (universal)
 
 
 def _train_each(rank: int, world_size: int, argvs: list[list[str]]) -> list[dict]:
@@ -122,6 +124,7 @@ def elastic_runs(corpus) -> dict:
     two = [
         _flags(corpus, engine, "--micro-batch-size", "2", "--save-every", str(SAVED_AT)) for engine in ELASTIC
     ]
+    two[ELASTIC.index("zero3")] += ["--export-hf", str(corpus / "zero3-export")]
     *whole, hf_auto = run_ranks(_train_each, 2, ([*two, _hf_auto_flags(corpus)],), timeout_s=600)[0]
     one = []
     for engine in ELASTIC:
@@ -147,6 +150,31 @@ def test_a_two_rank_lora_checkpoint_resumes_on_one_rank_with_the_same_losses(ela
     assert resumed["start_step"] == SAVED_AT
     assert resumed["losses"] == pytest.approx(whole["losses"][SAVED_AT:], rel=1e-5)
     assert whole["losses"][-1] < whole["losses"][0]  # it learns: the comparison means something
+
+
+@pytest.mark.tier("multiproc")
+def test_a_zero3_lora_run_exports_a_peft_adapter_folder_peft_loads(corpus, elastic_runs):
+    from peft import PeftModel
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from zero_train.checkpoint.export_lora import export_lora_checkpoint
+    from zero_train.hf.models import load_tokenizer, seeded_model
+
+    export_lora_checkpoint(corpus / "zero3", corpus / "zero3-adapter")  # its latest checkpoint: the last step
+    adapter, at_end = corpus / "zero3-adapter", corpus / "zero3-export"
+    assert sorted(p.name for p in adapter.iterdir())[:2] == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert (adapter / "adapter_model.safetensors").read_bytes() == (
+        at_end / "adapter_model.safetensors"
+    ).read_bytes()  # the gathered adapters of --export-hf are the checkpoint's
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    base = seeded_model("tiny", seed=3, vocab_size=len(load_tokenizer(None)))
+    loaded = get_peft_model_state_dict(PeftModel.from_pretrained(base, str(adapter)))
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
+    assert any(float(v.abs().max()) > 0 for k, v in saved.items() if "lora_B" in k)  # trained: B left zero
 
 
 def _eval_losses(rank: int, world_size: int, argv: list[str], adapter: str, merged: str) -> dict:

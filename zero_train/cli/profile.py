@@ -21,6 +21,7 @@ import pathlib
 import sys
 
 from zero_train.cli.commands import COMMANDS
+from zero_train.cli.lora_flags import add_lora_flags, lora_spec
 from zero_train.ds_config import write_config
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.launch.cells import cell_config, cell_name, last_error_line
@@ -38,6 +39,7 @@ from zero_train.train.args import run_argv
 from zero_train.train.config import (
     DataConfig,
     EngineConfig,
+    LoraConfig,
     ModelConfig,
     OutputConfig,
     RunConfig,
@@ -81,6 +83,7 @@ def profile_command_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--dataset", default=default_for("dataset", "profile"), help="default: the offline corpus"
     )
+    add_lora_flags(parser)
     parser.add_argument("--launcher", choices=RANK_LAUNCHERS, default="deepspeed")
     parser.add_argument(
         "--train-script",
@@ -128,14 +131,15 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         error = f"exit code {code}: {last_error_line(log_path.read_text())}"
     record = error_record(error, ds_config=config, **cell_meta) if error else load_record(record_path)
     record["zero_stage"] = engine_spec(engine).stage
-    record["num_params"] = meta["num_params"]  # counted on the full model (ZeRO-3 ranks see partitions)
+    adapters = (record.get("lora") or {}).get("adapter_params") or 0
+    record["num_params"] = meta["num_params"] + adapters  # the full model (ZeRO-3 ranks see partitions) + LoRA's
     write_record(record, record_path)
     return record
 
 
 def _cell_name(engine: str, world_size: int, args: argparse.Namespace) -> str:
     return cell_name(engine, world_size, args.precision, grad_accum=args.grad_accum,
-                     checkpointing=args.gradient_checkpointing)  # fmt: skip
+                     checkpointing=args.gradient_checkpointing) + (f"-lora{args.lora_r}" if args.lora_r else "")  # fmt: skip
 
 
 def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_path) -> RunConfig:
@@ -143,6 +147,7 @@ def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_p
     and its run record."""
     return RunConfig(
         model=ModelConfig(model=args.model, gradient_checkpointing=args.gradient_checkpointing),
+        lora=LoraConfig(r=args.lora_r, target_modules=args.lora_target_modules),
         data=DataConfig(dataset=args.dataset, block_size=args.block_size),
         training=TrainingConfig(max_steps=args.steps, micro_batch_size=args.micro_batch_size,
                                 grad_accum=args.grad_accum),
@@ -153,6 +158,7 @@ def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_p
 
 def _check_args(args: argparse.Namespace) -> None:
     check_output_dir(args.out, flag="--out")  # before any cell runs
+    lora_spec(args)  # --lora-target-modules without --lora-r: one line, before any cell
     unknown = [name for name in args.engines if name not in engine_names()]
     if unknown:
         raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(engine_names())}")

@@ -27,7 +27,9 @@ from zero_train.checkpoint.files import (
     WEIGHTS_FILE,
     load_rank_file,
     read_elements,
+    read_weights,
     save_rank_file,
+    saved_tensors,
     write_model,
 )
 from zero_train.checkpoint.writes import as_staged_writes
@@ -35,6 +37,7 @@ from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine, warn_unsupported
 from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
 from zero_train.engines.precision import PRECISION_DTYPES, make_loss_scaler
+from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.zero3 import Zero3Model
 from zero_train.sharding.zero3_init import MetaBuild
@@ -92,17 +95,13 @@ class Zero3Engine(LocalEngine):
 
     # ------------------------------------------------------------- weights
     def _named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """The model's state_dict entries, each tensor once under its first name (a tied lm_head is dropped)."""
-        seen: set[int] = set()
-        named = []
-        for name, tensor in self.model.state_dict(keep_vars=True).items():
-            if id(tensor) not in seen:
-                seen.add(id(tensor))
-                named.append((name, tensor))
-        return named
+        """What a checkpoint keeps (checkpoint.files.saved_tensors): each tensor once under its first name (a tied
+        lm_head is dropped); for LoRA the adapters alone."""
+        return list(saved_tensors(self.model).items())
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The fp32 weights on rank 0 in CPU memory (collective: one tensor at a time), None elsewhere."""
+        """The fp32 weights (LoRA: the adapters) on rank 0 in CPU memory (collective: one tensor at a time),
+        None elsewhere."""
         state = {}
         for name, tensor in self._named_tensors():
             if id(tensor) in self.sharded.owner:
@@ -134,7 +133,10 @@ class Zero3Engine(LocalEngine):
             This rank's client_state (rank `rank % saved world size`'s at another world size).
         """
         path = pathlib.Path(path)
-        self._load_weights(path / MODEL_DIR / WEIGHTS_FILE)
+        if is_lora(self.model):
+            self._load_adapters(path)
+        else:
+            self._load_weights(path / MODEL_DIR / WEIGHTS_FILE)
         first = load_rank_file(path, 0, mmap=True)
         saved_world_size = int(first["world_size"])
         rank, world_size = self.dist_info.rank, self.dist_info.world_size
@@ -168,6 +170,21 @@ class Zero3Engine(LocalEngine):
                 for name, tensor in self._named_tensors():
                     if id(tensor) not in self.sharded.owner:
                         tensor.copy_(handle.get_tensor(name))
+
+    def _load_adapters(self, path: pathlib.Path) -> None:
+        """A LoRA checkpoint's adapters (a PEFT folder in model/) into their slices; the base is the --model's."""
+        adapters = self._named_tensors()
+        weights = read_weights(path, self.model)
+        for name, param in adapters:
+            if name not in weights or weights[name].shape != param.shape:
+                raise UsageError(
+                    f"checkpoint adapter {name!r} is missing or of another shape: another model?"
+                )
+        by_id = {id(param): weights[name] for name, param in adapters}
+        self.optimizer.load_weights(
+            lambda param, offset, length: by_id[id(param)].reshape(-1)[offset : offset + length],
+            params=[param for _, param in adapters],
+        )
 
     def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
         """The sharder's own account (Zero3Optimizer.memory_bytes); `device`: count only tensors on it.

@@ -1,7 +1,8 @@
 """Zero3Model: ZeRO stage 3 (the ZeRO paper's P_os+g+p) in plain torch.distributed.
 
 Every parameter lives only as this rank's 1/N slice of its unit's flat buffer (zero3_units.py: a unit is a
-transformer block, the embeddings, the head, or the root). A unit is all-gathered just before the forward of
+transformer block, the embeddings, the head, or the root; a scope mixing frozen and trainable parameters, as
+LoRA's base and adapters, is two units). A unit is all-gathered just before the forward of
 a module that uses it and freed after; gathered again before that module's backward and freed after; its
 gradients are reduce-scattered to their owners as soon as they are complete (zero3_grads.py). The next unit's
 gather is launched while the current one computes, in the order the last pass ran the modules.
@@ -111,10 +112,10 @@ class Zero3Model:
         modules = {name: module for name, module in self.model.named_modules(remove_duplicate=False)}
         for name, params in scopes(self.model, unit_modules):
             owned = [p for p in params if id(p) not in owner]
-            if owned:
+            for kept in _frozen_then_trainable(owned):
                 unit = Unit(
                     name,
-                    owned,
+                    kept,
                     rank=self.rank,
                     world_size=self.world_size,
                     dtype=self.dtype,
@@ -122,7 +123,7 @@ class Zero3Model:
                 )
                 unit.index = len(units)
                 units.append(unit)
-                owner.update({id(p): unit for p in owned})
+                owner.update({id(p): unit for p in kept})
             needed = list(dict.fromkeys(owner[id(p)] for p in params))
             points.append(HookPoint(name, modules[name], sorted(needed, key=units.index)))
         for unit in units:
@@ -305,6 +306,15 @@ class Zero3Model:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+
+
+def _frozen_then_trainable(params: list) -> list[list]:
+    """A scope's parameters as one unit, or two when it mixes frozen and trainable ones (LoRA's base and
+    adapters): the frozen unit never reduces gradients nor holds masters, and the trainable one's slices,
+    gradients and optimizer state are 1/N of the adapters alone."""
+    frozen = [p for p in params if not p.requires_grad]
+    trainable = [p for p in params if p.requires_grad]
+    return [kept for kept in (frozen, trainable) if kept]
 
 
 def _become_view(param: torch.nn.Parameter, view: torch.Tensor) -> None:

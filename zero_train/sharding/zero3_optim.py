@@ -71,10 +71,7 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
         self.last_step_skipped = False
         super().__init__(list(sharded.parameters()) if params is None else params, defaults)
         self.has_master_copies = sharded.dtype != master_dtype
-        self.masters = {
-            id(u): u.shard.to(master_dtype, copy=True) if self.has_master_copies else u.shard
-            for u in sharded.units
-        }
+        self.masters: dict[int, torch.Tensor] = {}  # id(unit) -> master slice, for trainable units only
         self._views: dict[tuple[int, Piece], torch.Tensor] = {}
         self._inner: torch.optim.Optimizer | None = None
         self._pieces: list[OwnedPiece] = []
@@ -90,9 +87,22 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
             self._views[key] = view.view(unit.params[piece.index].shape) if piece.whole else view
         return self._views[key]
 
+    def _master_slice(self, unit: Unit) -> torch.Tensor:
+        """The unit's master slice: the slice itself at the master dtype, else an fp32 copy made on first use."""
+        if not self.has_master_copies:
+            return unit.shard
+        if id(unit) not in self.masters:
+            self.masters[id(unit)] = unit.shard.to(self.master_dtype, copy=True)
+        return self.masters[id(unit)]
+
     def _build_inner(self) -> None:
-        """The inner optimizer over the pieces of the parameters trainable now (states carry over)."""
+        """The inner optimizer over the pieces of the parameters trainable now (states carry over).
+
+        Only units holding a trainable parameter get masters: a frozen base (LoRA) stays in the model's dtype."""
         self._trainable = tuple(p.requires_grad for g in self.param_groups for p in g["params"])
+        for unit in self.sharded.units:
+            if unit.trainable():
+                self.masters[id(unit)] = self._master_slice(unit)
         pieces = {}
         for unit in self.sharded.units:
             for piece in unit.partition.pieces(self.rank):
@@ -219,7 +229,8 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
             self._inner.step(**kwargs)
             if self.has_master_copies:
                 for unit in self.sharded.units:
-                    unit.shard.copy_(self.masters[id(unit)])
+                    if id(unit) in self.masters:
+                        unit.shard.copy_(self.masters[id(unit)])
         self._end_step()
         return loss
 

@@ -99,7 +99,7 @@ class Zero3StateDict:
         CPU memory; None elsewhere. Collective: its pieces travel one at a time from their owners."""
         unit = self.sharded.owner[id(param)]
         position = next(i for i, p in enumerate(unit.params) if p is param)
-        master = self.masters[id(unit)]
+        master = self.masters.get(id(unit), unit.shard)  # a frozen unit: its slice, in the model's dtype
         parts = []
         for rank, piece in unit.partition.pieces_of(position):
             mine = master[piece.within(unit.start)] if rank == self.rank else None
@@ -115,14 +115,23 @@ class Zero3StateDict:
             )
         return torch.cat(parts).view(param.shape) if self.rank == to else None
 
-    def load_weights(self, values_of) -> None:
-        """Fill every slice (and master) from `values_of(param, first element, length)` -> those elements, 1-D."""
+    def load_weights(self, values_of, *, params=None) -> None:
+        """Fill the slices (and masters) from `values_of(param, first element, length)` -> those elements, 1-D.
+
+        Args:
+            params: only these parameters (default: all; LoRA loads its adapters, the base is the --model's).
+        """
+        wanted = None if params is None else {id(p) for p in params}
         for unit in self.sharded.units:
+            target = self.masters.get(id(unit), unit.shard)
             for piece in unit.partition.pieces(self.rank):
-                values = values_of(unit.params[piece.index], piece.tensor_offset, piece.length)
-                self.masters[id(unit)][piece.within(unit.start)].copy_(values)
-            if self.has_master_copies:
-                unit.shard.copy_(self.masters[id(unit)])
+                param = unit.params[piece.index]
+                if wanted is None or id(param) in wanted:
+                    target[piece.within(unit.start)].copy_(
+                        values_of(param, piece.tensor_offset, piece.length)
+                    )
+            if target is not unit.shard:
+                unit.shard.copy_(target)
 
 
 def _cut(saved: list, offset: int, length: int, like: torch.Tensor) -> dict:

@@ -28,7 +28,6 @@ STAGE_ENGINES = {
 }
 """The engine our peak model uses for each stage: torch DDP, DeepSpeed ZeRO-1/2/3."""
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-LORA_UNMODELLED = ("zero3",)  # engines whose peak model has no frozen base yet (issue 29)
 DEFAULT_BLOCK_SIZE = 4096
 """Tokens per sample when none is given: the model's context, at most this (a 128k-context model is rarely
 trained at full context, and its activations at 131,072 tokens fit nowhere)."""
@@ -278,8 +277,6 @@ def estimate_engine(
     from zero_train.memory.model.peak import backend_for, engine_peak
 
     spec = engine_spec(engine)
-    if shape.frozen_base and engine in LORA_UNMODELLED:
-        raise ValueError(f"{engine}'s memory model has no LoRA yet; estimate another engine with --lora-r")
     stage = spec.stage
     model = engine_peak(engine, shape, world_size, backend=backend_for(device), activation_count=count,
                         host_in_phases=False, **run)  # fmt: skip

@@ -22,6 +22,14 @@ it for a 16-bit model, Adam's moments of its trainable pieces. What lives only f
 Gradient accumulation: the gradient slices of earlier micro-batches live through the later ones (every
 micro-batch is reduce-scattered, nothing whole is kept). Activation checkpointing: the end of backward may
 peak while the first block is recomputed (peak_terms.activation_terms).
+
+One rank is no exception: a gathered unit is a copy of its slice (Unit.begin_gather) and gradients still pass
+through the unit's flat buffer (GradientReducer._launch); only gloo's receive buffers need peers.
+
+LoRA: a unit mixing frozen and trainable parameters is two (sharding/zero3.py), so the frozen base costs its
+slice (e x Psi_frozen / N) and its gathers only; gradients, masters and moments are the adapters' (`owned`
+is this rank's slice of them), and whole gradients exist only for a block's adapters (peft's targets, all-linear
+included, leave the embedding and LM head frozen: no head gradient, no tied copies).
 """
 
 from __future__ import annotations
@@ -50,6 +58,15 @@ def zero3_units(run: Run) -> tuple[int, int, int]:
     return embedding, head, block
 
 
+def trained_units(run: Run) -> tuple[int, int, int]:
+    """(input embedding, untied LM head, one block) elements that take gradients: zero3_units without LoRA;
+    with it, the adapters, all in the blocks."""
+    if not run.shape.frozen_base:
+        return zero3_units(run)
+    layers = run.shape.num_layers
+    return 0, 0, run.trained // layers if layers else run.trained
+
+
 def _communication_bytes(run: Run) -> int:
     """c: bytes per gradient element on the wire and in the slices (the config's communication_data_type,
     default the model's dtype, as engines/zero3.py reads it)."""
@@ -66,26 +83,27 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
     c = _communication_bytes(run)
     embedding, head, block = zero3_units(run)
     owned = share.owned
+    frozen_slice = -(-(run.shape.num_params - run.trained) // n)  # LoRA's base: 1/N, no grads/masters/moments
     rest = dict(
-        params=e * owned,
+        params=e * (owned + frozen_slice),
         master_params=FP32_BYTES * owned if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * owned,
     )
     slices = dict(grads=c * owned)
     held = dict(accumulated_grads=c * owned) if run.grad_accum > 1 else {}
     terms = activation_terms(run)
-    gathered = e * (head or embedding) if n > 1 else 0  # the unit computing the logits
-    prefetched = e * block if n > 1 else 0
+    gathered = e * (head or embedding)  # the unit computing the logits (at N = 1 too: a copy of the slice)
+    prefetched = e * block
     forward = _add(held, dict(activations=terms.saved_bytes, loss_temporaries=terms.loss_bytes,
                               gathered_params=gathered))  # fmt: skip
     at_head = _add(held, dict(activations=terms.saved_bytes, loss_gradients=loss_backward(run),
                               gathered_params=gathered + prefetched))  # fmt: skip
-    backward_start = _largest(at_head, _add(held, _last_block(run, embedding, head, block, c),
+    backward_start = _largest(at_head, _add(held, _last_block(run, (embedding, head, block), c),
                                             dict(activations=terms.saved_bytes)))  # fmt: skip
-    last = _embedding_leaves(run, embedding, c)
-    end = _add(slices, dict(gathered_params=e * embedding if n > 1 else 0), last)
+    last = _embedding_leaves(run, trained_units(run)[0], c)
+    end = _add(slices, dict(gathered_params=e * embedding), last)
     if terms.recompute_bytes:
-        recompute = _add(slices, dict(gathered_params=e * (embedding + block) if n > 1 else 0,
+        recompute = _add(slices, dict(gathered_params=e * (embedding + block),
                                       recomputed_block=terms.recompute_bytes))  # fmt: skip
         end = _largest(end, recompute)
     step = _add(slices, dict(fp32_grads=FP32_BYTES * owned if c != FP32_BYTES else 0,
@@ -104,26 +122,27 @@ def _embedding_leaves(run: Run, embedding: int, c: int) -> dict[str, int]:
     gloo exchange's receive buffer."""
     e, n = run.element_bytes, run.world_size
     tied = dict(tied_gradient_copies=3 * tied_gradient_copies(run))
-    copying = dict(pending_grads=e * embedding, reduce_scatter_buffer=c * embedding if n > 1 else 0)
+    copying = dict(pending_grads=e * embedding, reduce_scatter_buffer=c * embedding)
     received = c * embedding * (n - 1) // n if run.backend == "gloo" else 0
-    exchanging = dict(reduce_scatter_buffer=(c * embedding + received) if n > 1 else 0)
+    exchanging = dict(reduce_scatter_buffer=c * embedding + received)
     return _largest(tied, copying, exchanging)
 
 
-def _last_block(run: Run, embedding: int, head: int, block: int, c: int) -> dict[str, int]:
+def _last_block(run: Run, units: tuple[int, int, int], c: int) -> dict[str, int]:
     """The last block's backward, after the head's: it, the block prefetched after it and a tied embedding
-    gathered; its whole gradients copied into its flat buffer; and either a tied head's gradient waiting for
-    the embedding's contribution, or an untied head's gradients on their way (flat buffer, on gloo the
-    exchange's receive buffer), in flight until this block's are launched."""
+    gathered (`units`: zero3_units); its whole gradients copied into its flat buffer; and either a tied head's
+    gradient waiting for the embedding's contribution, or an untied head's gradients on their way (flat
+    buffer, on gloo the exchange's receive buffer), in flight until this block's are launched."""
     e, n = run.element_bytes, run.world_size
-    if n == 1:
-        return dict(pending_grads=e * block)
+    embedding, head, block = units
+    _, head_trained, block_trained = trained_units(run)
     received = (n - 1) / n if run.backend == "gloo" else 0.0
     waiting = dict(tied_gradient_copies=tied_gradient_copies(run))
     if head:
-        waiting = dict(reduce_scatter_buffer=int(c * head * (1 + received)))
+        waiting = dict(reduce_scatter_buffer=int(c * head_trained * (1 + received)))
     else:
-        waiting["reduce_scatter_buffer"] = c * block
+        waiting["reduce_scatter_buffer"] = c * block_trained
     return _add(
-        dict(gathered_params=e * ((0 if head else embedding) + 2 * block), pending_grads=e * block), waiting
+        dict(gathered_params=e * ((0 if head else embedding) + 2 * block), pending_grads=e * block_trained),
+        waiting,
     )

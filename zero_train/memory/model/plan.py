@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.memory.model import limits, offload
 from zero_train.memory.model.estimate import (
-    LORA_UNMODELLED,
     StageEstimate,
     counted_activations,
     estimate_engine,
@@ -314,8 +313,6 @@ def make_plan(request: PlanRequest, *, keep: int = 5, engines: tuple[str, ...] |
     counts = ActivationCounts(request)
     for setup in setup_order():
         if engines is not None and setup.engine not in engines:
-            continue
-        if request.lora is not None and setup.engine in LORA_UNMODELLED:
             continue
         candidate = evaluate(request, setup, counts)
         (fitting if candidate.fits else rejected if not fitting else []).append(candidate)
