@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
-import subprocess
-import sys
+import os
 
 import pytest
 
@@ -30,7 +28,19 @@ from zero_train.runtime.errors import UsageError
 
 pytestmark = pytest.mark.tier("multiproc")
 
-BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+
+def run_bench(argv: list[str]) -> int:
+    """scripts/bench.py's command in this process (the runs are launched as the script launches them; the
+    script's own interpreter and imports are spared); the environment it sets is restored after."""
+    from zero_train.cli.bench import BENCH_SAMPLER_DUTY, add_bench_flags, bench_command
+    from zero_train.memory.measure import SAMPLER_DUTY_ENV
+    from zero_train.runtime.parser import OneLineParser
+
+    parser = OneLineParser(prog="bench.py")
+    add_bench_flags(parser)
+    with pytest.MonkeyPatch.context() as patch:  # the sampler duty bench_command sets, unset again after
+        patch.setenv(SAMPLER_DUTY_ENV, os.environ.get(SAMPLER_DUTY_ENV, str(BENCH_SAMPLER_DUTY)))
+        return bench_command(parser.parse_args(argv))
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +48,7 @@ def tiny_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     argv = ["--model", "tiny", "--engines", "ddp,zero1,zero2,hf-ds1,fsdp2-z2,fsdp2-z3", "--precisions", "fp32",
             "--repeats", "2", "--steps", "2", "--warmup", "1", "--block-size", "32", "--out", str(out)]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, str(BENCH_SCRIPT), *argv], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert run_bench(argv) == 0
     return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text()
 
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-import pathlib
+import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 
@@ -23,7 +21,19 @@ from zero_train.bench.summary import target_ratios
 
 pytestmark = pytest.mark.tier("quick")
 
-BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+
+def run_bench(argv: list[str]) -> int:
+    """scripts/bench.py's command in this process (the runs are launched as the script launches them; the
+    script's own interpreter and imports are spared); the environment it sets is restored after."""
+    from zero_train.cli.bench import BENCH_SAMPLER_DUTY, add_bench_flags, bench_command
+    from zero_train.memory.measure import SAMPLER_DUTY_ENV
+    from zero_train.runtime.parser import OneLineParser
+
+    parser = OneLineParser(prog="bench.py")
+    add_bench_flags(parser)
+    with pytest.MonkeyPatch.context() as patch:  # the sampler duty bench_command sets, unset again after
+        patch.setenv(SAMPLER_DUTY_ENV, os.environ.get(SAMPLER_DUTY_ENV, str(BENCH_SAMPLER_DUTY)))
+        return bench_command(parser.parse_args(argv))
 
 
 def sample(engine: str, repeat: int, steps: list[float], warmup: int = 1) -> dict:
@@ -81,10 +91,7 @@ def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     argv = ["--model", "tiny", "--engines", "ddp,zero1", "--precisions", "fp32", "--repeats", "1", "--steps", "3",
             "--warmup", "1", "--block-size", "32", "--launch", "compare", "--out", str(out)]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, str(BENCH_SCRIPT), *argv], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert run_bench(argv) == 0
     return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text(), out
 
 

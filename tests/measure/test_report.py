@@ -2,17 +2,21 @@
 and against the ZeRO paper's formulas and DeepSpeed's estimators, computed here independently.
 
 One real matrix (model tiny, world sizes 1 and 2, engines ddp, zero1, ds2, fp32) runs once for the
-module through `zero-train profile` (torchrun: it starts faster than the deepspeed launcher); one more
-cell, ds1 at 1 rank, runs a train script that dies (the profile's own --train-script hook), so the
-report must list it as failed with its error. Bad input (no directory, no records, corrupt or off-schema
-records, an unwritable --out) must exit 2 with one `error:` line and leave no output behind.
+module through `zero-train profile` (torchrun: it starts faster than the deepspeed launcher). A second
+profile, tests/measure/test_profile.py's (fp16 at 1 rank through the deepspeed launcher: ddp, and a ds1
+cell whose train script dies through the profile's own --train-script hook), writes the failed record that
+the report must list with its error; that file's test reads the same run. Bad input (no directory, no
+records, corrupt or off-schema records, an unwritable --out) must exit 2 with one `error:` line and leave
+no output behind.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -23,6 +27,7 @@ from zero_train.memory.record import (
     CATEGORIES,
     MODEL_STATE_CATEGORIES,
     error_record,
+    load_record,
     load_records,
     write_record,
 )
@@ -30,38 +35,51 @@ from zero_train.memory.record import (
 pytestmark = pytest.mark.tier("multiproc")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-DS1_ERROR = "exit code 1: error: ds1 cell broken on purpose"
-FAILING_FOR_DS1 = """
-import json, runpy, sys
-config = json.load(open(sys.argv[sys.argv.index("--deepspeed_config") + 1]))
-if sys.argv[sys.argv.index("--engine") + 1] == "ds1" and config["zero_optimization"]["stage"] == 1:
-    sys.exit("error: ds1 cell broken on purpose")
+DS1_ERROR = "exit code 1: error: deepspeed cell broken on purpose"
+FAILING_FOR_DEEPSPEED = """
+import runpy, sys
+if sys.argv[sys.argv.index("--engine") + 1] == "ds1":
+    sys.exit("error: deepspeed cell broken on purpose")
 runpy.run_module("zero_train.train", run_name="__main__", alter_sys=True)
 """
 
 
-def run_cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*argv: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "zero_train.cli.main", *argv], capture_output=True, text=True, timeout=timeout
-    )
+        [sys.executable, "-m", "zero_train.cli.main", *argv], capture_output=True, text=True, timeout=timeout,
+        env=env,
+    )  # fmt: skip
+
+
+def run_failing_fp16_profile(root: pathlib.Path) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
+    """tests/measure/test_profile.py's profile: ddp and ds1 at 1 rank in fp16 through the deepspeed launcher,
+    ds1's train script dying; run once for both files (the report takes its failed cell)."""
+    script = root / "train_failing_for_deepspeed.py"
+    script.write_text(FAILING_FOR_DEEPSPEED)
+    out = root / "profile-fp16"
+    proc = run_cli(
+        "profile", "--model", "tiny", "--world-sizes", "1", "--engines", "ddp,ds1", "--precision", "fp16",
+        "--steps", "2", "--block-size", "32", "--out", str(out), "--train-script", str(script), timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"},  # as a user's shell (conftest sets it)
+    )  # fmt: skip
+    return out, proc
 
 
 @pytest.fixture(scope="module")
-def profile_dir(tmp_path_factory) -> pathlib.Path:
-    root = tmp_path_factory.mktemp("report")
-    script = root / "train_failing_for_ds1.py"
-    script.write_text(FAILING_FOR_DS1)
-    out = root / "profile"
+def fp16_profile(tmp_path_factory) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
+    return run_failing_fp16_profile(tmp_path_factory.mktemp("profile-fp16"))
+
+
+@pytest.fixture(scope="module")
+def profile_dir(tmp_path_factory, fp16_profile) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("report") / "profile"
     proc = run_cli(
         "profile", "--model", "tiny", "--world-sizes", "1,2", "--engines", "ddp,zero1,ds2", "--steps", "2",
         "--block-size", "32", "--launcher", "torchrun", "--out", str(out), timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_cli(
-        "profile", "--model", "tiny", "--world-sizes", "1", "--engines", "ds1", "--steps", "2",
-        "--block-size", "32", "--train-script", str(script), "--out", str(out), timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 1, proc.stderr[-3000:]  # its only cell failed
+    failed = fp16_profile[0] / "cells" / "ds1-w1-fp16.json"  # a real profile's failed cell
+    shutil.copy2(failed, out / "cells" / failed.name)
     return out
 
 
@@ -79,6 +97,32 @@ def report(profile_dir) -> dict:
         records=load_records(profile_dir),
         cells={cell["cell"]: cell for cell in summary["cells"]},
     )
+
+
+def test_profile_records_every_cell_and_survives_a_failing_one(fp16_profile):
+    """`zero-train profile` end to end (tests/measure/test_profile.py's run): two cells at world size 1 in fp16
+    through the real deepspeed launcher; ddp (our engine scales the loss) succeeds, the DeepSpeed ZeRO-1 cell's
+    train script dies for `--engine ds1`, which must be recorded with its error line, not fatal. (A real fp16
+    failure would depend on the CPU: DeepSpeed runs fp16 on CPUs whose oneDNN has fp16 kernels.)"""
+    out, proc = fp16_profile
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Setting accelerator" not in proc.stderr and "transformers" not in proc.stderr  # a quiet console
+    ddp = load_record(out / "cells" / "ddp-w1-fp16.json")
+    failed = load_record(out / "cells" / "ds1-w1-fp16.json")
+    assert ddp["error"] is None and ddp["engine"] == "ddp" and ddp["steps"] == 2
+    rank = ddp["ranks"][0]
+    assert sum(rank["categories"][c] for c in CATEGORIES) == rank["allocator_bytes"]
+    model_states = sum(
+        rank["categories"][c] for c in ("params", "grads", "master_params", "optimizer_states")
+    )
+    assert model_states == pytest.approx(
+        16 * ddp["num_params"], rel=0.02
+    )  # fp16 params+grads, fp32 master+Adam
+    assert failed["error"] == DS1_ERROR
+    assert failed["engine"] == "ds1" and failed["zero_stage"] == 1 and failed["ranks"] == []
+    assert json.loads((out / "configs" / "ds1-w1-fp16.json").read_text())["zero_optimization"]["stage"] == 1
+    assert len(load_records(out)) == 2
+    assert "FAILED" in proc.stdout and "ds1-w1-fp16" in proc.stdout
 
 
 def cell_name(record: dict) -> str:
@@ -272,10 +316,10 @@ def test_explanations_carry_their_numbers(report):
 def test_failed_cells_are_listed_with_their_error(report):
     failed = report["summary"]["failed"]
     assert failed == [
-        dict(cell="ds1-w1-fp32", engine="ds1", world_size=1, precision="fp32", model="tiny", error=DS1_ERROR)
+        dict(cell="ds1-w1-fp16", engine="ds1", world_size=1, precision="fp16", model="tiny", error=DS1_ERROR)
     ]
     section = report["markdown"].split("## Failed cells")[1]
-    assert f"| ds1-w1-fp32 | {DS1_ERROR} |" in section
+    assert f"| ds1-w1-fp16 | {DS1_ERROR} |" in section
 
 
 def test_plots_are_real_pngs(report):
