@@ -327,13 +327,6 @@ def test_bad_input_before_training(workdir, capsys, monkeypatch, case, needle):
     assert err.count("\n") == 1 and err.startswith("error:") and needle in err, err
 
 
-def test_empty_dataset_plain_python(workdir):
-    empty = workdir / "empty.txt"
-    empty.write_text("\n\n   \n")
-    proc = _run_script(["--engine", "ddp", "--dataset", str(empty), "--max-steps", "2"])
-    _assert_one_line_exit_2(proc, lines=1, needle="empty")
-
-
 def test_missing_dataset_deepspeed_launcher_every_rank(workdir):
     cmd = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), "scripts/train.py",
            "--engine", "ddp", "--dataset", str(workdir / "no-such-dir/"), "--max-steps", "2"]  # fmt: skip
