@@ -267,13 +267,6 @@ def test_deepspeed_zero1_and_zero3_learn_and_zero3_exports(loop_runs):
     _assert_export_matches(str(out / "ds3-hf"), results[0][5]["logits"])
 
 
-def _run_script(argv: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/train.py", *argv], cwd=REPO, env=dict(ENV, **(env_extra or {})),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-
-
 def _assert_one_line_exit_2(proc: subprocess.CompletedProcess, *, lines: int, needle: str) -> None:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2, proc.stderr[-2000:]
