@@ -19,7 +19,7 @@ itself): `quick` single process (bash scripts/test.sh -m quick, the inner loop),
 fixtures call run_ranks / rank_pool / RankPool or subprocess.
 
 Layout: tests/<area>/test_*.py by the code they test (sharding, engines, train, checkpoint, memory, measure,
-config, package); helpers that ranks import live in zero_train/testing/ (ranks, sharders, storage).
+config, package); helpers that ranks import live in zero_train/testing/ (ranks, sharders, storage, console).
 
 ZT_DEVICE=cpu (and DeepSpeed's DS_ACCELERATOR=cpu) hold on a GPU machine too: the tests compare against
 bit-exact CPU references and run gloo rings; the CUDA branches are exercised by tests that force them

@@ -2,7 +2,7 @@
 
 zero1: after loading at the new world size, the re-sharded optimizer state gathered back to rank 0 must
 equal the state the 2 ranks saved (every exp_avg / exp_avg_sq / step, bit for bit) and the weights must
-equal the checkpoint's; then `--resume` trains on from the saved step.
+equal the checkpoint's; then `--resume` trains on from the saved step, at each world size.
 
 DeepSpeed: the first resume at another world size converts the checkpoint to DeepSpeed's universal format
 (once, with its own manifest; later resumes verify and reuse it); after loading, every parameter's fp32
@@ -55,21 +55,25 @@ def _train(rank: int, world_size: int, argv: list[str]) -> dict:
     return {key: summary[key] for key in ("final_loss", "start_step", "steps")}
 
 
-def _load_and_compare(rank: int, world_size: int, argv: list[str], ckpt: str) -> dict | None:
-    """Load the world-2 checkpoint here; on rank 0 compare the gathered state with the saved shards."""
+def _load_compare_train(rank: int, world_size: int, argv: list[str], ckpt: str) -> dict:
+    """Load the world-2 checkpoint here; on rank 0 compare the gathered state with the saved shards; then the
+    same trainer trains on with --resume (loading the checkpoint again)."""
+    trainer = _trainer(argv, world_size)
+    trainer.engine.load_checkpoint(pathlib.Path(ckpt))
+    gathered = trainer.engine.optimizer.consolidated_state_dict(to=0)  # collective
+    compared = _compare_with_saved(gathered, trainer.engine, pathlib.Path(ckpt)) if rank == 0 else {}
+    summary = trainer.run()
+    return {**compared, **{key: summary[key] for key in ("final_loss", "start_step", "steps")}}
+
+
+def _compare_with_saved(gathered: dict, engine, ckpt: pathlib.Path) -> dict:
+    """The gathered optimizer state equals the 2 saving ranks' shards, and the weights the checkpoint's."""
     from safetensors.torch import load_file
 
     from zero_train.checkpoint.atomic import safe_torch_load
     from zero_train.sharding import consolidate_shards
 
-    engine = _trainer(argv, world_size).engine
-    engine.load_checkpoint(pathlib.Path(ckpt))
-    gathered = engine.optimizer.consolidated_state_dict(to=0)  # collective
-    if rank != 0:
-        return None
-    shards = [
-        safe_torch_load(pathlib.Path(ckpt) / "optim" / f"rank-{r:05d}.pt")["optimizer"] for r in range(2)
-    ]
+    shards = [safe_torch_load(ckpt / "optim" / f"rank-{r:05d}.pt")["optimizer"] for r in range(2)]
     saved = consolidate_shards(shards)["state"]
     compared = 0
     assert sorted(gathered["state"]) == sorted(saved) and len(saved) > 0
@@ -80,7 +84,7 @@ def _load_and_compare(rank: int, world_size: int, argv: list[str], ckpt: str) ->
                 key,
             )
             compared += 1
-    weights = load_file(pathlib.Path(ckpt) / "model" / "model.safetensors")
+    weights = load_file(ckpt / "model" / "model.safetensors")
     model_state = engine.model.state_dict()
     assert all(torch.equal(model_state[name], tensor) for name, tensor in weights.items())
     return {
@@ -101,16 +105,14 @@ def test_zero1_checkpoint_of_two_ranks_resumes_on_one_and_three(tmp_path):
     ckpt = tmp_path / "ckpt" / f"step-{SAVED_AT:08d}"
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == ckpt.name
 
-    for world_size in (1, 3):
-        argv = _flags(tmp_path, "--max-steps", str(SAVED_AT + 2))
-        compared = run_ranks(_load_and_compare, world_size, (argv, str(ckpt)), timeout_s=300)[0]
+    for world_size in (1, 3):  # each world loads and compares, then trains on in the same ranks
+        argv = _flags(tmp_path, "--max-steps", str(SAVED_AT + 2), "--resume", str(ckpt))
+        resumed = run_ranks(_load_compare_train, world_size, (argv, str(ckpt)), timeout_s=300)
+        compared = resumed[0]
         assert compared["tensors_compared"] == 3 * compared["params"]  # step, exp_avg, exp_avg_sq each
         assert all(size > 0 for size in compared["shard_sizes"])  # really sharded over the 2 saving ranks
-    resumed = run_ranks(
-        _train, 3, (_flags(tmp_path, "--max-steps", str(SAVED_AT + 2), "--resume", str(ckpt)),)
-    )
-    assert [r["start_step"] for r in resumed] == [SAVED_AT] * 3
-    assert resumed[0]["steps"] == SAVED_AT + 2 and 0 < resumed[0]["final_loss"] < 10
+        assert [r["start_step"] for r in resumed] == [SAVED_AT] * world_size
+        assert compared["steps"] == SAVED_AT + 2 and 0 < compared["final_loss"] < 10
 
 
 DS_CONFIG = {

@@ -35,9 +35,20 @@ TRAIN = ["--model", "tiny", "--block-size", "32", "--max-steps", str(STEPS), "--
          "--seed", "5"]  # fmt: skip
 
 
-def _config(*flags: str, out: pathlib.Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "zero_train.cli.main", "config", *flags, "-o", str(out)]
-    return subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+def _zero_train(capsys, *argv: str) -> subprocess.CompletedProcess:
+    """`zero-train ARGV` in this process (the console script's main and run_cli; the commands here only write
+    files and check arguments, a fresh interpreter would only add its imports)."""
+    from zero_train.cli.main import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, exit_info.value.code, captured.out, captured.err)
+
+
+def _config(capsys, *flags: str, out: pathlib.Path) -> subprocess.CompletedProcess:
+    return _zero_train(capsys, "config", *flags, "-o", str(out))
 
 
 def _stage_config(stage: int, precision: str = "fp32") -> dict:
@@ -77,28 +88,37 @@ def test_yaml_fields_and_every_disagreement():
     assert [("--engine fsdp2" in p, "fsdp_version" in p) for p in problems] == [(True, False), (False, True)]
 
 
-def test_config_check_accelerate_and_train_refuse_a_mismatch(tmp_path):
-    made = _config("--stage", "3", "--precision", "bf16", "--world-size", "2", "--model", "tiny",
+@pytest.mark.tier("quick")
+def test_config_check_accelerate_and_train_refuse_a_mismatch(tmp_path, capsys, monkeypatch):
+    made = _config(capsys, "--stage", "3", "--precision", "bf16", "--world-size", "2", "--model", "tiny",
                    "--format", "accelerate", out=tmp_path / "accel.yaml")  # fmt: skip
     assert made.returncode == 0, made.stderr
     fields = yaml.safe_load((tmp_path / "accel.yaml").read_text())
     assert fields["deepspeed_config"]["deepspeed_config_file"] == str(tmp_path / "accel.json")
     broken = dict(fields, mixed_precision="fp16")
     (tmp_path / "broken.yaml").write_text(yaml.safe_dump(broken))
-    check = [sys.executable, "-m", "zero_train.cli.main", "config", "check", str(tmp_path / "accel.json")]
-    ok = subprocess.run([*check, "--accelerate", str(tmp_path / "accel.yaml")], cwd=REPO, env=ENV,
-                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    check = ["config", "check", str(tmp_path / "accel.json")]
+    ok = _zero_train(capsys, *check, "--accelerate", str(tmp_path / "accel.yaml"))
     assert ok.returncode == 0 and "agrees" in ok.stdout, ok.stderr
-    bad = subprocess.run([*check, "--accelerate", str(tmp_path / "broken.yaml")], cwd=REPO, env=ENV,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    bad = _zero_train(capsys, *check, "--accelerate", str(tmp_path / "broken.yaml"))
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(errors) == 1 and "mixed_precision" in errors[0], bad.stderr
     # what `accelerate launch --config_file broken.yaml` puts in the environment: refused before training
-    env = dict(ENV, ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_MIXED_PRECISION="fp16",
-               ACCELERATE_DEEPSPEED_CONFIG_FILE=str(tmp_path / "accel.json"))  # fmt: skip
-    train = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *TRAIN], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert train.returncode == 2 and "mixed_precision" in train.stderr and "Traceback" not in train.stderr
+    # (train.py's main in this process: the check runs in plan_run, before any process group or collective)
+    from zero_train.runtime.errors import run_cli
+    from zero_train.train.args import parse_args
+    from zero_train.train.loop import run_training
+
+    for name, value in dict(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_MIXED_PRECISION="fp16",
+                            ACCELERATE_DEEPSPEED_CONFIG_FILE=str(tmp_path / "accel.json")).items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under the launcher: a collective here would hang, not pass
+    monkeypatch.setenv("RANK", "1")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: run_training(parse_args(TRAIN)))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "mixed_precision" in err and "Traceback" not in err, err
 
 
 def _losses(path: pathlib.Path) -> list[float]:
@@ -106,9 +126,9 @@ def _losses(path: pathlib.Path) -> list[float]:
 
 
 @pytest.mark.tier("multiproc")
-def test_accelerate_launch_deepspeed_plugin_and_two_machine_fsdp_plugin(tmp_path):
+def test_accelerate_launch_deepspeed_plugin_and_two_machine_fsdp_plugin(tmp_path, capsys):
     for engine, stage, processes, machines in (("deepspeed", 2, 2, 1), ("fsdp2", 2, 2, 2)):
-        made = _config("--stage", str(stage), "--world-size", str(processes), "--model", "tiny", "--engine", engine,
+        made = _config(capsys, "--stage", str(stage), "--world-size", str(processes), "--model", "tiny", "--engine", engine,
                        "--lr", "3e-3", "--micro-batch-size", "2",
                        "--num-machines", str(machines), "--main-process-ip", "127.0.0.1",
                        "--main-process-port", str(free_port()), "--format", "accelerate",

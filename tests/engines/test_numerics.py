@@ -1,6 +1,6 @@
 """zero_train.train.numerics.NonFiniteGuard: stop / skip policies and fp16 loss-scale skipping.
 
-Unit tests on real values, then scripts/train.py end to end with an absurd learning rate: fp32 under
+Unit tests on real values, then scripts/train.py's main end to end with an absurd learning rate: fp32 under
 "stop" (exit 1 at the first non-finite step), under "skip" (tolerated steps recorded, exit 1 after 8 in a
 row), and fp16 with dynamic loss scaling (each overflow skips the step and halves the scale; exit 1 once 64
 steps in a row overflowed).
@@ -118,29 +118,51 @@ END_TO_END = {
 }
 
 
-@pytest.mark.tier("slow")
-@pytest.mark.parametrize("case", sorted(END_TO_END))
-def test_a_diverging_run_stops_with_one_line_naming_the_step(tmp_path, case):
-    """Through scripts/train.py: exit 1, one `error:` line naming the step and the likely cause."""
-    import json
-    import re
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory) -> dict[str, tuple[int, str, pathlib.Path]]:
+    """Each case's exit code, stderr and metrics file. fp32-stop runs as a real `python scripts/train.py`
+    process (its exit code and console are the process's); the two others call the same main in a spawned rank
+    each (zero_train.testing.console.train_py: the policies are the loop's, an interpreter would only add imports)."""
     import subprocess
     import sys
 
     from zero_train.hf.offline import stdlib_files
+    from zero_train.testing import run_ranks
+    from zero_train.testing.console import train_py
 
-    corpus = tmp_path / "corpus.txt"
+    root = tmp_path_factory.mktemp("diverging")
+    corpus = root / "corpus.txt"
     corpus.write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(20_000)))
-    flags, pattern = END_TO_END[case]
-    metrics = tmp_path / "metrics.jsonl"
+
+    def argv(case: str) -> list[str]:
+        flags, _ = END_TO_END[case]
+        return [*DIVERGING, *flags, "--dataset", str(corpus), "--metrics-file", str(root / case)]
+
+    in_ranks = [case for case in sorted(END_TO_END) if case != "fp32-stop"]
+    results = {}
+    for case in in_ranks:
+        code, _, stderr = run_ranks(train_py, 1, (argv(case),), timeout_s=300)[0]
+        results[case] = (code, stderr, root / case)
     proc = subprocess.run(
-        [sys.executable, "scripts/train.py", *DIVERGING, *flags, "--dataset", str(corpus), "--metrics-file",
-         str(metrics)],
+        [sys.executable, "scripts/train.py", *argv("fp32-stop")],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
     )  # fmt: skip
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    results["fp32-stop"] = (proc.returncode, proc.stderr, root / "fp32-stop")
+    return results
+
+
+@pytest.mark.tier("slow")
+@pytest.mark.parametrize("case", sorted(END_TO_END))
+def test_a_diverging_run_stops_with_one_line_naming_the_step(diverged, case):
+    """Through scripts/train.py's main: exit 1, one `error:` line naming the step and the likely cause."""
+    import json
+    import re
+
+    _, pattern = END_TO_END[case]
+    returncode, stderr, metrics = diverged[case]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
     assert len(errors) == 1 and (match := re.match(f"error: {pattern}", errors[0])), errors
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     stopped_at = int(match.group(1))

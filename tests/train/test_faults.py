@@ -5,7 +5,7 @@ For our zero1 and for DeepSpeed ZeRO-1, fp32, 2 CPU ranks, the tiny preset:
 1. `deepspeed --num_gpus 2 scripts/train.py ... --save-every 3`; once step 5 is logged, rank 1 gets SIGKILL;
    the launcher must exit non-zero within 60 s, rank 0 printing one `error:` line saying rank 1 was killed
    (SIGKILL) and the memory it held;
-2. the same command with `--resume auto` finishes from `latest` (step 3);
+2. the same flags with `--resume auto` (in spawned ranks: the launcher's part is over) finish from `latest`;
 3. its exported weights equal, bit for bit, those of the same run never interrupted (spawned ranks).
 """
 
@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from zero_train.runtime import vitals
 from zero_train.testing import free_port, run_ranks
+from zero_train.testing.console import train_py
 
 pytestmark = pytest.mark.tier("slow")
 
@@ -162,13 +163,11 @@ def test_sigkilled_rank_fails_fast_naming_it_and_resume_matches_uninterrupted(wo
     assert latest in ("step-00000003", "step-00000006")  # the last complete save before the kill
     assert not (out / "hf").exists()
 
-    resumed = subprocess.run(
-        [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), "scripts/train.py",
-         *_flags(workdir, engine, out, *save, "--resume", "auto")],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"resumed from {out / 'ckpt' / latest} at step {int(latest[5:])}" in resumed.stdout
+    resumed = run_ranks(
+        train_py, 2, (_flags(workdir, engine, out, *save, "--resume", "auto"),), timeout_s=300
+    )
+    assert [code for code, _, _ in resumed] == [0, 0], [err[-3000:] for _, _, err in resumed]
+    assert f"resumed from {out / 'ckpt' / latest} at step {int(latest[5:])}" in resumed[0][1]
     final = load_file(out / "hf" / "model.safetensors")
     reference = load_file(uninterrupted[engine] / "hf" / "model.safetensors")
     assert final.keys() == reference.keys()
@@ -177,8 +176,9 @@ def test_sigkilled_rank_fails_fast_naming_it_and_resume_matches_uninterrupted(wo
 
 
 # -- storage faults during a save: a full disk, one rank's save dir turning read-only ----------------------------
-# Ranks are started as plain processes (RANK/WORLD_SIZE in the environment; no launcher: faster, and rank 1 can run
-# in its own mount namespace). Every rank must exit 1 with exactly one `error:` line and no traceback; `latest` and
+# The full disk runs in spawned ranks (zero_train.testing.console.train_py: train.py's main, its console
+# captured); the read-only save dir in plain rank processes (RANK/WORLD_SIZE in the environment, no launcher), rank 1
+# in its own mount namespace. Every rank must exit 1 with exactly one `error:` line and no traceback; `latest` and
 # every complete checkpoint stay as they were, and no staging folder is left.
 SAVE_FAILED = (
     r"error: rank {rank}: saving checkpoint step-(\d{{8}}) failed: {culprit}{cause} on {save_dir} \({detail}\); "
@@ -207,7 +207,7 @@ def _launch_ranks(flags: list[str], *, rank1_prefix: tuple[str, ...] = ()) -> li
 
 def _one_error_line_each(procs: list[subprocess.Popen]) -> list[str]:
     """Wait for every rank; each must exit 1 with exactly one `error:` line and no traceback."""
-    lines = []
+    ended = []
     for rank, proc in enumerate(procs):
         try:
             _, err = proc.communicate(timeout=300)
@@ -215,8 +215,16 @@ def _one_error_line_each(procs: list[subprocess.Popen]) -> list[str]:
             for other in procs:
                 other.kill()
             pytest.fail(f"rank {rank} did not exit")
+        ended.append((proc.returncode, err))
+    return _one_error_line(ended)
+
+
+def _one_error_line(ended: list[tuple[int, str]]) -> list[str]:
+    """Each rank's (exit code, stderr): exit 1 with exactly one `error:` line and no traceback."""
+    lines = []
+    for code, err in ended:
         errors = [line for line in err.splitlines() if line.startswith("error:")]
-        assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+        assert code == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
         lines.append(errors[0])
     return lines
 
@@ -237,10 +245,11 @@ def test_full_disk_during_a_save_stops_every_zero1_rank_with_one_line(workdir, t
 
     with tmpfs(tmp_path / "fs", "12m") as fs:  # one tiny zero1 checkpoint (7.8 MB) fits, two do not
         save_dir = fs / "ckpt"
-        procs = _launch_ranks(
-            _flags(workdir, "zero1", tmp_path, "--save-dir", str(save_dir), "--save-every", "2")
+        # spawned ranks (train.py's main, its console captured): the fault is the loop's, not the interpreter's
+        flags = _flags(workdir, "zero1", tmp_path, "--save-dir", str(save_dir), "--save-every", "2")
+        lines = _one_error_line(
+            [(code, err) for code, _, err in run_ranks(train_py, 2, (flags,), timeout_s=300)]
         )
-        lines = _one_error_line_each(procs)
         for rank, line in enumerate(lines):
             pattern = SAVE_FAILED.format(
                 rank=rank, culprit="", cause="no space left on device", save_dir=save_dir,

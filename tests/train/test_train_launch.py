@@ -267,13 +267,6 @@ def test_deepspeed_zero1_and_zero3_learn_and_zero3_exports(loop_runs):
     _assert_export_matches(str(out / "ds3-hf"), results[0][5]["logits"])
 
 
-def _run_script(argv: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/train.py", *argv], cwd=REPO, env=dict(ENV, **(env_extra or {})),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-
-
 def _assert_one_line_exit_2(proc: subprocess.CompletedProcess, *, lines: int, needle: str) -> None:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -325,13 +318,6 @@ def test_bad_input_before_training(workdir, capsys, monkeypatch, case, needle):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert err.count("\n") == 1 and err.startswith("error:") and needle in err, err
-
-
-def test_empty_dataset_plain_python(workdir):
-    empty = workdir / "empty.txt"
-    empty.write_text("\n\n   \n")
-    proc = _run_script(["--engine", "ddp", "--dataset", str(empty), "--max-steps", "2"])
-    _assert_one_line_exit_2(proc, lines=1, needle="empty")
 
 
 def test_missing_dataset_deepspeed_launcher_every_rank(workdir):
