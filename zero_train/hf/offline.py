@@ -15,6 +15,7 @@ by `scripts/build_tokenizer.py` and shipped as a normal Hugging Face tokenizer f
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 import sysconfig
@@ -57,10 +58,7 @@ def stdlib_files(limit_bytes: int | None = None) -> list[pathlib.Path]:
         Absolute paths, in the same order on every call.
     """
     root = stdlib_dir()
-    candidates = sorted(
-        (path for path in root.rglob("*.py") if not _SKIPPED_DIRS & set(path.relative_to(root).parts[:-1])),
-        key=lambda path: path.relative_to(root).as_posix(),
-    )
+    candidates = sorted(_unskipped_py_files(root), key=lambda path: path.relative_to(root).as_posix())
     files: list[pathlib.Path] = []
     total = 0
     for path in candidates:
@@ -73,6 +71,15 @@ def stdlib_files(limit_bytes: int | None = None) -> list[pathlib.Path]:
         total += size
     assert files, f"no readable .py files under {root}"
     return files
+
+
+def _unskipped_py_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """The .py files under root outside _SKIPPED_DIRS, found without entering those (site-packages is most files)."""
+    found = []
+    for folder, dirs, names in os.walk(root, followlinks=True):  # followlinks: what Path.rglob did on 3.11
+        dirs[:] = [name for name in dirs if name not in _SKIPPED_DIRS]
+        found.extend(pathlib.Path(folder, name) for name in names if name.endswith(".py"))
+    return found
 
 
 def _is_utf8(path: pathlib.Path) -> bool:

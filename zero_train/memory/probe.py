@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from zero_train.comm.ledger import CommLedger
 from zero_train.memory import measure
@@ -143,8 +143,11 @@ class MemoryProbe:
         if self.engine is None:
             return set()
 
-        params = self.engine.model.parameters()  # FSDP2: DTensors, whose own storage is not accessible
-        return {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr() for p in params}
+        # FSDP2: DTensors, whose own storage is not accessible; none exist unless FSDP2 imported their module
+        dtensor_module = sys.modules.get("torch.distributed.tensor")
+        dtensor = dtensor_module.DTensor if dtensor_module is not None else ()
+        params = self.engine.model.parameters()
+        return {(p.to_local() if isinstance(p, dtensor) else p).untyped_storage().data_ptr() for p in params}
 
     def _record_phase(self, name: str, current: int, peak: int) -> None:
         entry = self.phases.setdefault(name, dict(name=name, current_bytes=current, peak_bytes=peak, count=0))
