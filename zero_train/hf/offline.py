@@ -74,7 +74,7 @@ def stdlib_files(limit_bytes: int | None = None) -> list[pathlib.Path]:
 
 
 def _unskipped_py_files(root: pathlib.Path) -> list[pathlib.Path]:
-    """The .py files under root outside _SKIPPED_DIRS, found without entering those (site-packages is most files)."""
+    """The .py files under root outside _SKIPPED_DIRS, never entering those (docs/startup.md, "offline corpus")."""
     found = []
     for folder, dirs, names in os.walk(root, followlinks=True):  # followlinks: what Path.rglob did on 3.11
         dirs[:] = [name for name in dirs if name not in _SKIPPED_DIRS]
