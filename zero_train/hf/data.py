@@ -21,12 +21,10 @@ import datasets
 import torch.distributed as dist
 
 from zero_train.hf.chat import MESSAGES_COLUMN
-from zero_train.hf.offline import DEFAULT_CORPUS_BYTES, DEFAULT_DATASET_NAME, stdlib_files
+from zero_train.hf.offline import DEFAULT_CORPUS_BYTES, stdlib_files
 from zero_train.hf.packing import TEXT_COLUMN, pack_dataset
+from zero_train.hf.sources import DEFAULT_DATASET_NAME, LOCAL_BUILDERS, check_local_path
 from zero_train.runtime.errors import UsageError
-
-# file suffix -> datasets' packaged builder
-LOCAL_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def load_text_dataset(
@@ -73,27 +71,13 @@ def load_splits(spec: str | None, *, config_name: str | None, streaming: bool) -
                 str(pathlib.Path(spec).expanduser()), config_name, spec=spec, streaming=streaming
             )
         return {"train": _load_local(pathlib.Path(spec).expanduser(), streaming)}
-    if _looks_like_path(spec):
-        raise UsageError(
-            f"dataset {spec!r} does not exist; pass a file or folder of "
-            f"{'/'.join(s[1:] for s in LOCAL_BUILDERS)}, a hub id, or {DEFAULT_DATASET_NAME!r}"
-        )
+    check_local_path(spec)
     name, _, inline = spec.partition(":")
     if inline and config_name and inline != config_name:
         raise UsageError(
             f"--dataset {spec!r} names configuration {inline!r} but --dataset-config {config_name!r}"
         )
     return _load_hub(name, config_name or inline or None, spec=spec, streaming=streaming)
-
-
-def _looks_like_path(spec: str) -> bool:
-    """Hub ids are `name` or `owner/name`; a suffix, a leading ./ or / or ~, or deeper nesting means a path."""
-    return (
-        spec.startswith((".", "/", "~"))
-        or spec.count("/") > 1
-        or spec.endswith("/")
-        or pathlib.Path(spec).suffix.lower() in LOCAL_BUILDERS
-    )
 
 
 def _load_stdlib(streaming: bool):

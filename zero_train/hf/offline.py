@@ -24,7 +24,6 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 DEFAULT_TOKENIZER_NAME = "stdlib-bpe"
-DEFAULT_DATASET_NAME = "stdlib"
 OFFLINE_VOCAB_SIZE = 8192
 EOS_TOKEN = "<|endoftext|>"
 EOS_TOKEN_ID = 0  # the only special token, added first (GPT-2 uses the same string as bos/eos/unk)
