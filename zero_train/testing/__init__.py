@@ -40,8 +40,15 @@ __all__ = [
 ]  # free_port re-exported: tests launching ranks themselves use it
 
 
-# what every rank function imports anyway; the forkserver imports it once (see the module docstring)
-PRELOAD = ("torch", "torch.distributed", "transformers", "zero_train.train.loop", "zero_train.engines.ddp")
+# what rank functions import anyway; the forkserver imports it once (see the module docstring). The model
+# classes are transformers' lazy imports (modeling_gpt2 pulls in torch._dynamo), zero_train.hf.data pulls in
+# datasets; DeepSpeed's muon module (torch._inductor) is imported by every deepspeed.initialize.
+PRELOAD = (
+    "torch", "torch.distributed", "transformers", "zero_train.train.loop", "zero_train.engines.ddp",
+    "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama", "zero_train.hf.data",
+    "peft",
+)  # fmt: skip
+DEEPSPEED_PRELOAD = ("zero_train.engines.deepspeed_engine", "deepspeed.runtime.zero.muon.muon_optimizer")
 _context = None
 
 
@@ -55,7 +62,7 @@ def rank_context():
             _context = mp.get_context("forkserver")
             preload = list(PRELOAD)
             if os.environ.get("DS_ACCELERATOR") == "cpu":  # no device probing in the server before it forks
-                preload.append("zero_train.engines.deepspeed_engine")
+                preload.extend(DEEPSPEED_PRELOAD)  # a module missing from another version is skipped
             _context.set_forkserver_preload(preload)
     return _context
 
