@@ -11,10 +11,11 @@ collective timeout init_distributed uses ($ZT_COLLECTIVE_TIMEOUT_S, else 60 s), 
 (2-core machines: ranks would otherwise fight for cores).
 
 Children are forked from a forkserver that has imported torch, transformers, zero_train's training loop
-(and DeepSpeed, where DS_ACCELERATOR=cpu) once: each child is still a fresh process with no collective,
-engine or DeepSpeed state of its own, but it starts without re-importing those modules (measured:
-docs/startup.md#test-ranks). The server holds no thread and no device context when it forks (it only
-imports), which is what makes forking safe. ZT_SPAWN=spawn restores plain spawn.
+(and, where DS_ACCELERATOR=cpu, DeepSpeed, the model classes, datasets and peft: CPU_PRELOAD) once: each
+child is still a fresh process with no collective, engine or DeepSpeed state of its own, but it starts
+without re-importing those modules (measured: docs/startup.md#test-ranks). The server holds no thread and
+no device context when it forks (it only imports), which is what makes forking safe. ZT_SPAWN=spawn restores
+plain spawn.
 """
 
 from __future__ import annotations
@@ -40,15 +41,15 @@ __all__ = [
 ]  # free_port re-exported: tests launching ranks themselves use it
 
 
-# what rank functions import anyway; the forkserver imports it once (see the module docstring). The model
-# classes are transformers' lazy imports (modeling_gpt2 pulls in torch._dynamo), zero_train.hf.data pulls in
-# datasets; DeepSpeed's muon module (torch._inductor) is imported by every deepspeed.initialize.
-PRELOAD = (
-    "torch", "torch.distributed", "transformers", "zero_train.train.loop", "zero_train.engines.ddp",
+# what every rank function imports anyway; the forkserver imports it once (see the module docstring)
+PRELOAD = ("torch", "torch.distributed", "transformers", "zero_train.train.loop", "zero_train.engines.ddp")
+# where DS_ACCELERATOR=cpu (the tests): also what ranks import lazily, none of which may probe a device in the
+# server. transformers' model classes (modeling_gpt2 pulls in torch._dynamo), datasets (zero_train.hf.data),
+# peft, DeepSpeed and its muon module (torch._inductor), which every deepspeed.initialize imports.
+CPU_PRELOAD = (
     "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama", "zero_train.hf.data",
-    "peft",
+    "peft", "zero_train.engines.deepspeed_engine", "deepspeed.runtime.zero.muon.muon_optimizer",
 )  # fmt: skip
-DEEPSPEED_PRELOAD = ("zero_train.engines.deepspeed_engine", "deepspeed.runtime.zero.muon.muon_optimizer")
 _context = None
 
 
@@ -62,7 +63,7 @@ def rank_context():
             _context = mp.get_context("forkserver")
             preload = list(PRELOAD)
             if os.environ.get("DS_ACCELERATOR") == "cpu":  # no device probing in the server before it forks
-                preload.extend(DEEPSPEED_PRELOAD)  # a module missing from another version is skipped
+                preload.extend(CPU_PRELOAD)  # a module another version lacks is skipped
             _context.set_forkserver_preload(preload)
     return _context
 
