@@ -84,6 +84,18 @@ def no_zero3_left_on():
         )
 
 
+@pytest.fixture(autouse=True)
+def no_memory_sampler_left_on():
+    """Stop the CPU memory sampler (zero_train.memory.measure) a test started in this worker: idle, it would
+    read the allocator every millisecond for the rest of the session. The rank pool does the same per task."""
+    yield
+    import sys
+
+    measure = sys.modules.get("zero_train.memory.measure")
+    if measure is not None:
+        measure.stop_cpu_tracker()
+
+
 TIERS = ("quick", "multiproc", "slow")
 SPAWNS = ("run_ranks(", "rank_pool(", "RankPool(")
 LAUNCHES = ("subprocess.", "Popen(")

@@ -158,6 +158,16 @@ def cpu_peak_tracker() -> CpuPeakTracker:
         return _CPU_TRACKER
 
 
+def stop_cpu_tracker() -> None:
+    """Stop this process's sampler thread, if one runs (a long-lived process between two measured pieces of
+    work: an idle sampler still reads the allocator every interval); the next use starts a fresh tracker."""
+    global _CPU_TRACKER
+    with _TRACKER_LOCK:
+        tracker, _CPU_TRACKER = _CPU_TRACKER, None
+    if tracker is not None:
+        tracker.stop()
+
+
 def _is_cuda(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 

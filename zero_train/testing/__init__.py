@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -162,8 +163,18 @@ def _serve(rank: int, world_size: int, port: int, tasks, results, environ: dict[
                 results.put((rank, "ok", fn(rank, world_size, *args)))
             except BaseException:  # report it; the pool is closed by the parent (peers may be mid-collective)
                 results.put((rank, "error", traceback.format_exc()))
+            finally:
+                stop_memory_sampler()
     finally:
         dist.destroy_process_group()
+
+
+def stop_memory_sampler() -> None:
+    """Stop the CPU memory sampler a task started (zero_train.memory.measure), if any: it would go on reading
+    the allocator every millisecond in an idle process for the rest of the session."""
+    measure = sys.modules.get("zero_train.memory.measure")
+    if measure is not None:
+        measure.stop_cpu_tracker()
 
 
 class RankPool:
