@@ -2,7 +2,8 @@
 and against the ZeRO paper's formulas and DeepSpeed's estimators, computed here independently.
 
 One real matrix (model tiny, world sizes 1 and 2, engines ddp, zero1, ds2, fp32) runs once for the
-module through `zero-train profile` (torchrun: it starts faster than the deepspeed launcher). A second
+module through `zero-train profile`'s command, each cell's ranks forked from the preloaded forkserver
+rather than started by a launcher (no interpreter start per rank). A second
 profile, tests/measure/test_profile.py's (fp16 at 1 rank through the deepspeed launcher: ddp, and a ds1
 cell whose train script dies through the profile's own --train-script hook), writes the failed record that
 the report must list with its error; that file's test reads the same run. Bad input (no directory, no
@@ -70,14 +71,33 @@ def fp16_profile(tmp_path_factory) -> tuple[pathlib.Path, subprocess.CompletedPr
     return run_failing_fp16_profile(tmp_path_factory.mktemp("profile-fp16"))
 
 
+def launch_in_forked_ranks(argv: list[str], world_size: int, args, log_path: pathlib.Path) -> int | None:
+    """zero_train.cli.profile.launch_cell without a launcher: the cell's train.py main (the same argv) in
+    `world_size` fresh ranks forked from this process's preloaded forkserver, one rank group per cell."""
+    from zero_train.testing import run_ranks
+    from zero_train.testing.console import train_py
+
+    results = run_ranks(train_py, world_size, args=(argv,), timeout_s=args.timeout)
+    log_path.write_text("".join(stdout + stderr for _, stdout, stderr in results))
+    return next((code for code, _, _ in results if code != 0), 0)
+
+
 @pytest.fixture(scope="module")
 def profile_dir(tmp_path_factory, fp16_profile) -> pathlib.Path:
+    """`zero-train profile`'s command in this process, each cell's ranks forked rather than launched (no
+    interpreter start per rank: the launchers are tested by the fp16 profile and tests/measure/test_bench.py);
+    each cell still runs in ranks of its own, so its peak and baseline are its run's alone."""
+    from zero_train.cli import profile
+    from zero_train.cli.main import build_parser
+
     out = tmp_path_factory.mktemp("report") / "profile"
-    proc = run_cli(
-        "profile", "--model", "tiny", "--world-sizes", "1,2", "--engines", "ddp,zero1,ds2", "--steps", "2",
-        "--block-size", "32", "--launcher", "torchrun", "--out", str(out), timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    argv = ["profile", "--model", "tiny", "--world-sizes", "1,2", "--engines", "ddp,zero1,ds2", "--steps", "2",
+            "--block-size", "32", "--timeout", "600", "--out", str(out)]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(profile, "launch_cell", launch_in_forked_ranks)
+        args = build_parser(argv).parse_args(argv)
+        assert args.func(args) == 0
+    assert not [r["error"] for r in load_records(out) if r["error"]]
     failed = fp16_profile[0] / "cells" / "ds1-w1-fp16.json"  # a real profile's failed cell
     shutil.copy2(failed, out / "cells" / failed.name)
     return out

@@ -120,10 +120,7 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         write_record(record, record_path)
         return record
     write_config(config, config_path)
-    launch = Launch(launcher=args.launcher, nproc_per_node=world_size, master_port=free_port())
-    command = launch_command(launch, run_argv(cell_run_config(engine, args, config_path, record_path)),
-                             script=args.train_script)  # fmt: skip
-    code = run_logged(command, log_path, timeout=args.timeout)
+    code = launch_cell(run_argv(cell_run_config(engine, args, config_path, record_path)), world_size, args, log_path)
     error = None
     if code is None:
         error = f"timed out after {args.timeout:g} s (see {log_path})"
@@ -135,6 +132,15 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
     record["num_params"] = meta["num_params"] + adapters  # the full model (ZeRO-3 ranks see partitions) + LoRA's
     write_record(record, record_path)
     return record
+
+
+def launch_cell(argv: list[str], world_size: int, args: argparse.Namespace, log_path: pathlib.Path) -> int | None:
+    """Train one cell under the launcher (`world_size` ranks of the train script with `argv`), its console in
+    `log_path`; return the exit code, None on a timeout. (tests/measure/test_report.py swaps this for ranks
+    forked from its preloaded forkserver: the same argv, the same record; the launcher itself is tested apart.)"""
+    launch = Launch(launcher=args.launcher, nproc_per_node=world_size, master_port=free_port())
+    command = launch_command(launch, argv, script=args.train_script)
+    return run_logged(command, log_path, timeout=args.timeout)
 
 
 def _cell_name(engine: str, world_size: int, args: argparse.Namespace) -> str:
