@@ -120,7 +120,8 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         write_record(record, record_path)
         return record
     write_config(config, config_path)
-    code = launch_cell(run_argv(cell_run_config(engine, args, config_path, record_path)), world_size, args, log_path)
+    argv = run_argv(cell_run_config(engine, args, config_path, record_path))
+    code = launch_cell(argv, world_size, args, log_path)
     error = None
     if code is None:
         error = f"timed out after {args.timeout:g} s (see {log_path})"
@@ -134,7 +135,9 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
     return record
 
 
-def launch_cell(argv: list[str], world_size: int, args: argparse.Namespace, log_path: pathlib.Path) -> int | None:
+def launch_cell(
+    argv: list[str], world_size: int, args: argparse.Namespace, log_path: pathlib.Path
+) -> int | None:
     """Train one cell under the launcher (`world_size` ranks of the train script with `argv`), its console in
     `log_path`; return the exit code, None on a timeout. (tests/measure/test_report.py swaps this for ranks
     forked from its preloaded forkserver: the same argv, the same record; the launcher itself is tested apart.)"""
