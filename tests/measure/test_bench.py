@@ -44,21 +44,10 @@ def run_bench(argv: list[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    """The runs' text: a prefix of the offline corpus (listing the whole corpus costs each rank ~2.5 s of CPU)."""
-    from zero_train.hf.offline import stdlib_files
-
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(150_000)))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def tiny_bench(tmp_path_factory, corpus):
+def tiny_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     argv = ["--model", "tiny", "--engines", "ddp,zero1,zero2,hf-ds1,fsdp2-z2,fsdp2-z3", "--precisions", "fp32",
-            "--repeats", "2", "--steps", "2", "--warmup", "1", "--block-size", "32", "--dataset", corpus,
-            "--out", str(out)]  # fmt: skip
+            "--repeats", "2", "--steps", "2", "--warmup", "1", "--block-size", "32", "--out", str(out)]  # fmt: skip
     assert run_bench(argv) == 0
     return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text()
 

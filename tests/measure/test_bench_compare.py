@@ -87,20 +87,10 @@ def test_ratios_agree_within_the_step_noise_and_differ_beyond_it():
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    """The runs' text: a prefix of the offline corpus (listing the whole corpus costs each rank ~2.5 s of CPU)."""
-    from zero_train.hf.offline import stdlib_files
-
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(150_000)))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def compared(tmp_path_factory, corpus):
+def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     argv = ["--model", "tiny", "--engines", "ddp,zero1", "--precisions", "fp32", "--repeats", "1", "--steps", "3",
-            "--warmup", "1", "--block-size", "32", "--dataset", corpus, "--launch", "compare", "--out", str(out)]  # fmt: skip
+            "--warmup", "1", "--block-size", "32", "--launch", "compare", "--out", str(out)]  # fmt: skip
     assert run_bench(argv) == 0
     return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text(), out
 

@@ -52,9 +52,7 @@ def run_cli(*argv: str, timeout: float = 300, env: dict | None = None) -> subpro
     )  # fmt: skip
 
 
-def run_failing_fp16_profile(
-    root: pathlib.Path, corpus: str
-) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
+def run_failing_fp16_profile(root: pathlib.Path) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
     """tests/measure/test_profile.py's profile: ddp and ds1 at 1 rank in fp16 through the deepspeed launcher,
     ds1's train script dying; run once for both files (the report takes its failed cell)."""
     script = root / "train_failing_for_deepspeed.py"
@@ -62,26 +60,15 @@ def run_failing_fp16_profile(
     out = root / "profile-fp16"
     proc = run_cli(
         "profile", "--model", "tiny", "--world-sizes", "1", "--engines", "ddp,ds1", "--precision", "fp16",
-        "--steps", "2", "--block-size", "32", "--dataset", corpus, "--out", str(out), "--train-script", str(script),
-        timeout=300,
+        "--steps", "2", "--block-size", "32", "--out", str(out), "--train-script", str(script), timeout=300,
         env={k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"},  # as a user's shell (conftest sets it)
     )  # fmt: skip
     return out, proc
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    """The cells' text: a prefix of the offline corpus (listing the whole corpus costs each rank ~2.5 s of CPU)."""
-    from zero_train.hf.offline import stdlib_files
-
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(150_000)))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def fp16_profile(tmp_path_factory, corpus) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
-    return run_failing_fp16_profile(tmp_path_factory.mktemp("profile-fp16"), corpus)
+def fp16_profile(tmp_path_factory) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
+    return run_failing_fp16_profile(tmp_path_factory.mktemp("profile-fp16"))
 
 
 def launch_in_forked_ranks(argv: list[str], world_size: int, args, log_path: pathlib.Path) -> int | None:
@@ -96,7 +83,7 @@ def launch_in_forked_ranks(argv: list[str], world_size: int, args, log_path: pat
 
 
 @pytest.fixture(scope="module")
-def profile_dir(tmp_path_factory, fp16_profile, corpus) -> pathlib.Path:
+def profile_dir(tmp_path_factory, fp16_profile) -> pathlib.Path:
     """`zero-train profile`'s command in this process, each cell's ranks forked rather than launched (no
     interpreter start per rank: the launchers are tested by the fp16 profile and tests/measure/test_bench.py);
     each cell still runs in ranks of its own, so its peak and baseline are its run's alone."""
@@ -105,7 +92,7 @@ def profile_dir(tmp_path_factory, fp16_profile, corpus) -> pathlib.Path:
 
     out = tmp_path_factory.mktemp("report") / "profile"
     argv = ["profile", "--model", "tiny", "--world-sizes", "1,2", "--engines", "ddp,zero1,ds2", "--steps", "2",
-            "--block-size", "32", "--dataset", corpus, "--timeout", "600", "--out", str(out)]  # fmt: skip
+            "--block-size", "32", "--timeout", "600", "--out", str(out)]  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(profile, "launch_cell", launch_in_forked_ranks)
         args = build_parser(argv).parse_args(argv)

@@ -104,16 +104,6 @@ def test_llama_3_8b_lora_r16_on_24_gb_gpus(gpus):
         _plan(gpus, lora=False)  # full fine-tuning: 16 bytes/param of model states need far more
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    """The runs' text: a prefix of the offline corpus (listing the whole corpus costs each rank ~2.5 s of CPU)."""
-    from zero_train.hf.offline import stdlib_files
-
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(150_000)))
-    return str(path)
-
-
 def _train(rank: int, world_size: int, argv: list[str]) -> None:
     from zero_train.runtime.dist import init_distributed
     from zero_train.train.args import parse_args
@@ -125,7 +115,7 @@ def _train(rank: int, world_size: int, argv: list[str]) -> None:
 
 
 @pytest.mark.tier("multiproc")
-def test_a_lora_plan_on_tiny_writes_a_config_train_py_runs_within_10_percent(tmp_path, capsys, corpus):
+def test_a_lora_plan_on_tiny_writes_a_config_train_py_runs_within_10_percent(tmp_path, capsys):
     from zero_train.cli.main import main
     from zero_train.report.compare import baseline_other
 
@@ -149,7 +139,7 @@ def test_a_lora_plan_on_tiny_writes_a_config_train_py_runs_within_10_percent(tmp
     assert f"--engine {chosen.setup.engine} " in run and "--lora-r 4 --lora-target-modules all-linear" in run
     assert f"--deepspeed_config {config}" in run and "--model tiny " in run and "--block-size 64 " in run
     record = tmp_path / "memory.json"
-    argv = [*run.split(), "--max-steps", "2", "--no-progress", "--eval-batches", "1", "--dataset", corpus,
+    argv = [*run.split(), "--max-steps", "2", "--no-progress", "--eval-batches", "1",
             "--memory-report", str(record)]  # fmt: skip
     run_ranks(_train, 2, args=(argv,), timeout_s=400)
     ranks = json.loads(record.read_text())["ranks"]

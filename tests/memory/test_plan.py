@@ -25,17 +25,6 @@ pytestmark = pytest.mark.tier("quick")
 
 TRAIN = ["--model", "tiny", "--block-size", "64", "--max-steps", "3",
          "--no-progress", "--eval-batches", "1"]  # fmt: skip
-CORPUS_BYTES = 150_000
-"""The runs' text: a prefix of the offline corpus (listing the whole corpus costs each rank ~2.5 s of CPU)."""
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    from zero_train.hf.offline import stdlib_files
-
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n\n".join(p.read_text(errors="replace") for p in stdlib_files(CORPUS_BYTES)))
-    return str(path)
 
 
 def _train(rank: int, world_size: int, argv: list[str]) -> None:
@@ -68,15 +57,18 @@ def _request(limit_bytes: float):
 
 
 @pytest.mark.tier("multiproc")
-def test_the_plan_for_a_limit_above_a_measured_peak_runs_under_it(tmp_path, corpus):
+def test_the_plan_for_a_limit_above_a_measured_peak_runs_under_it(tmp_path):
     from zero_train.cli.plan import chosen_config
     from zero_train.ds_config.check import check_config
     from zero_train.memory.model.plan import make_plan
 
     measured = tmp_path / "fsdp2.json"
-    train = [*TRAIN, "--dataset", corpus]
-    argv = [*train, "--engine", "fsdp2", "--micro-batch-size", "2", "--memory-report", str(measured)]
-    run_ranks(_train, 2, args=(argv,), timeout_s=400)
+    run_ranks(
+        _train,
+        2,
+        args=([*TRAIN, "--engine", "fsdp2", "--micro-batch-size", "2", "--memory-report", str(measured)],),
+        timeout_s=400,
+    )
     limit = 1.03 * _peak_without_other(measured)
     plan = make_plan(_request(limit))
     assert all(c.device_bytes <= limit for c in plan.fitting)
@@ -89,7 +81,7 @@ def test_the_plan_for_a_limit_above_a_measured_peak_runs_under_it(tmp_path, corp
     assert not report.problems, report.problems
     (tmp_path / "plan.json").write_text(json.dumps(config))
     chosen = tmp_path / "chosen.json"
-    argv = [*train, "--engine", plan.chosen.setup.engine, "--deepspeed_config", str(tmp_path / "plan.json"),
+    argv = [*TRAIN, "--engine", plan.chosen.setup.engine, "--deepspeed_config", str(tmp_path / "plan.json"),
             "--memory-report", str(chosen)]  # fmt: skip
     run_ranks(_train, 2, args=(argv,), timeout_s=400)
     assert _peak_without_other(chosen) <= limit, (plan.chosen.setup.name, _peak_without_other(chosen), limit)
@@ -166,9 +158,7 @@ def test_the_plan_predicts_what_zero_train_estimate_predicts_for_the_same_set_up
 
 
 @pytest.mark.tier("multiproc")
-def test_plan_picks_our_zero3_where_only_zero3_fits_and_its_run_line_trains_under_the_limit(
-    tmp_path, capsys, corpus
-):
+def test_plan_picks_our_zero3_where_only_zero3_fits_and_its_run_line_trains_under_the_limit(tmp_path, capsys):
     """gpt2-25m on 2 CPU ranks, 1 x 32 tokens each: every set-up with 2 Psi of traffic needs more than 270 MB
     (FSDP2 keeping the parameters gathered the least), ZeRO-3's fit below; ours is the first ZeRO-3 tried."""
     from zero_train.cli.main import build_parser
@@ -188,8 +178,7 @@ def test_plan_picks_our_zero3_where_only_zero3_fits_and_its_run_line_trains_unde
     torchrun = next(line for line in printed.splitlines() if line.strip().startswith("torchrun"))
     train = torchrun.split(" zero_train.train ", 1)[1].split()  # the printed run line's train.py flags
     assert train[train.index("--engine") + 1] == "zero3" and str(out) in train
-    train += ["--max-steps", "2", "--no-progress", "--eval-batches", "1", "--dataset", corpus,
-              "--memory-report", str(record)]  # fmt: skip
+    train += ["--max-steps", "2", "--no-progress", "--eval-batches", "1", "--memory-report", str(record)]
     run_ranks(_train, 2, args=(train,), timeout_s=600)
     assert json.loads(record.read_text())["engine"] == "zero3"
     assert _peak_without_other(record) <= limit_gb * 1e9
