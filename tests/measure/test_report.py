@@ -13,6 +13,8 @@ no output behind.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -50,6 +52,17 @@ def run_cli(*argv: str, timeout: float = 300, env: dict | None = None) -> subpro
         [sys.executable, "-m", "zero_train.cli.main", *argv], capture_output=True, text=True, timeout=timeout,
         env=env,
     )  # fmt: skip
+
+
+def report_cli(*argv: str) -> subprocess.CompletedProcess:
+    """`zero-train report ARGV` in this process: the console script's main and run_cli (exit code, `error:`
+    lines), without a fresh interpreter's imports; the `report` fixture runs the real command once."""
+    from zero_train.cli.main import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as end:
+        main(["report", *argv])
+    return subprocess.CompletedProcess(argv, end.value.code, stdout.getvalue(), stderr.getvalue())
 
 
 def run_failing_fp16_profile(root: pathlib.Path) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
@@ -376,7 +389,7 @@ def test_cells_json_is_the_summary_cut_to_the_numbers_that_matter(report):
 
 
 def test_a_summary_renders_again_without_its_records_and_without_plots(report, tmp_path):
-    proc = run_cli("report", str(report["out"] / "summary.json"), "--out", str(tmp_path), "--no-plots")
+    proc = report_cli(str(report["out"] / "summary.json"), "--out", str(tmp_path), "--no-plots")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells.json", "report.md", "summary.json"]
     without_images = re.sub(r"\n\n!\[[^\]]*\]\([^)]*\.png\)", "", report["markdown"])
@@ -432,7 +445,7 @@ def failed_profile(directory: pathlib.Path) -> pathlib.Path:
 
 @pytest.mark.tier("quick")
 def test_missing_directory(tmp_path):
-    proc = run_cli("report", str(tmp_path / "nowhere"), timeout=60)
+    proc = report_cli(str(tmp_path / "nowhere"))
     assert_usage_error(proc, "is not a directory of run records")
     assert not (tmp_path / "nowhere").exists()
 
@@ -440,19 +453,19 @@ def test_missing_directory(tmp_path):
 @pytest.mark.tier("quick")
 def test_a_json_file_that_is_no_report_summary(tmp_path):
     (tmp_path / "summary.json").write_text('{"schema": "zero_train.run_record/1"}')
-    proc = run_cli("report", str(tmp_path / "summary.json"), timeout=60)
+    proc = report_cli(str(tmp_path / "summary.json"))
     assert_usage_error(proc, "is not a report's summary.json")
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
     older = {"schema": "zero_train.report_summary/1", "source": "runs/x", "cells": [{"cell": "ddp-w1-fp32"}]}
     (tmp_path / "summary.json").write_text(json.dumps(older))
-    proc = run_cli("report", str(tmp_path / "summary.json"), timeout=60)
+    proc = report_cli(str(tmp_path / "summary.json"))
     assert_usage_error(proc, "was written by an older `zero-train report` (its cells lack allocator_bytes")
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
 
 
 @pytest.mark.tier("quick")
 def test_directory_without_records(tmp_path):
-    proc = run_cli("report", str(tmp_path), timeout=60)
+    proc = report_cli(str(tmp_path))
     assert_usage_error(proc, "no run records")
     assert list(tmp_path.iterdir()) == []
 
@@ -465,7 +478,7 @@ def test_directory_without_records(tmp_path):
 def test_corrupt_or_off_schema_record(tmp_path, content, fragment):
     failed_profile(tmp_path)
     (tmp_path / "cells" / "zz-broken.json").write_text(content)
-    proc = run_cli("report", str(tmp_path), timeout=60)
+    proc = report_cli(str(tmp_path))
     assert_usage_error(proc, fragment)
     assert not (tmp_path / "report").exists()
 
@@ -475,23 +488,23 @@ def test_unwritable_out(tmp_path):
     failed_profile(tmp_path / "profile")
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    proc = run_cli("report", str(tmp_path / "profile"), "--out", str(blocker / "report"), timeout=60)
+    proc = report_cli(str(tmp_path / "profile"), "--out", str(blocker / "report"))
     assert_usage_error(proc, "cannot be created")
     assert blocker.read_text() == "not a directory"
-    proc = run_cli("report", str(tmp_path / "profile"), "--out", str(blocker), timeout=60)
+    proc = report_cli(str(tmp_path / "profile"), "--out", str(blocker))
     assert_usage_error(proc, "is a file")
-    proc = run_cli("report", str(tmp_path / "profile"), "--out", "/proc/zero-train-report", timeout=60)
+    proc = report_cli(str(tmp_path / "profile"), "--out", "/proc/zero-train-report")
     assert_usage_error(proc, "is not writable")
-    proc = run_cli("report", str(tmp_path / "profile"), "--out", str(tmp_path), timeout=60)
+    proc = report_cli(str(tmp_path / "profile"), "--out", str(tmp_path))
     assert_usage_error(proc, "would contain the run records")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "profile"]
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["cells"]
 
 
-@pytest.mark.tier("slow")
+@pytest.mark.tier("quick")
 def test_only_failed_cells_still_make_a_report(tmp_path):
     failed_profile(tmp_path)
-    proc = run_cli("report", str(tmp_path), "--out", str(tmp_path / "out"), timeout=60)
+    proc = report_cli(str(tmp_path), "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["cells"] == [] and summary["failed"][0]["error"] == "exit code 1: boom"
