@@ -60,7 +60,11 @@ def report_cli(*argv: str) -> subprocess.CompletedProcess:
     from zero_train.cli.main import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as end:
+    with (
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+        pytest.raises(SystemExit) as end,
+    ):
         main(["report", *argv])
     return subprocess.CompletedProcess(argv, end.value.code, stdout.getvalue(), stderr.getvalue())
 
