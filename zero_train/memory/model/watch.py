@@ -148,7 +148,10 @@ class LiveBytes(TorchDispatchMode):
         param.grad = None
 
     def _poll(self) -> None:
-        dead = [key for key, (ref, _, _) in self.alive.items() if ref.expired()]
+        # StorageWeakRef.expired() is two Python frames over this call, and it runs for every live storage
+        # before every op: a third of an activation count's time (docs/memory_model.md#cost)
+        expired = torch.UntypedStorage._expired
+        dead = [key for key, (ref, _, _) in self.alive.items() if expired(ref.cdata)]
         for key in dead:
             _, nbytes, birth = self.alive.pop(key)
             self.lives.append(
