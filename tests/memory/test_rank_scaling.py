@@ -3,14 +3,14 @@
 The oracle is the loop the model ran before it scaled (every rank's slice of DeepSpeed's flat buffer, cut tensor
 by tensor; every rank's slice of our sharders' flat buffer from their own partition, buckets and accounting;
 torch-zero's greedy scanning every rank; every rank's phases, then the highest): at small N the answer must be
-the same to the byte, rank included. Then the cost: estimate and plan at 10^6 and 2048 ranks take at most twice what 8 ranks take.
+the same to the byte, rank included. Then the cost: estimate at 10^6 ranks and plan at 2048 do about the work of 10^3 ranks and 512.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-import time
+import sys
 
 import pytest
 
@@ -245,23 +245,28 @@ def test_engine_peak_equals_every_ranks_model_to_the_byte(engine):
             assert ours.as_dict() == oracle.as_dict(), (name, world_size, backend, precision, rank, shape)
 
 
-def _interleaved_minimums(answer, sizes: tuple[int, ...], repeats: int = 10) -> dict[int, float]:
-    """The fastest of `repeats` runs of answer(size) for each size, the sizes taken in turn (a shared machine's
-    load then weighs on every size alike; with 3 repeats a millisecond-long answer still lost to a load of 16
-    now and then, 10 cost well under a second)."""
-    answer(
-        sizes[0]
-    )  # the activations are counted once per process (activations.count_activations caches them)
-    best = dict.fromkeys(sizes, float("inf"))
-    for _ in range(repeats):
-        for size in sizes:
-            started = time.perf_counter()
+def _python_calls(answer, sizes: tuple[int, ...]) -> dict[int, int]:
+    """The Python function calls answer(size) makes, per size: the work done, counted the same on every
+    machine whatever its load (a timed ratio of two millisecond-long answers failed in CI at load)."""
+    answer(sizes[0])  # activations are counted once per process (count_activations caches them)
+    calls = dict.fromkeys(sizes, 0)
+    for size in sizes:
+
+        def count(frame, event, arg, size=size):
+            if event == "call":
+                calls[size] += 1
+
+        sys.setprofile(count)
+        try:
             answer(size)
-            best[size] = min(best[size], time.perf_counter() - started)
-    return best
+        finally:
+            sys.setprofile(None)
+    return calls
 
 
-def test_estimate_at_a_million_ranks_costs_at_most_twice_what_8_ranks_cost():
+def test_estimate_at_a_million_ranks_does_the_work_of_a_thousand():
+    """The estimate evaluates a bounded set of distinct ranks, never every rank: its work stops growing
+    once the partitions' shapes are all seen (about 1,000 ranks for Llama-2-70B)."""
     from zero_train.hf.models import model_config
     from zero_train.memory.model.estimate import estimate_setup
 
@@ -271,13 +276,13 @@ def test_estimate_at_a_million_ranks_costs_at_most_twice_what_8_ranks_cost():
         answers[world_size] = estimate_setup(config, world_size=world_size, block_size=512, gpu_memory_bytes=80e9,
                                              gradient_checkpointing=True, host_memory_bytes=2000e9)  # fmt: skip
 
-    seconds = _interleaved_minimums(answer, (8, 10**6))
-    assert seconds[10**6] <= 2 * seconds[8], seconds
+    calls = _python_calls(answer, (8, 1024, 10**6))
+    assert calls[10**6] <= 1.5 * calls[1024] and calls[10**6] <= 8 * calls[8], calls
     zero3 = answers[10**6].stages[3]
     assert zero3.fits and zero3.paper_bytes == 16 * answers[10**6].num_params / 10**6
 
 
-def test_plan_for_llama_2_70b_on_2048_gpus_costs_at_most_twice_what_8_gpus_cost():
+def test_plan_for_llama_2_70b_on_2048_gpus_does_the_work_of_512():
     from zero_train.hf.models import model_config
     from zero_train.memory.model.plan import PlanRequest, make_plan
     from zero_train.memory.model.theory import model_shape
@@ -290,8 +295,8 @@ def test_plan_for_llama_2_70b_on_2048_gpus_costs_at_most_twice_what_8_gpus_cost(
                               host_memory_gb=2000, global_batch_size=8 * nodes, block_size=512)  # fmt: skip
         plans[nodes] = make_plan(request)
 
-    seconds = _interleaved_minimums(answer, (1, 256))
-    assert seconds[256] <= 2 * seconds[1], seconds
+    calls = _python_calls(answer, (1, 64, 256))
+    assert calls[256] <= 1.1 * calls[64] and calls[256] <= 2 * calls[1], calls
     for plan in plans.values():
         assert all(c.device_bytes <= plan.request.usable_bytes for c in plan.fitting)
     assert plans[256].chosen.setup.engine == "ds3" and not plans[256].chosen.setup.offload_optimizer
