@@ -92,7 +92,7 @@ def _child(
     _become_rank(rank, world_size, port, environ)
     try:
         timeout = datetime.timedelta(seconds=collective_timeout_s())
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+        _init_group(rank, world_size, timeout)
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))
     except BaseException:  # report any failure to the parent instead of hanging it
@@ -100,6 +100,15 @@ def _child(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _init_group(rank: int, world_size: int, timeout: datetime.timedelta) -> None:
+    """The gloo group, then a barrier: init_process_group returns on a rank before its peers have finished
+    connecting (torch adds no barrier unless TORCH_DIST_INIT_BARRIER=1), so a rank whose function returns at
+    once could tear the group down under a peer still connecting ("Gloo connectFullMesh failed ... Connection
+    closed by peer": 3 of 120 four-rank groups with three callers at once on the 2-core machine)."""
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    dist.barrier()
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: float = 300) -> list[Any]:
@@ -155,7 +164,7 @@ def _serve(rank: int, world_size: int, port: int, tasks, results, environ: dict[
     """A pool rank: one gloo group for its whole life, then fn(rank, world_size, *args) per task."""
     _become_rank(rank, world_size, port, environ)
     timeout = datetime.timedelta(seconds=collective_timeout_s())
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    _init_group(rank, world_size, timeout)
     try:
         while (task := tasks.get()) is not None:
             fn, args = task
