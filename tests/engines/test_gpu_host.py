@@ -240,13 +240,14 @@ def _run_logged(command, log, timeout):
 
 
 def _bench_launch(command, log, timeout):
-    from zero_train.bench import one_launch
+    from zero_train.launch.launcher import run_watched
 
-    return one_launch._launch(command, log, [log.with_suffix(".done.json")], timeout)  # no run finishes
+    no_run_finishes = [log.with_suffix(".done.json")]
+    return run_watched(command, log, no_run_finishes, timeout=timeout, kill_grace_s=1)
 
 
 @pytest.mark.parametrize("launch", [_run_logged, _bench_launch], ids=["profile-cell", "bench-launch"])
-def test_a_timed_out_launch_leaves_no_rank_behind(tmp_path, monkeypatch, launch):
+def test_a_timed_out_launch_leaves_no_rank_behind(tmp_path, launch):
     """The timeout stops the launcher AND its ranks (were: the launcher only, or its group only, which
     torchrun's ranks are not in; the ranks kept their GPUs)."""
     import sys
@@ -254,9 +255,6 @@ def test_a_timed_out_launch_leaves_no_rank_behind(tmp_path, monkeypatch, launch)
 
     import psutil
 
-    from zero_train.bench import one_launch
-
-    monkeypatch.setattr(one_launch, "KILL_GRACE_S", 1)
     log = tmp_path / "launch.log"
     started = time.monotonic()
     code = launch([sys.executable, "-c", FAKE_LAUNCHER], log, 4)

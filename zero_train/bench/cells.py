@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from zero_train.bench.targets import TARGET_ENGINES
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.launch.cells import cell_config
-from zero_train.launch.command import Launch, launch_command
+from zero_train.launch.command import Launch
 from zero_train.registry import ENGINES, EngineSpec
 from zero_train.train import args as train_args
 from zero_train.train.config import (
@@ -178,10 +178,7 @@ def bench_launch(args: argparse.Namespace, port: int) -> Launch:
     return Launch(launcher=args.launcher, nproc_per_node=args.world_size, master_port=port)
 
 
-def run_command(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path], port: int) -> list[str]:
-    """The launcher command of one run in its own launch (--launch per-run): the training entry point (or
-    --train-script), or the Trainer peer's module."""
-    launch, argv = bench_launch(args, port), run_argv(cell, args, paths)
-    if cell.is_peer:
-        return launch_command(launch, argv, module=PEER_MODULE)
-    return launch_command(launch, argv, script=args.train_script)
+def run_program(cell: Cell, args: argparse.Namespace) -> dict[str, str | None]:
+    """What a run's own launch (--launch per-run) starts, as launch_command's `module` or `script`: the Trainer
+    peer's module, or --train-script (None: the training entry point)."""
+    return dict(module=PEER_MODULE) if cell.is_peer else dict(script=args.train_script)

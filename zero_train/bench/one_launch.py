@@ -14,19 +14,14 @@ rest of the plan is launched again. A launch that makes no progress for --timeou
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import time
 
-from zero_train.bench.cells import Cell, bench_launch, cell_ds_config, run_argv, steps_of
+from zero_train.bench import ranks
+from zero_train.bench.cells import Cell, cell_ds_config, run_argv, steps_of
 from zero_train.bench.run import make_sample, run_paths
 from zero_train.ds_config import write_config
 from zero_train.launch.cells import last_error_line
-from zero_train.launch.command import launch_command, shell_text
-from zero_train.launch.launcher import KILL_GRACE_S, stop_process_tree
 from zero_train.runtime.errors import UsageError
-from zero_train.runtime.ports import free_port
 
 WORKER_MODULE = "zero_train.bench.worker"
 
@@ -34,37 +29,6 @@ WORKER_MODULE = "zero_train.bench.worker"
 def done_path(paths: dict[str, pathlib.Path]) -> pathlib.Path:
     """The worker's per-run done file (wall time, teardown bytes), next to the run's record."""
     return paths["record"].with_suffix(".done.json")
-
-
-def worker_command(args, plan_path: pathlib.Path, port: int) -> list[str]:
-    """The one launch: the launcher starting the worker module on every rank."""
-    return launch_command(bench_launch(args, port), ["--plan", str(plan_path)], module=WORKER_MODULE)
-
-
-def _launch(command: list[str], log_path: pathlib.Path, done_files: list[pathlib.Path], timeout: float):
-    """Run the launch; kill it when no run finished for `timeout` s. Returns the exit code (None: killed)."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        log.write(shell_text(command) + "\n")
-        log.flush()
-        # its own session: on a stall the launcher AND its ranks (and their compilers) are stopped together
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        finished, last_progress = 0, time.monotonic()
-        try:
-            while proc.poll() is None:
-                time.sleep(0.5)
-                now_finished = sum(path.exists() for path in done_files)
-                if now_finished > finished:
-                    finished, last_progress = now_finished, time.monotonic()
-                elif time.monotonic() - last_progress > timeout:
-                    stop_process_tree(proc, grace_s=KILL_GRACE_S)  # the ranks too, not just the group
-                    return None
-        except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
-            stop_process_tree(proc, grace_s=KILL_GRACE_S)
-            raise
-        return proc.returncode
 
 
 def run_all(
@@ -108,7 +72,9 @@ def run_all(
         )
         plan_path.write_text(json.dumps(dict(runs=plan), indent=1) + "\n")
         done_files = [done_path(paths) for _, _, paths in pending]
-        code = _launch(worker_command(args, plan_path, free_port()), log_path, done_files, args.timeout)
+        code = ranks.launch(
+            args, ["--plan", str(plan_path)], log_path, module=WORKER_MODULE, done_files=done_files
+        )
         launches += 1
         finished = [entry for entry in pending if done_path(entry[2]).exists()]
         for repeat, cell, paths in finished:

@@ -18,12 +18,11 @@ import pathlib
 import statistics
 import time
 
-from zero_train.bench.cells import Cell, cell_ds_config, run_command, steps_of
+from zero_train.bench import ranks
+from zero_train.bench.cells import Cell, cell_ds_config, run_argv, run_program, steps_of
 from zero_train.ds_config import write_config
 from zero_train.launch.cells import last_error_line
-from zero_train.launch.launcher import run_logged
 from zero_train.runtime.errors import UsageError
-from zero_train.runtime.ports import free_port
 
 
 def run_paths(out: pathlib.Path, cell: Cell, repeat: int) -> dict[str, pathlib.Path]:
@@ -93,7 +92,7 @@ def run_one(cell: Cell, repeat: int, args, out: pathlib.Path, hidden_size: int |
             cell, repeat, paths, warmup=steps_of(cell, args)[1], wall_s=0.0, error=f"config: {err}"
         )
     started = time.perf_counter()
-    code = run_logged(run_command(cell, args, paths, free_port()), paths["log"], timeout=args.timeout)
+    code = ranks.launch(args, run_argv(cell, args, paths), paths["log"], **run_program(cell, args))
     wall_s = time.perf_counter() - started
     error = None
     if code is None:
