@@ -4,7 +4,8 @@ The verdict arithmetic against hand-computed numbers, and one real comparison of
 fp32, one repeat: one launch of both runs and a launch of each) whose per-step bytes on the wire must be the
 same both ways, byte for byte, and whose peak memory per rank, reported for a run of the one launch minus what
 the runs before it left behind, must be what that run measured in its own launch. Step times are not asserted
-(noisy); the bench reports them.
+(noisy); the bench reports them. Each launch's ranks are forked from the preloaded forkserver rather than
+started by a launcher (tests/measure/test_bench.py runs the bench through the launcher).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from zero_train.bench.compare import cell_noise, check_table, launch_check, run_noise
 from zero_train.bench.summary import target_ratios
+from zero_train.launch.command import TRAIN_MODULE
 
 pytestmark = pytest.mark.tier("quick")
 
@@ -86,12 +88,33 @@ def test_ratios_agree_within_the_step_noise_and_differ_beyond_it():
     assert not any(r["name"].startswith("zero1 / ds1") for r in check["ratios"])  # no ds1 cell: no row
 
 
+def launch_in_forked_ranks(
+    args, argv, log_path, *, module=TRAIN_MODULE, script=None, done_files=None
+) -> int | None:
+    """zero_train.bench.ranks.launch without a launcher: the module's main (train.py's, or the bench worker's
+    for the one launch) with the same argv in --world-size fresh ranks forked from this process's preloaded
+    forkserver; each launch gets ranks of its own, so each run's peak and baseline are its own launch's."""
+    from zero_train.bench.one_launch import WORKER_MODULE
+    from zero_train.testing import run_ranks
+    from zero_train.testing.console import bench_worker_py, train_py
+
+    assert script is None, script
+    rank_main = {TRAIN_MODULE: train_py, WORKER_MODULE: bench_worker_py}[module]
+    results = run_ranks(rank_main, args.world_size, args=(argv,), timeout_s=args.timeout)
+    log_path.write_text("".join(stdout + stderr for _, stdout, stderr in results))
+    return next((code for code, _, _ in results if code != 0), 0)
+
+
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
+    from zero_train.bench import ranks
+
     out = tmp_path_factory.mktemp("compare")
     argv = ["--model", "tiny", "--engines", "ddp,zero1", "--precisions", "fp32", "--repeats", "1", "--steps", "3",
             "--warmup", "1", "--block-size", "32", "--launch", "compare", "--out", str(out)]  # fmt: skip
-    assert run_bench(argv) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ranks, "launch", launch_in_forked_ranks)
+        assert run_bench(argv) == 0
     return json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text(), out
 
 

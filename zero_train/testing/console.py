@@ -1,7 +1,8 @@
-"""scripts/train.py's main in a spawned rank, its console captured: for tests of a run's exit code and lines
-that need a rank of their own but not a fresh interpreter (each costs seconds of imports).
+"""scripts/train.py's main (or the bench worker's) in a spawned rank, its console captured: for tests of a run's
+exit code and lines that need a rank of their own but not a fresh interpreter (each costs seconds of imports).
 
     code, stdout, stderr = run_ranks(train_py, 2, (argv,))[rank]
+    code, stdout, stderr = run_ranks(bench_worker_py, 2, (["--plan", plan],))[rank]
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from collections.abc import Callable
 
+from zero_train.bench import worker
 from zero_train.train.main import main
 
 
@@ -25,11 +28,23 @@ def train_py(rank: int, world_size: int, argv: list[str]) -> tuple[int, str, str
         The exit code main ended with, and what the run wrote on stdout and on stderr.
     """
     del world_size
+    return _captured(rank, lambda: main(argv, prog="train.py"))
+
+
+def bench_worker_py(rank: int, world_size: int, argv: list[str]) -> tuple[int, str, str]:
+    """Run `python -m zero_train.bench.worker`'s main (its --plan) in this rank, as train_py does train.py's:
+    the worker trains in the process group run_ranks made."""
+    del world_size
+    return _captured(rank, lambda: worker.main(argv))
+
+
+def _captured(rank: int, entry: Callable[[], object]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `entry`, a main that always ends in SystemExit (run_cli)."""
     logging.getLogger(f"zero_train.r{rank}").handlers.clear()  # the run's logger binds to the captured stdout
     stdout, stderr = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            main(argv, prog="train.py")
+            entry()
     except SystemExit as exit_info:  # main always ends in one (run_cli)
         return exit_info.code, stdout.getvalue(), stderr.getvalue()
-    raise AssertionError("train.py's main returned without exiting")
+    raise AssertionError("the main returned without exiting")
