@@ -206,3 +206,32 @@ def test_the_targets_table_leaves_out_targets_whose_engines_did_not_run():
     absent = dict(name="zero1 / ddp step time", target="<= 1", what="step", by_precision={"fp32": None})
     lines = targets_table([absent, ran], ["fp32"])
     assert lines[2:] == ["| zero3 / ds3 step time | 0.500 / **0.600** / 0.700 (met) | <= 0.8 |"]
+
+
+@pytest.mark.tier("quick")
+def test_a_runs_launch_and_the_one_launch_are_their_launcher_commands(monkeypatch, tmp_path):
+    """zero_train.bench.ranks.launch, the seam test_bench_compare swaps for forked ranks: a run's own launch
+    (train.py, or the Trainer peer's module) runs to its timeout, the one launch of the worker until no run
+    finishes for the timeout."""
+    from zero_train.bench import ranks
+    from zero_train.bench.cells import run_program
+    from zero_train.bench.one_launch import WORKER_MODULE
+
+    calls = []
+    monkeypatch.setattr(
+        ranks, "run_logged", lambda command, log, *, timeout: calls.append((command, None)) or 0
+    )
+    monkeypatch.setattr(
+        ranks, "run_watched", lambda command, log, done, *, timeout: calls.append((command, done)) or 0
+    )
+    args = argparse.Namespace(launcher="torchrun", world_size=2, timeout=60.0, train_script=None)
+    for engine in ("zero1", "hf-ds1"):
+        ranks.launch(args, ["--engine", engine], tmp_path / "log", **run_program(Cell(engine, "fp32"), args))
+    done = [tmp_path / "run.done.json"]
+    ranks.launch(args, ["--plan", "plan.json"], tmp_path / "log", module=WORKER_MODULE, done_files=done)
+    assert [(command[1:3], command[5:], watched) for command, watched in calls] == [
+        (["--nproc_per_node", "2"], ["-m", "zero_train.train", "--engine", "zero1"], None),
+        (["--nproc_per_node", "2"], ["-m", "zero_train.bench.peer_main", "--engine", "hf-ds1"], None),
+        (["--nproc_per_node", "2"], ["-m", "zero_train.bench.worker", "--plan", "plan.json"], done),
+    ]
+    assert all(command[0].endswith("torchrun") and command[3] == "--master_port" for command, _ in calls)
