@@ -8,8 +8,8 @@ the engines run it (`model(input_ids=ids, labels=ids).loss`, then `.backward()`)
   backward, each storage counted once (identity: the storage's StorageImpl, `StorageWeakRef.cdata`, which
   views, fake tensors and real tensors all share), parameters and buffers left out. This is the probe's
   "activations" category (zero_train.memory.probe), computed before the run instead of during it.
-- a TorchDispatchMode that sees every storage an op creates and polls, before each op, which of them died
-  (`StorageWeakRef.expired`): the live bytes after every op, so the forward's and the backward's highest
+- a TorchDispatchMode that sees every storage an op creates and is called back when each dies (a weakref on
+  the storage's Python object): the live bytes after every op, so the forward's and the backward's highest
   points, with the parameters' gradients set apart (they are model states, which the peak model counts
   per engine).
 

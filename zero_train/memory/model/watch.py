@@ -3,7 +3,7 @@
 - ``Counter`` runs one forward and backward of a model and records, through
   torch.autograd.graph.saved_tensors_hooks, every storage autograd saves (each once, parameters and buffers
   left out), per transformer block too.
-- ``LiveBytes`` is a TorchDispatchMode that sees every storage an op creates and polls which of them died:
+- ``LiveBytes`` is a TorchDispatchMode that sees every storage an op creates and is told when each dies:
   the live bytes after every op, so the forward's, the loss's and the backward's highest points.
 
 Both work the same on fake tensors (no memory) and on real ones; a storage is identified by its StorageImpl
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 def storage_key(tensor: torch.Tensor) -> tuple[int, int]:
     """(identity, bytes) of a tensor's storage: views share it, fake tensors have one too."""
     storage = tensor.untyped_storage()
-    return StorageWeakRef(storage).cdata, storage.nbytes()
+    return storage._cdata, storage.nbytes()  # the StorageImpl's address, as StorageWeakRef(storage).cdata
 
 
 @dataclass
@@ -122,20 +122,23 @@ class Counter:
 
 
 class LiveBytes(TorchDispatchMode):
-    """Every storage an op creates (birth) and when it was found dead (death), in op counts.
+    """Every storage an op creates (birth) and when it died (death), in op counts.
 
-    Deaths are polled before each op: a storage freed between two ops is dead before the next op's outputs
-    exist. Parameters' gradients are set apart (drop_grad) and left out of every peak.
+    A storage freed during or after op `clock` is dead before the next op's outputs exist: death clock + 1.
+    Deaths come from a weakref callback on the storage's Python object (torch keeps that object as long as
+    the StorageImpl lives), so each op costs O(its outputs), not O(live storages) (docs/memory_model.md#cost).
+    Parameters' gradients are set apart (drop_grad) and left out of every peak.
     """
 
     def __init__(self, *, excluded: set[int]) -> None:
         super().__init__()
         self.excluded = excluded  # parameters, buffers, the input: alive before and after
         self.clock = 0
-        self.alive: dict[int, tuple[StorageWeakRef, int, int]] = {}  # key -> (ref, bytes, birth)
+        self.alive: dict[int, tuple[weakref.ref, int, int]] = {}  # key -> (ref, bytes, birth)
         self.lives: list[tuple[int, int, int, int]] = []  # (key, bytes, birth, death)
         self.grads: set[tuple[int, int]] = set()  # (key, birth): storage addresses are reused after a free
         self.marks: dict[str, int] = {}
+        self.open = True  # deaths after __exit__ count as alive at the end, as in `peak`
 
     def mark(self, name: str) -> None:
         self.marks.setdefault(name, self.clock)
@@ -147,30 +150,28 @@ class LiveBytes(TorchDispatchMode):
             self.grads.add((key, self.alive[key][2]))
         param.grad = None
 
-    def _poll(self) -> None:
-        # StorageWeakRef.expired() is two Python frames over this call, and it runs for every live storage
-        # before every op: a third of an activation count's time (docs/memory_model.md#cost)
-        expired = torch.UntypedStorage._expired
-        dead = [key for key, (ref, _, _) in self.alive.items() if expired(ref.cdata)]
-        for key in dead:
-            _, nbytes, birth = self.alive.pop(key)
-            self.lives.append(
-                (key, nbytes, birth, self.clock + 1)
-            )  # alive after op `clock`, gone before the next
+    def _died(self, key: int, ref: weakref.ref) -> None:
+        entry = self.alive.get(key)
+        if self.open and entry is not None and entry[0] is ref:
+            del self.alive[key]
+            self.lives.append((key, entry[1], entry[2], self.clock + 1))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self._poll()
         self.clock += 1
         out = func(*args, **(kwargs or {}))
-        for tensor in tree_leaves(out):
+        for tensor in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
-                key, nbytes = storage_key(tensor)
-                if key not in self.alive and key not in self.excluded and nbytes:
-                    self.alive[key] = (StorageWeakRef(tensor.untyped_storage()), nbytes, self.clock)
+                storage = tensor.untyped_storage()
+                key = storage._cdata
+                if key not in self.alive and key not in self.excluded:
+                    nbytes = storage.nbytes()
+                    if nbytes:
+                        ref = weakref.ref(storage, functools.partial(self._died, key))
+                        self.alive[key] = (ref, nbytes, self.clock)
         return out
 
     def __exit__(self, *exc):
-        self._poll()
+        self.open = False
         return super().__exit__(*exc)
 
     def peak(self, *, start: str | None = None, until: str | None = None) -> int:
