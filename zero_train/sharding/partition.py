@@ -94,9 +94,8 @@ class FlatPartition:
 
     def loads(self) -> list[int]:
         """Elements of data (without padding) each rank owns."""
-        return [
-            max(0, min(stop, self.num_elements) - start) for start, stop in map(self.rank_range, self.ranks)
-        ]
+        data = self.num_elements  # a sum over the tensors: once, not once per rank
+        return [max(0, min(stop, data) - start) for start, stop in map(self.rank_range, self.ranks)]
 
     @property
     def ranks(self) -> range:
