@@ -70,9 +70,9 @@ def flat_shares(run: Run) -> list[Share]:
         even = -(-run.shape.num_params // world_size)
         return [Share(rank=0, owned=even, largest=min(run.largest_tensor, even))]
     partition = accounting.partition_of(numels, world_size)
+    loads = partition.loads()
     return [
-        Share(rank=rank, owned=partition.loads()[rank],
-              largest=max((piece.length for piece in partition.pieces(rank)), default=0))
+        Share(rank=rank, owned=loads[rank], largest=max((piece.length for piece in partition.pieces(rank)), default=0))
         for rank in range(world_size)
     ]  # fmt: skip
 
@@ -102,9 +102,9 @@ def our_buffers(run: Run) -> tuple[int, int, int]:
 
 
 def every_rank_peak(
-    engine: str, shape: ModelShape, world_size: int, *, ds_config=None, rank=None, **settings
-):
-    """engine_peak as every rank's model, then the highest (the oracle)."""
+    engine: str, shape: ModelShape, world_size: int, *, ds_config=None, ranks=(None,), **settings
+) -> list[PeakModel]:
+    """engine_peak as every rank's model, then the highest or the one asked for (the oracle), per `ranks`."""
     run = Run(shape=shape, world_size=world_size, deepspeed=DeepSpeedSettings.from_config(ds_config, ENGINE_STAGES[engine]),
               **settings)  # fmt: skip
     stage, models = ENGINE_STAGES[engine], []
@@ -140,11 +140,13 @@ def every_rank_peak(
                 (PeakModel(engine=engine, rank=model.rank, phases=phases, boundary=boundary), part)
             )
         models = offloaded
-    chosen = [model for model, _ in models if model.rank == rank]
-    model = chosen[0] if chosen else max((m for m, _ in models), key=lambda m: (m.peak_bytes, -m.rank))
-    alike = len(models) == 1
-    return PeakModel(engine=engine, rank=(rank or 0) if alike else model.rank, phases=model.phases,
-                     boundary=dict(model.boundary, activations=activations(run)))  # fmt: skip
+    highest = max((m for m, _ in models), key=lambda m: (m.peak_bytes, -m.rank))
+    answers, alike = [], len(models) == 1
+    for rank in ranks:
+        model = next((model for model, _ in models if model.rank == rank), highest)
+        answers.append(PeakModel(engine=engine, rank=(rank or 0) if alike else model.rank, phases=model.phases,
+                                 boundary=dict(model.boundary, activations=activations(run))))  # fmt: skip
+    return answers
 
 
 def random_shapes(count: int, seed: int) -> list[ModelShape]:
@@ -237,11 +239,10 @@ def test_engine_peak_equals_every_ranks_model_to_the_byte(engine):
     for shape, world_size, name, backend, (precision, accum, checkpointing) in _cases(engine):
         settings = dict(precision=precision, micro_batch_size=1, block_size=8, backend=backend, grad_accum=accum,
                         gradient_checkpointing=checkpointing)  # fmt: skip
-        for rank in (None, world_size - 1) if backend == "gloo" else (None, 0, world_size + 3):
+        ranks = (None, world_size - 1) if backend == "gloo" else (None, 0, world_size + 3)
+        oracles = every_rank_peak(engine, shape, world_size, ds_config=CONFIGS[name], ranks=ranks, **settings)
+        for rank, oracle in zip(ranks, oracles, strict=True):
             ours = engine_peak(engine, shape, world_size, ds_config=CONFIGS[name], rank=rank, **settings)
-            oracle = every_rank_peak(
-                engine, shape, world_size, ds_config=CONFIGS[name], rank=rank, **settings
-            )
             assert ours.as_dict() == oracle.as_dict(), (name, world_size, backend, precision, rank, shape)
 
 
