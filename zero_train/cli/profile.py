@@ -130,7 +130,8 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
     record = error_record(error, ds_config=config, **cell_meta) if error else load_record(record_path)
     record["zero_stage"] = engine_spec(engine).stage
     adapters = (record.get("lora") or {}).get("adapter_params") or 0
-    record["num_params"] = meta["num_params"] + adapters  # the full model (ZeRO-3 ranks see partitions) + LoRA's
+    # the full model (ZeRO-3 ranks see partitions) + LoRA's
+    record["num_params"] = meta["num_params"] + adapters
     write_record(record, record_path)
     return record
 
