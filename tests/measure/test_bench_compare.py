@@ -95,14 +95,11 @@ def launch_in_forked_ranks(
     for the one launch) with the same argv in --world-size fresh ranks forked from this process's preloaded
     forkserver; each launch gets ranks of its own, so each run's peak and baseline are its own launch's."""
     from zero_train.bench.one_launch import WORKER_MODULE
-    from zero_train.testing import run_ranks
-    from zero_train.testing.console import bench_worker_py, train_py
+    from zero_train.testing.console import bench_worker_py, forked_launch, train_py
 
     assert script is None, script
     rank_main = {TRAIN_MODULE: train_py, WORKER_MODULE: bench_worker_py}[module]
-    results = run_ranks(rank_main, args.world_size, args=(argv,), timeout_s=args.timeout)
-    log_path.write_text("".join(stdout + stderr for _, stdout, stderr in results))
-    return next((code for code, _, _ in results if code != 0), 0)
+    return forked_launch(rank_main, args.world_size, argv, log_path, timeout_s=args.timeout)
 
 
 @pytest.fixture(scope="module")

@@ -91,12 +91,9 @@ def fp16_profile(tmp_path_factory) -> tuple[pathlib.Path, subprocess.CompletedPr
 def launch_in_forked_ranks(argv: list[str], world_size: int, args, log_path: pathlib.Path) -> int | None:
     """zero_train.cli.profile.launch_cell without a launcher: the cell's train.py main (the same argv) in
     `world_size` fresh ranks forked from this process's preloaded forkserver, one rank group per cell."""
-    from zero_train.testing import run_ranks
-    from zero_train.testing.console import train_py
+    from zero_train.testing.console import forked_launch, train_py
 
-    results = run_ranks(train_py, world_size, args=(argv,), timeout_s=args.timeout)
-    log_path.write_text("".join(stdout + stderr for _, stdout, stderr in results))
-    return next((code for code, _, _ in results if code != 0), 0)
+    return forked_launch(train_py, world_size, argv, log_path, timeout_s=args.timeout)
 
 
 @pytest.fixture(scope="module")

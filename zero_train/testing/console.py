@@ -3,6 +3,7 @@ exit code and lines that need a rank of their own but not a fresh interpreter (e
 
     code, stdout, stderr = run_ranks(train_py, 2, (argv,))[rank]
     code, stdout, stderr = run_ranks(bench_worker_py, 2, (["--plan", plan],))[rank]
+    code = forked_launch(train_py, 2, argv, log_path, timeout_s=600)   # a launch's stand-in: first failing code
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import pathlib
 from collections.abc import Callable
 
 from zero_train.bench import worker
+from zero_train.testing import run_ranks
 from zero_train.train.main import main
 
 
@@ -48,3 +51,13 @@ def _captured(rank: int, entry: Callable[[], object]) -> tuple[int, str, str]:
     except SystemExit as exit_info:  # main always ends in one (run_cli)
         return exit_info.code, stdout.getvalue(), stderr.getvalue()
     raise AssertionError("the main returned without exiting")
+
+
+def forked_launch(
+    rank_main: Callable, world_size: int, argv: list[str], log_path: pathlib.Path, *, timeout_s: float
+) -> int:
+    """A launcher's stand-in for tests of profile and bench (their launch seams): `rank_main` with `argv` in
+    `world_size` fresh forked ranks, every rank's console in `log_path`; the first non-zero exit code, else 0."""
+    results = run_ranks(rank_main, world_size, args=(argv,), timeout_s=timeout_s)
+    log_path.write_text("".join(stdout + stderr for _, stdout, stderr in results))
+    return next((code for code, _, _ in results if code != 0), 0)
