@@ -105,3 +105,38 @@ def test_deepspeeds_ops_are_built_in_this_venv_unless_told_otherwise(tmp_path):
             assert list((venv_dir / op).glob("*.so")), (
                 f"{op} was not built in {venv_dir}: run scripts/setup.sh"
             )
+
+
+MUON = ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.zero.muon.original_muon")
+
+
+@pytest.mark.tier("quick")
+def test_deepspeeds_muon_module_is_imported_uncompiled_unless_the_run_trains_with_muon():
+    """DeepSpeed imports its Muon module on every ZeRO initialize; its @torch.compile decorators cost ~2 CPU-s
+    per rank at import (docs/startup.md#deepspeeds-muon-module). Our DeepSpeed engine imports it first with the
+    decorators as no-ops, unless the config's optimizer is Muon, whose functions must stay compiled."""
+    import deepspeed.runtime.zero.muon as package
+
+    from zero_train.engines.deepspeed_engine import import_muon_uncompiled
+
+    saved = {name: sys.modules.pop(name, None) for name in MUON}  # this worker may have imported it already
+    attributes = {name: getattr(package, name, None) for name in ("muon_optimizer", "original_muon")}
+    try:
+        import_muon_uncompiled({"optimizer": {"type": "Muon", "params": {"lr": 0.02}}})
+        assert not any(name in sys.modules for name in MUON)  # left to DeepSpeed, compiled
+        import_muon_uncompiled({"optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})
+        muon = sys.modules["deepspeed.runtime.zero.muon.original_muon"]
+        functions = [muon.muon_update, muon.zeropower_via_newtonschulz5, muon.zeropower_via_gram_newtonschulz]
+        assert not [f for f in functions if hasattr(f, "_torchdynamo_orig_callable")]  # plain functions
+        assert os.environ.get("TORCHDYNAMO_DISABLE") is None  # the switch is off again after the import
+        reimported = sys.modules["deepspeed.runtime.zero.muon.muon_optimizer"]
+        import_muon_uncompiled({})  # imported once: a second run of the process keeps what it has
+        assert sys.modules["deepspeed.runtime.zero.muon.muon_optimizer"] is reimported
+    finally:
+        for name, module in saved.items():
+            sys.modules.pop(name, None)
+            if module is not None:
+                sys.modules[name] = module
+        for name, module in attributes.items():
+            if module is not None:
+                setattr(package, name, module)

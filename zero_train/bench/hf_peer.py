@@ -144,6 +144,10 @@ def run_peer(config: RunConfig) -> None:
     if not plan.engine.hf_peer:
         peers = " | ".join(spec.name for spec in ENGINES if spec.hf_peer)
         raise UsageError(f"the HF Trainer peer runs --engine {peers} (or deepspeed), not {plan.engine.name}")
+    if plan.engine.family == "deepspeed":  # the Trainer's deepspeed.initialize, as our DeepSpeed engine does
+        from zero_train.engines.deepspeed_engine import import_muon_uncompiled  # imports DeepSpeed
+
+        import_muon_uncompiled(plan.ds_config)
     dist_info = init_distributed()  # gloo/nccl as in scripts/train.py; DeepSpeed and accelerate reuse it
     with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds the dataset, the others wait long
         data = prepare_datasets(

@@ -10,7 +10,11 @@ model is built while a transformers `HfDeepSpeedConfig` is alive, so `from_confi
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import os
 import pathlib
+import sys
 import warnings
 
 import deepspeed
@@ -53,6 +57,39 @@ deepspeed_logger.addFilter(
 )
 
 
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def import_muon_uncompiled(ds_config: dict) -> None:
+    """Import DeepSpeed's Muon module with torch.compile's decorators as no-ops, unless the config trains with Muon.
+
+    Every ZeRO `deepspeed.initialize` imports that module to check the optimizer's type, and its
+    `@torch.compile` decorators build inductor's configuration as it is imported: ~2 CPU-s of every rank's
+    start, for functions only a Muon optimizer calls (docs/startup.md#deepspeeds-muon-module). A process that
+    already imported it keeps what it has; a later Muon run in this process would run those functions eagerly.
+    """
+    optimizer = ds_config.get("optimizer")
+    kind = str(optimizer.get("type", "")) if isinstance(optimizer, dict) else ""
+    if "muon" in kind.lower() or MUON_MODULE in sys.modules:
+        return
+    with _dynamo_decorators_off(), contextlib.suppress(ImportError):  # a DeepSpeed without Muon
+        importlib.import_module(MUON_MODULE)
+
+
+@contextlib.contextmanager
+def _dynamo_decorators_off():
+    """TORCHDYNAMO_DISABLE=1 inside the block: torch.compile(fn) returns fn itself, building no backend."""
+    previous = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TORCHDYNAMO_DISABLE"]
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = previous
+
+
 class DeepSpeedEngine:
     """deepspeed.initialize over an HF model; ZeRO stage and everything else from the config."""
 
@@ -78,6 +115,7 @@ class DeepSpeedEngine:
         params = [p for p in model.parameters() if p.requires_grad]
         # a config without an "optimizer" section would make DeepSpeed train with no optimizer at all
         client_optimizer = None if "optimizer" in ds_config else build_optimizer(params, settings)
+        import_muon_uncompiled(ds_config)
         self.ds_engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
             model=model, model_parameters=params, optimizer=client_optimizer, config=ds_config
         )
