@@ -26,6 +26,7 @@ bit-exact CPU references and run gloo rings; the CUDA branches are exercised by 
 (tests/engines/test_gpu_paths.py), and scripts/gpu_check.sh runs the real thing on GPUs.
 """
 
+import functools
 import inspect
 import os
 import pathlib
@@ -108,13 +109,16 @@ def _sources(item) -> str:
         getattr(item, "_fixtureinfo", None).name2fixturedefs.values() if hasattr(item, "_fixtureinfo") else ()
     ):
         functions += [definition.func for definition in defs]
-    texts = []
-    for function in functions:
-        try:
-            texts.append(inspect.getsource(function))
-        except (OSError, TypeError):
-            continue
-    return "\n".join(texts)
+    return "\n".join(_source(function) for function in functions)
+
+
+@functools.cache
+def _source(function) -> str:
+    """A function's source, once per function (parametrized tests and shared fixtures ask again)."""
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
 
 
 def _tier(item) -> str | None:
