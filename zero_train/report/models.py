@@ -12,8 +12,6 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from zero_train.memory.model.theory import ModelShape, model_shape
 from zero_train.runtime.errors import UsageError
 
@@ -44,19 +42,14 @@ class FactsLookup:
 
 @functools.lru_cache(maxsize=16)
 def _facts_of(name: str, lora=None) -> FactsLookup:
-    from transformers import AutoModelForCausalLM
-
     from zero_train.hf.models import model_config
 
     try:
         config = model_config(name)
     except (UsageError, OSError, ValueError) as err:
         return FactsLookup(facts=None, problem=f"model {name!r} cannot be rebuilt here ({err})")
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    shape = model_shape(config, lora)
-    numels = shape.param_numels if lora is not None else tuple(p.numel() for p in model.parameters())
-    facts = ModelFacts(shape=shape, param_numels=numels, config=config, lora=lora)
+    shape = model_shape(config, lora)  # counted on the meta device once, then read from the store
+    facts = ModelFacts(shape=shape, param_numels=shape.param_numels, config=config, lora=lora)
     return FactsLookup(facts=facts, problem=None)
 
 
