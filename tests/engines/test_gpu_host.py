@@ -240,10 +240,10 @@ def _run_logged(command, log, timeout):
 
 
 def _bench_launch(command, log, timeout):
-    from zero_train.launch.launcher import run_watched
+    from zero_train.launch.launcher import run_logged
 
     no_run_finishes = [log.with_suffix(".done.json")]
-    return run_watched(command, log, no_run_finishes, timeout=timeout, kill_grace_s=1)
+    return run_logged(command, log, timeout=timeout, done_files=no_run_finishes, kill_grace_s=1)
 
 
 @pytest.mark.parametrize("launch", [_run_logged, _bench_launch], ids=["profile-cell", "bench-launch"])

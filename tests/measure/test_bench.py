@@ -219,10 +219,9 @@ def test_a_runs_launch_and_the_one_launch_are_their_launcher_commands(monkeypatc
 
     calls = []
     monkeypatch.setattr(
-        ranks, "run_logged", lambda command, log, *, timeout: calls.append((command, None)) or 0
-    )
-    monkeypatch.setattr(
-        ranks, "run_watched", lambda command, log, done, *, timeout: calls.append((command, done)) or 0
+        ranks,
+        "run_logged",
+        lambda command, log, *, timeout, done_files: calls.append((command, done_files)) or 0,
     )
     args = argparse.Namespace(launcher="torchrun", world_size=2, timeout=60.0, train_script=None)
     for engine in ("zero1", "hf-ds1"):

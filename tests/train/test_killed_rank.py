@@ -2,8 +2,9 @@
 
 1. Two plain rank processes; rank 1 allocates 300 MB, waits for its heartbeat, prints its resident memory and
    SIGKILLs itself: rank 0's one `error:` line says "rank 1 was killed (SIGKILL)" and the memory rank 1 printed.
-2. A launcher that set ZT_RUN_DIR (zero_train.launch.launcher.run_logged, as profile and bench cells run):
-   a single rank killed the same way (nobody left to say it) is named at the end of the log.
+2. A launcher that set ZT_RUN_DIR (zero_train.launch.launcher.run_logged, as profile and bench cells and the
+   bench's one launch run): a single rank killed the same way (nobody left to say it) is named at the end of
+   the log.
 3. The words for each cause: the host's OOM-kill count rose (the out-of-memory killer, with the run's
    `zero-train estimate` command), it could not be read ("most likely out of host memory"), it did not rise,
    a native crash (faulthandler's record).
@@ -90,12 +91,15 @@ def test_survivor_names_the_sigkilled_rank_and_the_memory_it_held(tmp_path):
     assert not (tmp_path / "run" / "rank-0.json").exists()  # rank 0 ended through Python: its file is gone
 
 
-def test_the_launcher_names_a_killed_single_rank(tmp_path):
+@pytest.mark.parametrize("many_runs", [False, True], ids=["a-cell", "the-bench-one-launch"])
+def test_the_launcher_names_a_killed_single_rank(tmp_path, many_runs):
+    """A profile or bench cell's launch, and the bench's one launch of many runs (watched by done files)."""
     from zero_train.launch.cells import last_error_line
     from zero_train.launch.launcher import run_logged
 
     log = tmp_path / "cell.log"
-    code = run_logged([sys.executable, "-c", ALONE], log, timeout=120)
+    done_files = [tmp_path / "run.done.json"] if many_runs else None
+    code = run_logged([sys.executable, "-c", ALONE], log, timeout=120, done_files=done_files)
     assert code == -9
     line = last_error_line(log.read_text())
     assert line.startswith("error: rank 0 was killed (SIGKILL)"), log.read_text()

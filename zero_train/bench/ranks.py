@@ -13,7 +13,7 @@ import pathlib
 
 from zero_train.bench.cells import bench_launch
 from zero_train.launch.command import TRAIN_MODULE, launch_command
-from zero_train.launch.launcher import run_logged, run_watched
+from zero_train.launch.launcher import run_logged
 from zero_train.runtime.ports import free_port
 
 
@@ -41,6 +41,4 @@ def launch(
         The exit code, or None if the launch was stopped.
     """
     command = launch_command(bench_launch(args, free_port()), argv, module=module, script=script)
-    if done_files is None:
-        return run_logged(command, log_path, timeout=args.timeout)
-    return run_watched(command, log_path, done_files, timeout=args.timeout)
+    return run_logged(command, log_path, timeout=args.timeout, done_files=done_files)

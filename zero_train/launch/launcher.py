@@ -1,7 +1,7 @@
 """Run one launcher command (zero_train.launch.command) with its output in a log file.
 
 Shared by `zero-train profile` and `zero-train bench`, whose cells are each one such run (run_logged), and by
-the bench's one launch of many runs (run_watched: stopped when no run finishes for a while).
+the bench's one launch of many runs (run_logged with done files: stopped when no run finishes for a while).
 """
 
 from __future__ import annotations
@@ -46,7 +46,12 @@ def model_meta(model: str, block_size: int) -> dict:
 
 
 def run_logged(
-    command: list[str], log_path: pathlib.Path, *, timeout: float, kill_grace_s: float = KILL_GRACE_S
+    command: list[str],
+    log_path: pathlib.Path,
+    *,
+    timeout: float,
+    done_files: list[pathlib.Path] | None = None,
+    kill_grace_s: float = KILL_GRACE_S,
 ) -> int | None:
     """Run `command`, its stdout and stderr into `log_path` (first line: the command itself).
 
@@ -60,11 +65,13 @@ def run_logged(
     Args:
         command: the full command line.
         log_path: the log file (overwritten).
-        timeout: seconds before the run is stopped.
+        timeout: seconds before the run is stopped; with `done_files`, seconds without a new one.
+        done_files: for a launch of many runs, the files its runs write when done: a slow launch goes on while
+            its runs finish. None: one run.
         kill_grace_s: seconds between SIGTERM and SIGKILL.
 
     Returns:
-        The exit code, or None if the run timed out.
+        The exit code, or None if the run was stopped.
     """
     from zero_train.runtime.vitals import RUN_DIR_ENV, launcher_report
 
@@ -77,54 +84,35 @@ def run_logged(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            ended = _wait(proc, timeout, done_files)
+        except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
             stop_process_tree(proc, grace_s=kill_grace_s)
+            raise
+        if not ended:
+            stop_process_tree(proc, grace_s=kill_grace_s)  # the ranks too, not just the launcher's group
             return None
-        except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
-            stop_process_tree(proc, grace_s=kill_grace_s)
-            raise
-        if code != 0:
+        if proc.returncode != 0:
             log.writelines(f"error: {line}\n" for line in launcher_report(pathlib.Path(run_dir)))
-        return code
-
-
-def run_watched(
-    command: list[str],
-    log_path: pathlib.Path,
-    done_files: list[pathlib.Path],
-    *,
-    timeout: float,
-    kill_grace_s: float = KILL_GRACE_S,
-) -> int | None:
-    """Run `command` as run_logged does, but stop it when none of `done_files` appeared for `timeout` s (a
-    launch of many runs, each writing its done file: a slow launch goes on while its runs finish).
-
-    Returns:
-        The exit code, or None if the launch made no progress for `timeout` s.
-    """
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        log.write(shell_text(command) + "\n")
-        log.flush()
-        # its own session: on a stall the launcher AND its ranks (and their compilers) are stopped together
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        finished, last_progress = 0, time.monotonic()
-        try:
-            while proc.poll() is None:
-                time.sleep(0.5)
-                now_finished = sum(path.exists() for path in done_files)
-                if now_finished > finished:
-                    finished, last_progress = now_finished, time.monotonic()
-                elif time.monotonic() - last_progress > timeout:
-                    stop_process_tree(proc, grace_s=kill_grace_s)  # the ranks too, not just the group
-                    return None
-        except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
-            stop_process_tree(proc, grace_s=kill_grace_s)
-            raise
         return proc.returncode
+
+
+def _wait(proc: subprocess.Popen, timeout: float, done_files: list[pathlib.Path] | None) -> bool:
+    """Whether `proc` ended within `timeout` s or, given done files, before `timeout` s passed without a new one."""
+    if done_files is None:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    finished, last_progress = 0, time.monotonic()
+    while proc.poll() is None:
+        time.sleep(0.5)
+        now_finished = sum(path.exists() for path in done_files)
+        if now_finished > finished:
+            finished, last_progress = now_finished, time.monotonic()
+        elif time.monotonic() - last_progress > timeout:
+            return False
+    return True
 
 
 def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> None:
