@@ -17,7 +17,15 @@ import pathlib
 
 import pytest
 
-from zero_train.report.matrix import ADDED_ENGINES, ARCHITECTURES, MATRIX_ENGINES, OFFLOAD_ENGINES, design
+from zero_train.registry import ENGINES
+from zero_train.report.matrix import (
+    ADDED_ENGINES,
+    COMPACT_ARCHITECTURES,
+    MATRIX_ENGINES,
+    OFFLOAD_ENGINES,
+    design,
+    wide_design,
+)
 
 pytestmark = pytest.mark.tier("multiproc")
 
@@ -54,10 +62,25 @@ def test_design_meets_every_level_with_every_engine():
             counts = collections.Counter(getattr(cell, factor) for cell in mine)
             assert [counts[level] for level in levels] == [4, 4], (engine, factor)
         arch_counts = collections.Counter(cell.architecture for cell in mine)
-        assert set(arch_counts) == set(ARCHITECTURES) and min(arch_counts.values()) >= 2
+        assert set(arch_counts) == set(COMPACT_ARCHITECTURES) and min(arch_counts.values()) >= 2
     combos = {tuple(getattr(cell, factor) for factor in factors) for cell in cells}
     assert len(combos) == 16
     assert set(CI_CELLS) <= {cell.name for cell in everything}
+
+
+def test_the_wide_design_is_the_full_product_on_shapes_no_earlier_cell_used():
+    cells = wide_design()
+    small = [cell for cell in cells if cell.architecture != "qwen2.5-0.5b-shape"]
+    engines = {spec.name for spec in ENGINES if spec.peak_model}
+    assert len(small) == 2 * 10 * 2 * 3 * 4 == len({cell.name for cell in small}) and len(engines) == 10
+    combos = {(c.architecture, c.engine, c.precision, c.world_size, c.gradient_checkpointing, c.grad_accum, c.lora_r)
+              for c in small}  # fmt: skip
+    assert len(combos) == 480 and {c.engine for c in small} == engines
+    assert not {c.architecture for c in cells} & {c.architecture for c in design()}  # out of sample
+    assert [c.engine for c in cells if c.architecture == "qwen2.5-0.5b-shape"] == [
+        "zero1", "zero2", "zero3", "ds2", "fsdp2-z3"]  # fmt: skip
+    late = cells[-48:]  # our ZeRO-2/3 in bf16 run last
+    assert {(c.engine, c.precision) for c in late} == {("zero2", "bf16"), ("zero3", "bf16")}
 
 
 def test_ci_cells_within_10_percent_of_the_measured_peak_minus_other(tmp_path, monkeypatch, capsys):

@@ -40,9 +40,21 @@ ARCHITECTURES: dict[str, dict] = {
     "qwen2": dict(model_type="qwen2", num_hidden_layers=3, hidden_size=320, intermediate_size=896,
                   num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=256,
                   tie_word_embeddings=True),
+    "gpt2-3x192": dict(model_type="gpt2", n_layer=3, n_embd=192, n_head=6, n_positions=256,
+                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "qwen2-3x192": dict(model_type="qwen2", num_hidden_layers=3, hidden_size=192, intermediate_size=544,
+                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+                        tie_word_embeddings=False),
+    "qwen2.5-0.5b-shape": dict(model_type="qwen2", num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
+                               num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=256,
+                               tie_word_embeddings=True),
 }  # fmt: skip
-"""Small shapes of the three architectures (vocabulary: the offline tokenizer's 8192): 5.3M, 7.2M, 6.0M
-parameters; none is the shape the model was checked on."""
+"""Small shapes of three architectures (vocabulary: the offline tokenizer's 8192): 5.3M, 7.2M, 6.0M
+parameters; none is the shape the model was checked on. The wide design's (`wide_design`) are two more shapes
+no earlier cell used, GPT-2 (tied, 3 x 192) and Qwen2 (biases, GQA 6/2, untied, 3 x 192), and Qwen2.5-0.5B's
+published shape with the offline vocabulary (0.36B parameters)."""
+COMPACT_ARCHITECTURES = ("gpt2", "llama", "qwen2")
+"""The compact design's three (`design`)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,7 @@ def design() -> list[MatrixCell]:
 def _half_fraction(engine: str, engine_index: int) -> list[MatrixCell]:
     """The engine's 8 cells: the combinations of the four two-level factors whose sum has the engine index's
     parity, the architecture rotating with the cell and engine index."""
-    architectures = list(ARCHITECTURES)
+    architectures = list(COMPACT_ARCHITECTURES)
     combos = [c for c in itertools.product((0, 1), repeat=4) if sum(c) % 2 == engine_index % 2]
     return [
         MatrixCell(
@@ -148,6 +160,36 @@ def offload_design() -> list[MatrixCell]:
                 )
             )
     return cells
+
+
+WIDE_ARCHITECTURES = ("gpt2-3x192", "qwen2-3x192")
+WIDE_VARIANTS = ("plain", "ckpt", "ga4", "lora8")
+"""Each wide cell is one of: nothing added, activation checkpointing, accumulation 4, LoRA r 8 (full otherwise)."""
+LARGE_ARCHITECTURE = "qwen2.5-0.5b-shape"
+LARGE_ENGINES = ("zero1", "zero2", "zero3", "ds2", "fsdp2-z3")
+
+
+def wide_design() -> list[MatrixCell]:
+    """The full product, no fraction: every engine of the registry with a peak model x fp32/bf16 x 1/2/4
+    ranks x WIDE_VARIANTS on both WIDE_ARCHITECTURES (480 cells), then the 0.36B cells (LARGE_ENGINES at 2
+    ranks, fp32, plain: 5). bf16 cells of our ZeRO-2/3 come last (their bf16 gradient accumulation dtype is
+    being changed: the others measure first)."""
+    engines = [spec.name for spec in ENGINES if spec.peak_model]
+    variants = dict(plain={}, ckpt=dict(gradient_checkpointing=True), ga4=dict(grad_accum=4),
+                    lora8=dict(lora_r=LORA_R))  # fmt: skip
+    cells = [
+        MatrixCell(**dict(dict(architecture=arch, engine=engine, world_size=world_size, precision=precision,
+                               grad_accum=1, gradient_checkpointing=False), **variants[variant]))
+        for arch in WIDE_ARCHITECTURES for precision in ("fp32", "bf16") for world_size in (1, 2, 4)
+        for engine in engines for variant in WIDE_VARIANTS
+    ]  # fmt: skip
+    late = [c for c in cells if c.precision == "bf16" and c.engine in ("zero2", "zero3")]
+    large = [
+        MatrixCell(architecture=LARGE_ARCHITECTURE, engine=engine, world_size=2, precision="fp32", grad_accum=1,
+                   gradient_checkpointing=False)
+        for engine in LARGE_ENGINES
+    ]  # fmt: skip
+    return [c for c in cells if c not in late] + large + late
 
 
 def distribution(values: list[float]) -> dict:
