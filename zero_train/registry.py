@@ -28,6 +28,44 @@ torch's ZeroRedundancyOptimizer); one flat buffer cut into equal slices (DeepSpe
 zero_train.sharding.partition); every tensor cut evenly on dim 0 (FSDP2)."""
 
 
+COMM_PHASES = ("backward", "backward_blocking", "after_step", "forward", "backward_gather")
+"""When a collective of an engine's step runs, which says what can hide it (zero_train.timing):
+backward: launched per bucket or unit as backward produces gradients, waited at its end (all but the last
+bucket can hide behind backward); backward_blocking: launched and waited in backward (nothing hides);
+after_step: after the optimizer step (nothing hides); forward / backward_gather: a unit's parameters gathered
+before its forward / backward with the next unit's prefetched (all but the first can hide)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective of an engine's training step, as the CommLedger records it (docs/bench.md)."""
+
+    op: str
+    """"all_reduce", "reduce_scatter", "all_gather" or "broadcast"."""
+    of: str
+    """What it moves: "grads" (model dtype), "grads_fp32" (fp32 whatever the precision), "params" (model dtype)
+    or "masters" (the fp32 master weights)."""
+    phase: str
+    """When it runs (one of COMM_PHASES)."""
+    per: str
+    """How many calls: "ddp_bucket" (DDP's 25 MB buckets), "bucket" (the config's reduce_bucket_size), "unit"
+    (one per wrapped block), "tensor" (one per parameter tensor) or "step" (one call)."""
+    every_micro_step: bool = False
+    """Runs for every micro-batch of an accumulation (not only at the optimizer step's boundary)."""
+
+
+_DDP_REDUCE = Collective("all_reduce", "grads", "backward", "ddp_bucket")
+_STEP_GATHER = Collective("all_gather", "params", "after_step", "step")
+_UNIT_REDUCE = Collective("reduce_scatter", "grads", "backward", "unit", every_micro_step=True)
+_FSDP2_REDUCE = Collective(
+    "reduce_scatter", "grads_fp32", "backward", "unit", every_micro_step=True
+)  # docs/fsdp2.md
+_UNIT_GATHERS = (
+    Collective("all_gather", "params", "forward", "unit", every_micro_step=True),
+    Collective("all_gather", "params", "backward_gather", "unit", every_micro_step=True),
+)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineSpec:
     """One engine: what a user calls it and everything the code derives from it."""
@@ -65,12 +103,19 @@ class EngineSpec:
     """A set-up `zero-train plan` may choose (it writes a DeepSpeed JSON for DDP, DeepSpeed or FSDP2)."""
     hf_peer: bool = False
     """`zero-train bench` also runs the Hugging Face Trainer on its config (cell `hf-NAME`)."""
+    collectives: tuple[Collective, ...] = ()
+    """The collectives of its training step, for the step-time model (zero_train.timing); () on one rank."""
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDINGS:
             raise ValueError(f"{self.name}: sharding {self.sharding!r} is not one of {', '.join(SHARDINGS)}")
         if ":" not in self.builder:
             raise ValueError(f"{self.name}: builder {self.builder!r} is not 'module:Class'")
+        for collective in self.collectives:
+            if collective.phase not in COMM_PHASES:
+                raise ValueError(
+                    f"{self.name}: phase {collective.phase!r} is not one of {', '.join(COMM_PHASES)}"
+                )
 
 
 _DEEPSPEED = "zero_train.engines.deepspeed_engine:DeepSpeedEngine"
@@ -79,32 +124,42 @@ _FSDP2 = "zero_train.engines.fsdp2:FSDP2Engine"
 ENGINES: tuple[EngineSpec, ...] = (
     EngineSpec(name="ddp", label="torch DDP", stage=0, builder="zero_train.engines.ddp:DDPEngine",
                sharding="replicated", peak_model="ddp_phases", marker="o", matrix=True, planned=True,
-               hf_peer=True),
+               hf_peer=True, collectives=(_DDP_REDUCE,)),
     EngineSpec(name="zero1", label="our ZeRO-1", stage=1, builder="zero_train.engines.zero1:Zero1Engine", ours=True,
-               sharding="flat", peak_model="zero1_phases", marker="s", matrix=True),
+               sharding="flat", peak_model="zero1_phases", marker="s", matrix=True,
+               collectives=(Collective("reduce_scatter", "grads", "backward", "bucket"), _STEP_GATHER)),
     EngineSpec(name="zero2", label="our ZeRO-2", stage=2, builder="zero_train.engines.zero2:Zero2Engine", ours=True,
-               sharding="flat", peak_model="zero2_phases", marker="X"),
+               sharding="flat", peak_model="zero2_phases", marker="X",
+               collectives=(Collective("reduce_scatter", "grads", "backward", "bucket", every_micro_step=True),
+                            _STEP_GATHER)),
     EngineSpec(name="torch-zero", label="torch ZeroRedundancyOptimizer", stage=1,
                builder="zero_train.engines.torch_zero:TorchZeroEngine", sharding="whole-tensor",
-               peak_model="ddp_phases", marker="D", matrix=True),
+               peak_model="ddp_phases", marker="D", matrix=True,
+               collectives=(_DDP_REDUCE, Collective("broadcast", "masters", "after_step", "tensor"))),
     EngineSpec(name="ds0", label="DeepSpeed ZeRO-0, nothing sharded", stage=0, builder=_DEEPSPEED, family="deepspeed",
-               sharding="replicated", peak_model=None, marker="h", default=False),
+               sharding="replicated", peak_model=None, marker="h", default=False,
+               collectives=(Collective("all_reduce", "grads", "backward_blocking", "bucket"),)),
     EngineSpec(name="ds1", label="DeepSpeed ZeRO-1", stage=1, builder=_DEEPSPEED, family="deepspeed",
-               sharding="flat", peak_model="deepspeed_phases", marker="^", matrix=True, planned=True, hf_peer=True),
+               sharding="flat", peak_model="deepspeed_phases", marker="^", matrix=True, planned=True, hf_peer=True,
+               collectives=(Collective("reduce_scatter", "grads", "backward_blocking", "bucket"), _STEP_GATHER)),
     EngineSpec(name="ds2", label="DeepSpeed ZeRO-2", stage=2, builder=_DEEPSPEED, family="deepspeed",
                family_default=True, sharding="flat", peak_model="deepspeed_phases", marker="v", matrix=True,
-               planned=True, hf_peer=True),
+               planned=True, hf_peer=True,
+               collectives=(Collective("reduce_scatter", "grads", "backward_blocking", "bucket",
+                                       every_micro_step=True), _STEP_GATHER)),
     EngineSpec(name="fsdp2-z2", label="torch FSDP2, parameters kept gathered", stage=2,
                builder=_FSDP2, family="fsdp2", sharding="per-tensor", peak_model="fsdp2_phases", marker="p",
-               planned=True),
+               planned=True, collectives=(_FSDP2_REDUCE, _UNIT_GATHERS[0])),
     EngineSpec(name="zero3", label="our ZeRO-3", stage=3, builder="zero_train.engines.zero3:Zero3Engine", ours=True,
                sharding="flat", peak_model="zero3_phases", marker="8", matrix_added=True,
-               planned=True),
+               planned=True, collectives=(_UNIT_REDUCE, *_UNIT_GATHERS)),
     EngineSpec(name="ds3", label="DeepSpeed ZeRO-3", stage=3, builder=_DEEPSPEED, family="deepspeed",
-               sharding="flat", peak_model="deepspeed_phases", marker="P", matrix=True, planned=True, hf_peer=True),
+               sharding="flat", peak_model="deepspeed_phases", marker="P", matrix=True, planned=True, hf_peer=True,
+               collectives=(Collective("reduce_scatter", "grads", "backward", "bucket", every_micro_step=True),
+                            *_UNIT_GATHERS)),
     EngineSpec(name="fsdp2-z3", label="torch FSDP2, resharded after forward", stage=3,
                builder=_FSDP2, family="fsdp2", family_default=True, sharding="per-tensor",
-               peak_model="fsdp2_phases", marker="*", planned=True),
+               peak_model="fsdp2_phases", marker="*", planned=True, collectives=(_FSDP2_REDUCE, *_UNIT_GATHERS)),
 )  # fmt: skip
 """Every engine, in the order tables and plots list them (by stage; a library's after ours at a stage)."""
 

@@ -20,6 +20,7 @@ import json
 import math
 
 from zero_train.cli.commands import COMMANDS
+from zero_train.cli.estimate_time import add_step_times, add_time_flags, print_times
 from zero_train.cli.lora_flags import add_lora_flags, lora_spec
 from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
@@ -125,6 +126,7 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         "ZeRO-1/2/3), e.g. zero1,zero2 for our ZeRO-1/2",
     )
     add_lora_flags(parser)
+    add_time_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.set_defaults(func=estimate_command, startup=estimate_imports)
     return parser
@@ -137,6 +139,7 @@ def estimate_imports(args: argparse.Namespace) -> None:
     (zero_train.memory.model.stored)."""
     from zero_train.memory.model import estimate, peak  # noqa: F401  (imported for their cost)
     from zero_train.memory.model.deepspeed_estimate import load_estimators
+    from zero_train.timing import step  # noqa: F401
 
     if args.model:
         from zero_train.hf import models  # noqa: F401
@@ -213,6 +216,7 @@ def build_estimate(args: argparse.Namespace) -> dict:
     for row in result["stages"]:
         row.update(ours_bytes=row["device_peak_bytes"], ours_peak_phase=row["device_peak_phase"],
                    ours_phases=row["device_phases"], ours_categories=row["boundary"])  # fmt: skip
+    add_step_times(result, args, model, ds_config)
     return result
 
 
@@ -257,7 +261,7 @@ def _header(result: dict, unit_name: str, exponent: int) -> str:
     )
 
 
-def _print_table(result: dict) -> None:
+def _print_table(result: dict, *, explain: bool = False) -> None:
     unit, unit_name = (GB, "GB") if result["stages"][0]["paper_bytes"] >= GB else (1e6, "MB")
     print(_header(result, unit_name, 9 if unit_name == "GB" else 6))
     columns = f"{'stage':<14} {'paper':>8} {'DeepSpeed':>10} {'ours':>8} {'peak phase':<15} {'host/node':>9}"
@@ -276,6 +280,7 @@ def _print_table(result: dict) -> None:
     for row in result["stages"]:
         print(_phase_line(row, unit))
     _print_host(result, unit)
+    print_times(result, explain=explain, names=_row_name)
     for note in result["notes"]:
         print(f"note: {note}")
     _print_verdict(result)
@@ -325,5 +330,5 @@ def estimate_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        _print_table(result)
+        _print_table(result, explain=args.explain)
     return 0

@@ -1,4 +1,6 @@
-"""`zero-train plan`: the cheapest set-up that fits a model, a cluster and a batch, as a DeepSpeed JSON.
+"""`zero-train plan`: the set-ups that fit a model, a cluster and a batch, ranked by predicted time, as a DeepSpeed JSON.
+
+    zero-train plan --model llama-3-8b --nodes 2 --gpus-per-node 8 --gpu h100-sxm --tokens 1e9
 
     zero-train plan --model llama-3-8b --nodes 2 --gpus-per-node 8 --gpu-memory 80 --host-memory 1000 \\
         --global-batch-size 512 --block-size 4096 -o ds.json
@@ -7,8 +9,9 @@
     zero-train plan ... --hf-auto -o ds.json    # for TrainingArguments(deepspeed="ds.json", ...): DeepSpeed set-ups,
                                                 # "auto" where the Trainer's arguments rule, its own lr scheduler
 
-Prints the set-ups that fit, cheapest (expected fastest) first, each with its predicted peak per rank and
-host use, and why every cheaper one does not fit; writes the first one (zero_train.memory.model.plan) and
+Prints the set-ups that fit, fastest first by predicted time to train --tokens (zero_train.timing: step time,
+tokens/s, MFU, hours), each with its predicted peak per rank and host use, how much slower each runner-up is and
+which term makes it so, and why the others do not fit; writes the first one (zero_train.memory.model.plan) and
 prints the commands that train it, one per launcher (zero_train.cli.plan_run). A file -o would write that
 exists is refused unless --force.
 """
@@ -21,6 +24,7 @@ import sys
 
 from zero_train.cli.commands import COMMANDS
 from zero_train.cli.lora_flags import add_lora_flags, lora_spec
+from zero_train.cli.machine_flags import add_machine_flags, machine_from_args
 from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
 from zero_train.registry import ENGINES
@@ -29,6 +33,9 @@ from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import non_negative_float, positive_float, positive_int
 
 GB = 1e9
+DEFAULT_STEP_TOKENS = 2**20
+"""Tokens per optimizer step when no --global-batch-size is given (about a million: GPT-3's 0.5-3.2M, Llama
+2's 4M for its largest runs)."""
 HF_TRAINER_ENGINES = tuple(spec.name for spec in ENGINES if spec.planned and spec.family == "deepspeed")
 """Set-ups a DeepSpeed JSON gives the HF Trainer (torch DDP and FSDP2 are its own options, not a JSON)."""
 FORMAT_SUFFIXES = {"deepspeed": (".json",), "accelerate": (".yaml", ".yml"), "slurm": (".sbatch", ".sh")}
@@ -40,10 +47,10 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "plan",
         help=COMMANDS["plan"],
-        description="Rank set-ups by expected speed (less traffic, no recomputation, no offload first), "
-        "predict each one's peak per rank with the per-phase memory model, write the cheapest whose peak stays "
-        "within the GPU's memory minus the GPU margin (CUDA context, NCCL buffers, allocator slack: assumed, "
-        "see docs/gpu.md).",
+        description="Predict each set-up's peak per rank with the per-phase memory model, keep those whose peak "
+        "stays within the GPU's memory minus the GPU margin (CUDA context, NCCL buffers, allocator slack: assumed, "
+        "see docs/gpu.md), rank them by predicted time to train --tokens (the step-time model: docs/steptime.md) "
+        "and write the fastest.",
     )
     add = parser.add_argument
     add("--model", required=True, help="a preset, a shape preset (llama-3-8b, ...) or an HF config folder")
@@ -54,16 +61,20 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
         required=True,
         help="ranks per machine",
     )
-    add("--gpu-memory", type=flag_type("gpu_memory_gb", positive_float), required=True, metavar="GB",
-        help="memory of one GPU (1e9 B)")  # fmt: skip
+    add("--gpu-memory", type=flag_type("gpu_memory_gb", positive_float), metavar="GB",
+        help="memory of one GPU (1e9 B; default: the --gpu preset's)")  # fmt: skip
     add("--gpu-margin", type=flag_type("gpu_memory_gb", non_negative_float), metavar="GB",
         help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: 0.5 + 1 "
         "+ 10%% of --gpu-memory; assumed, see docs/gpu.md)")  # fmt: skip
-    add("--host-memory", type=flag_type("host_memory_gb", positive_float), required=True, metavar="GB",
-        help="CPU memory of one machine")  # fmt: skip
-    add("--global-batch-size", type=flag_type("global_batch_size", positive_int), required=True,
-        help="sequences per optimizer step")  # fmt: skip
-    add("--block-size", type=flag_type("block_size", positive_int), required=True, help="tokens per sequence")
+    add("--host-memory", type=flag_type("host_memory_gb", positive_float), metavar="GB",
+        help="CPU memory of one machine (default: not checked)")  # fmt: skip
+    add("--global-batch-size", type=flag_type("global_batch_size", positive_int),
+        help=f"sequences per optimizer step (default: about {DEFAULT_STEP_TOKENS:,} tokens, a multiple of the ranks)")  # fmt: skip
+    add("--block-size", type=flag_type("block_size", positive_int),
+        help="tokens per sequence (default: the model's context, at most 4096)")  # fmt: skip
+    add("--tokens", type=positive_float, default=1e9, help="tokens to train: set-ups are ranked by the hours "
+        "this takes (default 1e9)")  # fmt: skip
+    add_machine_flags(parser)
     add("--precision", choices=PRECISIONS, default=default_for("precision", "plan"))
     add("--load-dtype", choices=tuple(LOAD_DTYPES), default=default_for("load_dtype", "plan"),
         help="the dtype each rank builds the model in on the host (train.py --load-dtype; bf16: half the host "
@@ -101,6 +112,7 @@ def plan_imports(args: argparse.Namespace) -> None:
     shape or activations not yet stored need it (zero_train.memory.model.stored)."""
     from zero_train.hf import models  # noqa: F401  (imported for their cost)
     from zero_train.memory.model import activations, peak, plan  # noqa: F401
+    from zero_train.timing import ranking, step  # noqa: F401
 
 
 def _model(model: str, lora=None):
@@ -112,6 +124,26 @@ def _model(model: str, lora=None):
     return config, model_shape(config, lora)
 
 
+def fill_defaults(args: argparse.Namespace, config) -> None:
+    """--gpu-memory from the --gpu preset, --block-size from the model, --global-batch-size from
+    DEFAULT_STEP_TOKENS, --host-memory unchecked (the limit's largest)."""
+    from zero_train.memory.model.estimate import default_block_size
+    from zero_train.memory.model.limits import LIMITS
+    from zero_train.timing.presets import GPUS
+
+    if args.gpu_memory is None:
+        if not args.gpu:
+            raise UsageError("give --gpu-memory GB (or --gpu NAME, whose memory it takes)")
+        args.gpu_memory = GPUS[args.gpu].memory_gb
+    args.host_checked = args.host_memory is not None
+    if args.host_memory is None:
+        args.host_memory = float(LIMITS["host_memory_gb"].maximum)
+    args.block_size = args.block_size or default_block_size(config)
+    world = args.nodes * args.gpus_per_node
+    if args.global_batch_size is None:
+        args.global_batch_size = max(1, round(DEFAULT_STEP_TOKENS / args.block_size / world)) * world
+
+
 def request_from_args(args: argparse.Namespace):
     """The PlanRequest (UsageError for an inconsistent batch, a bad headroom, an unknown model)."""
     from zero_train.hf.models import check_block_size
@@ -121,6 +153,7 @@ def request_from_args(args: argparse.Namespace):
         raise UsageError(f"--headroom {args.headroom} must be a fraction in [0, 1), e.g. 0.1")
     lora = lora_spec(args)
     config, shape = _model(args.model, lora)
+    fill_defaults(args, config)
     check_block_size(config, args.block_size)
     try:
         return PlanRequest(
@@ -170,32 +203,46 @@ def _lora_words(request) -> str:
     return f" | LoRA r {request.lora.r}: {_count(request.shape.trainable_params)} adapter params train, base frozen"
 
 
-def render(plan, args: argparse.Namespace) -> str:
-    """The table of fitting set-ups, the reasons the cheaper ones do not fit, and how to run the chosen one."""
+def render(plan, ranked, args: argparse.Namespace, machine_note: str) -> str:
+    """The table of fitting set-ups fastest first (time and memory side by side), the reasons the others do not
+    fit, and the machine the times are for."""
     from zero_train.memory.model.gpu_terms import margin_line
 
     request = plan.request
+    width = max(len(row.candidate.setup.name) for row in ranked) + 1
+    host = f"host {args.host_memory:g} GB per machine" if args.host_checked else "host memory not checked"
     lines = [
         f"{args.model}: {_count(request.shape.num_params)} params | {args.nodes:,} x {args.gpus_per_node} "
-        f"ranks of {args.gpu_memory:g} GB (usable {request.usable_bytes / GB:.1f}) | host "
-        f"{args.host_memory:g} GB per machine | {args.global_batch_size:,} x {args.block_size} tokens | "
-        f"{args.precision}" + _lora_words(request),
+        f"ranks of {args.gpu_memory:g} GB (usable {request.usable_bytes / GB:.1f}) | {host} | "
+        f"{args.global_batch_size:,} x {args.block_size} tokens per step | {args.precision}"
+        + _lora_words(request),
+        f"time: {machine_note}; "
+        + (
+            f"ranked by hours to train {args.tokens:.3g} tokens (docs/steptime.md: the model's error against "
+            "measured runs)"
+            if ranked[0].step
+            else "ranked cheapest (expected fastest) first"
+        ),
     ]
     if request.margin:
         extra = f", minus --headroom {args.headroom:.0%}" if args.headroom else ""
         lines.append(margin_line(request.margin, args.gpu_memory * GB) + extra)
     lines.append(
-        f"{'':2}{'set-up (cheapest first)':<50} {'micro x accum':>13} {'peak/rank':>10} {'phase':>14} "
-        f"{'host/machine':>12}"
+        f"{'':2}{'set-up':<{width}} {'micro x accum':>13} {'step':>8} {'tokens/s':>10} {'MFU':>5} "
+        f"{'hours':>8} {'peak/rank':>10} {'host/machine':>12}  slower by (main term)"
     )
-    for index, candidate in enumerate(plan.fitting):
+    for index, row in enumerate(ranked):
+        candidate, step = row.candidate, row.step
         mark = "->" if index == 0 else "  "
+        why = f"  +{row.slower_by:.1%} ({row.why})" if index and step else ""
+        time = (f"{step.seconds:>7.2f}s {step.tokens_per_s:>10,.0f} {step.mfu:>5.0%} {row.hours:>8.2f}" if step
+                else f"{'-':>8} {'-':>10} {'-':>5} {'-':>8}")  # fmt: skip
         lines.append(
-            f"{mark}{candidate.setup.name:<50} {candidate.micro_batch_size:>5} x {candidate.grad_accum:<5} "
-            f"{candidate.device_bytes / GB:>7.1f} GB {candidate.peak_phase:>14} {candidate.host_bytes / GB:>9.1f} GB"
+            f"{mark}{candidate.setup.name:<{width}} {candidate.micro_batch_size:>5} x {candidate.grad_accum:<5} "
+            f"{time} {candidate.device_bytes / GB:>7.1f} GB {candidate.host_bytes / GB:>9.1f} GB{why}"
         )
     if plan.rejected:
-        lines.append("cheaper set-ups that do not fit:")
+        lines.append("set-ups that do not fit:")
         lines += [f"  {c.setup.name}: {c.reason}" for c in plan.rejected]
     return "\n".join(lines) + "\n"
 
@@ -222,14 +269,21 @@ def output_paths(args: argparse.Namespace) -> list[pathlib.Path]:
 def plan_command(args: argparse.Namespace) -> int:
     """Print the plan; with -o write the chosen set-up and print the commands that train it."""
     from zero_train.memory.model.plan import make_plan
+    from zero_train.timing.ranking import RankedSetup, rank_plan
 
     paths = output_paths(args)
     request = request_from_args(args)
+    machine, note = machine_from_args(args, device=args.device)
+    engines = HF_TRAINER_ENGINES if args.hf_auto else None
     try:
-        plan = make_plan(request, engines=HF_TRAINER_ENGINES if args.hf_auto else None)
+        if machine is None:  # no time to rank by: the memory plan's order, cheapest (expected fastest) first
+            plan = make_plan(request, engines=engines)
+            ranked = [RankedSetup(candidate=candidate) for candidate in plan.fitting]
+        else:
+            ranked, plan = rank_plan(request, machine, tokens=args.tokens, engines=engines)
     except ValueError as err:
         raise UsageError(str(err)) from err
-    sys.stdout.write(render(plan, args))
+    sys.stdout.write(render(plan, ranked, args, note))
     if args.hf_auto:
         print(f"HF Trainer: {trainer_arguments(plan, args.output)}")
     if not paths:

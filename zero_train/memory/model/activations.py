@@ -65,6 +65,16 @@ class ActivationCount:
     """micro_batch_size x block_size."""
     gradient_checkpointing: bool = False
     """Counted with activation checkpointing on."""
+    forward_flops: int = 0
+    """FLOPs of the forward's matmuls and attention (watch.OpCost: torch's FLOP counter's formulas)."""
+    backward_flops: int = 0
+    """FLOPs of the backward's, the blocks run again under checkpointing included (`recompute_flops`)."""
+    recompute_flops: int = 0
+    """FLOPs of the blocks' forward run again in backward (checkpointing; 0 without)."""
+    attention_flops: int = 0
+    """Of forward + backward FLOPs, attention's (the seq^2 term: scores and their product with values)."""
+    memory_bytes: int = 0
+    """Bytes read and written by every other op of forward + backward (elementwise, norms, softmax, loss)."""
 
     def as_dict(self) -> dict:
         """JSON-ready fields."""
@@ -123,8 +133,18 @@ def _count_fake(config, *, dtype: torch.dtype, lora=None, **settings) -> Activat
         return count_model_activations(model, **settings)
 
 
-ADDITIVE_FIELDS = ("saved_bytes", "loss_bytes", "forward_peak_bytes", "backward_peak_bytes")
-"""Fields that grow by the same bytes with every identical block (the others are per block, or fixed)."""
+ADDITIVE_FIELDS = (
+    "saved_bytes",
+    "loss_bytes",
+    "forward_peak_bytes",
+    "backward_peak_bytes",
+    "forward_flops",
+    "backward_flops",
+    "recompute_flops",
+    "attention_flops",
+    "memory_bytes",
+)
+"""Fields that grow by the same amount with every identical block (the others are per block, or fixed)."""
 
 
 def _by_layers(config, **settings) -> ActivationCount | None:
@@ -260,6 +280,11 @@ def count_model_activations(
         num_blocks=len(blocks),
         tokens=micro_batch_size * block_size,
         gradient_checkpointing=gradient_checkpointing,
+        forward_flops=counter.cost.flops["forward"],
+        backward_flops=counter.cost.flops["backward"],
+        recompute_flops=counter.cost.recompute_flops,
+        attention_flops=counter.cost.attention_flops,
+        memory_bytes=counter.cost.memory_bytes,
     )
 
 

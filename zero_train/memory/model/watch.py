@@ -5,6 +5,9 @@
   left out), per transformer block too.
 - ``LiveBytes`` is a TorchDispatchMode that sees every storage an op creates and is told when each dies:
   the live bytes after every op, so the forward's, the loss's and the backward's highest points.
+- ``OpCost`` is a TorchDispatchMode on the same pass that adds up what the ops cost (the step-time model's
+  compute, zero_train.timing): matmul and attention FLOPs (torch's FLOP counter formulas) per phase, the FLOPs
+  of blocks run again in backward under checkpointing, and the bytes the other ops read and write.
 
 Both work the same on fake tensors (no memory) and on real ones; a storage is identified by its StorageImpl
 (``storage_key``), which views, fake tensors and real tensors all have.
@@ -41,6 +44,7 @@ class Counter:
     forward_peak: int = 0
     loss_peak: int = 0
     backward_peak: int = 0
+    cost: OpCost = field(default_factory=lambda: OpCost())
 
     def __post_init__(self) -> None:
         state = [*self.model.parameters(), *self.model.buffers()]
@@ -96,7 +100,8 @@ class Counter:
         self.current_block = None
 
     def run(self, ids: torch.Tensor) -> None:
-        """Forward (saved-tensor hooks, live bytes) and backward (live bytes, gradients dropped at once)."""
+        """Forward (saved-tensor hooks, live bytes, op costs) and backward (live bytes, op costs, gradients
+        dropped at once)."""
         head = self.model.get_output_embeddings()
         live = LiveBytes(excluded={*self.excluded, storage_key(ids)[0]})
         handle = head.register_forward_pre_hook(lambda *_: live.mark("loss"))
@@ -106,10 +111,11 @@ class Counter:
             if p.requires_grad
         ]
         try:
-            with live:
+            with live, self.cost:
                 with self.saved_hooks():
                     loss = self.model(input_ids=ids, labels=ids).loss
                 live.mark("backward")
+                self.cost.phase = "backward"
                 loss.backward()
                 del loss
         finally:
@@ -191,3 +197,84 @@ class LiveBytes(TorchDispatchMode):
             if low < clock <= high:
                 best = max(best, level)
         return best
+
+
+def _cpu_attention_flops():
+    """FLOP formulas for CPU's fused attention (torch's counter has the CUDA kernels' only): the same
+    counts, two batched matmuls forward and four backward, as for the flash kernels."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    def forward(query, key, value, *args, **kwargs) -> int:
+        return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+    def backward(grad_out, query, key, value, *args, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
+
+
+class OpCost(TorchDispatchMode):
+    """What one forward and backward's ops cost: FLOPs of matmuls and attention, bytes of everything else.
+
+    FLOPs follow torch.utils.flop_counter's formulas (2 per multiply-add; attention's two matmuls counted in
+    full, causal or not, as the counter and MFU conventions count them). An op without a formula is counted as
+    the bytes it reads and writes (elementwise, norms, softmax, the loss, copies: bound by memory bandwidth);
+    views move nothing and are left out. FLOPs of ops run with grad mode on while the backward runs are the
+    recomputation of checkpointing (`recompute_flops`, also in `backward_flops`): autograd's own backward ops run
+    with it off (no create_graph), checkpoint's re-run of a block's forward with it on.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.utils.flop_counter import flop_registry
+
+        self.formulas = dict(flop_registry)
+        self.attention = {packet for packet in self.formulas if "attention" in str(packet)}
+        self.shapes_given = set(_cpu_attention_flops())  # these take the tensors, the registry's their shapes
+        for packet, formula in _cpu_attention_flops().items():
+            self.formulas[packet] = formula
+            self.attention.add(packet)
+        self.phase = "forward"
+        self.flops = {"forward": 0, "backward": 0}
+        self.attention_flops = 0
+        self.recompute_flops = 0
+        self.memory_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        formula = self.formulas.get(packet)
+        if formula is not None:
+            flops = self._flops(packet, formula, out, args, kwargs)
+            self.flops[self.phase] += flops
+            self.attention_flops += flops if packet in self.attention else 0
+            self.recompute_flops += flops if self.phase == "backward" and torch.is_grad_enabled() else 0
+        else:
+            self.memory_bytes += self._bytes(func, packet, args, kwargs, out)
+        return out
+
+    @staticmethod
+    def _bytes(func, packet, args, kwargs, out) -> int:
+        """Bytes an op reads and writes; 0 for queries (no tensor out) and views (out aliases an input)."""
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not outs:
+            return 0
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not func._schema.is_mutable:
+            inputs = {tensor.untyped_storage()._cdata for tensor in ins}
+            if any(tensor.untyped_storage()._cdata in inputs for tensor in outs):
+                return 0
+        written = sum(tensor.numel() * tensor.element_size() for tensor in outs)
+        if packet is torch.ops.aten.embedding:  # reads the rows it writes, not the whole table
+            return 2 * written
+        return written + sum(tensor.numel() * tensor.element_size() for tensor in ins)
+
+    def _flops(self, packet, formula, out, args, kwargs) -> int:
+        if packet in self.shapes_given:
+            return formula(*args, **kwargs)
+        return formula(*args, **kwargs, out_val=out)

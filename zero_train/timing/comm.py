@@ -1,0 +1,128 @@
+"""An engine's collectives on one set-up: calls, bytes and seconds of each (the registry's `collectives`).
+
+The payload is the CommLedger's unit (an all-reduce its tensor, an all-gather its output, a reduce-scatter its
+input). On a link given by bus bandwidth (GPU presets) a call of B bytes over N ranks takes
+latency + hops x hop latency + factor x B / bus bandwidth, with the ring's factor 2(N-1)/N for an all-reduce and
+(N-1)/N for a reduce-scatter or an all-gather (a broadcast: 1), as nccl-tests define bus bandwidth. A calibrated
+machine's measured collectives replace the formula: latency + B / measured payload rate, at the nearest world size
+measured (scaled by the ring factor when it differs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zero_train.registry import Collective, EngineSpec
+from zero_train.timing import constants
+from zero_train.timing.machine import Machine, Measured, ring_hops
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommSetup:
+    """What decides an engine's calls and bytes."""
+
+    world_size: int
+    gpus_per_node: int
+    precision: str
+    num_params: int
+    trainable_params: int
+    num_tensors: int
+    """Trainable parameter tensors (a broadcast per tensor)."""
+    units: int
+    """Modules gathered one at a time (ZeRO-3, FSDP2): the blocks, the embedding, the head."""
+    bucket_elements: int
+    """The config's reduce_bucket_size."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommCall:
+    """One collective of the step, costed for one occurrence (one micro-step or the step)."""
+
+    collective: Collective
+    payload_bytes: int
+    calls: int
+    seconds: float
+
+    @property
+    def name(self) -> str:
+        """E.g. "reduce_scatter grads (backward)"."""
+        return f"{self.collective.op} {self.collective.of} ({self.collective.phase})"
+
+
+def ring_factor(op: str, world_size: int) -> float:
+    """Bytes a rank sends per payload byte in a ring (nccl-tests' bus bandwidth factor)."""
+    if world_size <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (world_size - 1) / world_size
+    if op == "broadcast":
+        return 1.0
+    return (world_size - 1) / world_size
+
+
+def payload_bytes(collective: Collective, setup: CommSetup) -> int:
+    """The bytes one occurrence moves (the ledger's payload)."""
+    element = 4 if setup.precision == "fp32" else 2
+    sizes = {
+        "grads": setup.trainable_params * element,
+        "grads_fp32": setup.trainable_params * 4,
+        "params": setup.num_params * element,
+        "masters": setup.trainable_params * 4,
+    }
+    return sizes[collective.of]
+
+
+def call_count(collective: Collective, setup: CommSetup, payload: int) -> int:
+    """Calls per occurrence."""
+    element = 4 if setup.precision == "fp32" else 2
+    per = collective.per
+    if per == "ddp_bucket":
+        return max(1, math.ceil(payload / constants.DDP_BUCKET_BYTES))
+    if per == "bucket":
+        return max(1, math.ceil(payload / (setup.bucket_elements * element)))
+    if per == "unit":
+        return max(1, setup.units)
+    if per == "tensor":
+        return max(1, setup.num_tensors)
+    return 1
+
+
+def collective_seconds(machine: Machine, op: str, payload: int, calls: int, setup: CommSetup) -> float:
+    """Seconds of `calls` calls moving `payload` bytes in all, over the set-up's ranks."""
+    world = setup.world_size
+    if world <= 1:
+        return 0.0
+    measured = _measured(machine, op, world)
+    if measured is not None:
+        return calls * measured.latency_s + payload / (measured.payload_gbps * 1e9)
+    nodes = math.ceil(world / setup.gpus_per_node)
+    link = machine.link(nodes, setup.gpus_per_node)
+    latency = link.latency_s + ring_hops(op, world) * link.hop_latency_s
+    return calls * latency + ring_factor(op, world) * payload / (link.bus_gbps * 1e9)
+
+
+def _measured(machine: Machine, op: str, world_size: int) -> Measured | None:
+    """The calibration's figure for `op` at this world size (the nearest measured one, its rate scaled by the
+    ring factors; a broadcast as an all-gather), None without one."""
+    sizes = machine.measured.get(op) or machine.measured.get("all_gather" if op == "broadcast" else "")
+    if not sizes:
+        return None
+    nearest = min(sizes, key=lambda n: (abs(math.log(n / world_size)), n))
+    found = sizes[nearest]
+    if nearest == world_size:
+        return found
+    scale = ring_factor(op, nearest) / ring_factor(op, world_size)
+    return Measured(latency_s=found.latency_s * ring_hops(op, world_size) / max(1, ring_hops(op, nearest)),
+                    payload_gbps=found.payload_gbps * scale)  # fmt: skip
+
+
+def engine_calls(spec: EngineSpec, setup: CommSetup, machine: Machine) -> list[CommCall]:
+    """Every collective of the engine's step, costed per occurrence."""
+    calls = []
+    for collective in spec.collectives:
+        payload = payload_bytes(collective, setup)
+        count = call_count(collective, setup, payload)
+        seconds = collective_seconds(machine, collective.op, payload, count, setup)
+        calls.append(CommCall(collective=collective, payload_bytes=payload, calls=count, seconds=seconds))
+    return calls

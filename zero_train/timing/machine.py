@@ -1,0 +1,170 @@
+"""The machine a step runs on: rates and bandwidths from a GPU preset (with overrides) or from a calibration.
+
+    machine = preset_machine("h100-sxm")                        # the datasheet's figures, constants' efficiencies
+    machine = preset_machine("a100-80", inter_node_gbps=25)     # another network
+    machine = load_machine("calibration.json")                  # what `zero-train calibrate` measured here
+
+Rates are what a step reaches, not peaks (a preset's peak x its efficiency; a calibration's measured rate), except
+`peak_tflops`, MFU's denominator. On CPU ranks (`shared=True`) the ranks of one machine share its cores and its
+memory bandwidth, so each gets 1/ranks of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from dataclasses import asdict, dataclass, field
+
+from zero_train.timing import constants
+from zero_train.timing.presets import GPUS, LINKS
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Link:
+    """A collective's cost over one kind of link: bus bandwidth and latency."""
+
+    bus_gbps: float
+    """Achieved bus bandwidth, GB/s: a ring all-reduce of B bytes over N ranks takes 2(N-1)/N x B / this."""
+    latency_s: float
+    """Per call (launch and the first message)."""
+    hop_latency_s: float = constants.HOP_LATENCY_S
+    """Per ring step."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measured:
+    """One collective measured at one world size (calibration): seconds = latency_s + payload / payload_gbps."""
+
+    latency_s: float
+    payload_gbps: float
+    """Payload (the ledger's bytes: all-reduce its tensor, all-gather its output, reduce-scatter its input) per
+    second, GB/s."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Machine:
+    """What the step-time model needs to know about a machine."""
+
+    name: str
+    device: str
+    """"cuda" (a GPU per rank) or "cpu" (gloo ranks sharing the host)."""
+    peak_tflops: dict[str, float]
+    """Dense peak per precision (MFU's denominator; a calibrated CPU: its measured matmul rate)."""
+    matmul_tflops: dict[str, float]
+    """What the step's matmuls reach, per precision."""
+    attention_tflops: dict[str, float]
+    """What fused attention reaches, per precision (of the FLOPs it executes: causal skips half)."""
+    memory_gbps: float
+    """What elementwise ops reach, GB/s (bytes read + written)."""
+    optimizer_gbps: float
+    """What the optimizer step reaches over the rank's shard, GB/s (OPTIMIZER_BYTES_PER_PARAM per parameter)."""
+    intra: Link
+    inter: Link
+    host_gbps: float
+    """Device <-> host copies (offload), GB/s."""
+    cpu_adam_params_per_s: float
+    """Parameters per second the host's optimizer updates (offload), for the whole machine."""
+    overlap: float = 1.0
+    """Fraction of overlappable communication time that hides behind compute: 1 on GPUs (NCCL kernels run
+    beside compute), 0 on CPU ranks (gloo's threads need the same cores; docs/zero1.md, "Overlap")."""
+    shared: bool = False
+    """Ranks of one machine share its compute and memory bandwidth (CPU ranks)."""
+    causal_fraction: float = constants.CAUSAL_FRACTION
+    """Share of attention's counted FLOPs the kernel executes."""
+    measured: dict[str, dict[int, Measured]] = field(default_factory=dict)
+    """Collectives measured per op and world size (calibration); used instead of `intra` where present."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each figure came from."""
+
+    def per_rank(self, ranks_on_node: int) -> float:
+        """The share of compute and memory bandwidth one rank gets."""
+        return 1.0 / ranks_on_node if self.shared else 1.0
+
+    def link(self, nodes: int, gpus_per_node: int) -> Link:
+        """The link a collective over `nodes` machines runs at: within one, the intra-node link; across several,
+        a ring crosses the network once per machine and channel, so its bus bandwidth is the smaller of the
+        intra-node link and the machine's network (gpus_per_node NICs, one per GPU)."""
+        if nodes <= 1:
+            return self.intra
+        bus = min(self.intra.bus_gbps, gpus_per_node * self.inter.bus_gbps)
+        return Link(bus_gbps=bus, latency_s=self.inter.latency_s, hop_latency_s=self.inter.hop_latency_s)
+
+    def as_dict(self) -> dict:
+        """JSON-ready (what `zero-train calibrate` writes)."""
+        result = asdict(self)
+        result["measured"] = {
+            op: {str(n): asdict(m) for n, m in sizes.items()} for op, sizes in self.measured.items()
+        }
+        return result
+
+
+def preset_machine(
+    gpu: str,
+    *,
+    tflops: float | None = None,
+    intra_node_gbps: float | None = None,
+    inter_node_gbps: float | None = None,
+) -> Machine:
+    """A GPU preset's machine (presets.GPUS), with overrides.
+
+    Args:
+        gpu: a GPUS key.
+        tflops: the dense BF16/FP16 peak instead of the datasheet's (fp32 scaled alike).
+        intra_node_gbps: the link between a machine's GPUs, GB/s one direction (instead of the preset's).
+        inter_node_gbps: the network per GPU, Gb/s (bits, as NICs are sold), instead of the preset's.
+
+    Raises:
+        ValueError: an unknown GPU, or an override that is not positive.
+    """
+    if gpu not in GPUS:
+        raise ValueError(f"unknown --gpu {gpu!r}; choose one of {', '.join(GPUS)}")
+    for flag, value in (("--tflops", tflops), ("--intra-node-gbps", intra_node_gbps),
+                        ("--inter-node-gbps", inter_node_gbps)):  # fmt: skip
+        if value is not None and not value > 0:
+            raise ValueError(f"{flag} {value:g} must be positive")
+    preset = GPUS[gpu]
+    scale = tflops / preset.tflops["bf16"] if tflops else 1.0
+    peak = {precision: rate * scale for precision, rate in preset.tflops.items()}
+    intra = intra_node_gbps or LINKS[preset.intra_link].gbps
+    inter = inter_node_gbps / 8 if inter_node_gbps else LINKS[preset.inter_link].gbps
+    host = LINKS[preset.host_link].gbps
+    return Machine(
+        name=gpu, device="cuda", peak_tflops=peak,
+        matmul_tflops={p: rate * constants.MATMUL_EFFICIENCY for p, rate in peak.items()},
+        attention_tflops={p: rate * constants.ATTENTION_EFFICIENCY for p, rate in peak.items()},
+        memory_gbps=preset.memory_gbps * constants.MEMORY_EFFICIENCY,
+        optimizer_gbps=preset.memory_gbps * constants.MEMORY_EFFICIENCY,
+        intra=Link(bus_gbps=intra * constants.LINK_EFFICIENCY, latency_s=constants.LAUNCH_LATENCY_S["intra"]),
+        inter=Link(bus_gbps=inter * constants.LINK_EFFICIENCY, latency_s=constants.LAUNCH_LATENCY_S["inter"]),
+        host_gbps=host * constants.PCIE_EFFICIENCY, cpu_adam_params_per_s=constants.CPU_ADAM_PARAMS_PER_S,
+        sources={"gpu": preset.source, "intra": LINKS[preset.intra_link].source,
+                 "inter": LINKS[preset.inter_link].source, "host": LINKS[preset.host_link].source,
+                 "overrides": ", ".join(f"{k} {v:g}" for k, v in (("tflops", tflops), ("intra GB/s", intra_node_gbps),
+                                                                  ("inter Gb/s", inter_node_gbps)) if v)},
+    )  # fmt: skip
+
+
+def load_machine(path: str | pathlib.Path) -> Machine:
+    """The machine a calibration JSON describes (ValueError naming the file if it is not one)."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+        measured = {
+            op: {int(n): Measured(**m) for n, m in sizes.items()}
+            for op, sizes in data.pop("measured", {}).items()
+        }
+        intra, inter = Link(**data.pop("intra")), Link(**data.pop("inter"))
+        return Machine(**data, intra=intra, inter=inter, measured=measured)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise ValueError(
+            f"--machine {path}: not a calibration file ({err}); write one with zero-train calibrate"
+        ) from err
+
+
+def ring_hops(op: str, world_size: int) -> int:
+    """Ring steps of a collective (all-reduce: a tree's 2 log2 N where that is fewer, as NCCL picks)."""
+    if world_size <= 1:
+        return 0
+    if op == "all_reduce":
+        return min(2 * (world_size - 1), 2 * math.ceil(math.log2(world_size)))
+    return world_size - 1

@@ -1,0 +1,247 @@
+"""One training step's predicted time, as named terms: compute, the communication left exposed, the optimizer.
+
+    step = step_time(shape, count, StepSetup(engine="ds3", world_size=16, gpus_per_node=8, micro_batch_size=2,
+                                             block_size=4096, grad_accum=8), preset_machine("h100-sxm"))
+    step.seconds, step.tokens_per_s, step.mfu, step.terms        # {"matmuls forward": ..., ...}
+
+- compute, per micro-batch: the FLOPs of the forward and backward counted on the real architecture
+  (memory.model.activations: torch's FLOP counter on the same fake-tensor pass that counts activations; the
+  recomputation under checkpointing; attention's seq^2 term apart), over the machine's matmul and attention
+  rates, and the bytes every other op reads and writes over its memory bandwidth;
+- communication: the engine's collectives (registry: what, when, how many calls; comm.py: seconds), and what of
+  them hides: reductions launched during backward hide behind it but the last bucket; ZeRO-3's and FSDP2's
+  gathers hide behind the forward / backward they prefetch for but the first unit's; blocking and after-step
+  collectives stay exposed (a machine's `overlap`: 1 on GPUs, 0 on CPU ranks, whose gloo threads share the cores);
+- optimizer: the bytes AdamW reads and writes over the rank's shard / the machine's optimizer bandwidth;
+  offload: the shard's bytes over PCIe and the host's optimizer rate (shared by the machine's ranks).
+The step is the sum; tokens/s, MFU and the time to train N tokens follow. Pure arithmetic: microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zero_train.memory.model.theory import ModelShape
+from zero_train.registry import engine_spec
+from zero_train.timing import constants
+from zero_train.timing.comm import CommSetup, engine_calls
+from zero_train.timing.machine import Machine
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepSetup:
+    """One way to train, as far as time is concerned."""
+
+    engine: str
+    world_size: int
+    gpus_per_node: int
+    micro_batch_size: int
+    block_size: int
+    grad_accum: int = 1
+    gradient_checkpointing: bool = False
+    precision: str = "bf16"
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    bucket_elements: int = constants.DEEPSPEED_DEFAULT_BUCKET_ELEMENTS
+    """The config's reduce_bucket_size."""
+    overlap_comm: bool | None = None
+    """The config's overlap_comm: True makes blocking reductions overlapped ones; None: the engine's default."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step over all ranks."""
+        return self.world_size * self.micro_batch_size * self.block_size * self.grad_accum
+
+
+@dataclass(kw_only=True, slots=True)
+class StepTime:
+    """A step's predicted seconds by term, and what follows from them."""
+
+    terms: dict[str, float]
+    """Seconds each term adds to the step (communication: its exposed part)."""
+    hidden: dict[str, float] = field(default_factory=dict)
+    """Seconds of communication hidden behind compute, per collective."""
+    comm: dict[str, dict] = field(default_factory=dict)
+    """Per collective: calls and payload bytes per step."""
+    tokens_per_step: int = 0
+    model_flops: float = 0.0
+    """FLOPs per rank per step without recomputation (MFU's numerator)."""
+    peak_flops: float = 0.0
+    """The rank's dense peak, FLOP/s."""
+
+    @property
+    def seconds(self) -> float:
+        """The step."""
+        return sum(self.terms.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Over all ranks."""
+        return self.tokens_per_step / self.seconds
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOPs per second per rank / the rank's dense peak."""
+        return self.model_flops / self.seconds / self.peak_flops
+
+    def hours_for(self, tokens: float) -> float:
+        """Hours to train `tokens` tokens at this step."""
+        return tokens / self.tokens_per_s / 3600
+
+    def as_dict(self) -> dict:
+        """JSON-ready, with seconds, tokens/s and MFU."""
+        return dict(terms=self.terms, hidden=self.hidden, comm=self.comm, seconds=self.seconds,
+                    tokens_per_s=self.tokens_per_s, mfu=self.mfu, tokens_per_step=self.tokens_per_step,
+                    model_flops=self.model_flops)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Compute:
+    """One micro-batch's work on one rank: FLOPs by kind and bytes of the other ops."""
+
+    forward_flops: float
+    backward_flops: float
+    """Recomputation included."""
+    recompute_flops: float
+    attention_flops: float
+    memory_bytes: float
+
+    @classmethod
+    def of(cls, shape: ModelShape, count, tokens: int) -> Compute:
+        """From an ActivationCount; without one (a bare parameter count), 2N FLOPs per token forward and
+        4N backward (Kaplan et al. 2020's 6N), nothing else."""
+        if count is None or not count.forward_flops:
+            return cls(forward_flops=2.0 * shape.num_params * tokens, backward_flops=4.0 * shape.num_params * tokens,
+                       recompute_flops=0.0, attention_flops=0.0, memory_bytes=0.0)  # fmt: skip
+        return cls(forward_flops=count.forward_flops, backward_flops=count.backward_flops,
+                   recompute_flops=count.recompute_flops, attention_flops=count.attention_flops,
+                   memory_bytes=count.memory_bytes)  # fmt: skip
+
+
+def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> StepTime:
+    """The predicted time of one optimizer step.
+
+    Args:
+        shape: the model (memory.model.theory.ModelShape).
+        count: its ActivationCount for this micro-batch and checkpointing (memory.model.activations), or None.
+        setup: the set-up.
+        machine: the machine (timing.machine).
+
+    Returns:
+        The StepTime.
+    """
+    spec = engine_spec(setup.engine)
+    ranks_on_node = min(setup.gpus_per_node, setup.world_size)
+    share = machine.per_rank(ranks_on_node)
+    work = Compute.of(shape, count, setup.micro_batch_size * setup.block_size)
+    terms, seconds = _compute_terms(work, setup, machine, share)
+    forward_s, backward_s = seconds
+    comm_setup = CommSetup(
+        world_size=setup.world_size, gpus_per_node=setup.gpus_per_node, precision=setup.precision,
+        num_params=shape.num_params, trainable_params=shape.trainable_params,
+        num_tensors=len(shape.trained_numels) or 1, units=shape.num_layers + 2, bucket_elements=setup.bucket_elements,
+    )  # fmt: skip
+    calls = engine_calls(spec, comm_setup, machine)
+    exposed, hidden, comm = _overlap(calls, setup, machine, forward_s, backward_s)
+    terms.update(exposed)
+    terms.update(_optimizer_terms(shape, spec.sharding, setup, machine, share, ranks_on_node))
+    model_flops = setup.grad_accum * (work.forward_flops + work.backward_flops - work.recompute_flops)
+    return StepTime(terms=terms, hidden=hidden, comm=comm, tokens_per_step=setup.tokens_per_step,
+                    model_flops=model_flops, peak_flops=machine.peak_tflops[setup.precision] * 1e12 * share)  # fmt: skip
+
+
+def _compute_terms(work: Compute, setup: StepSetup, machine: Machine, share: float):
+    """Compute seconds per step by term, and (forward, backward) seconds of one micro-batch (the windows
+    communication can hide behind)."""
+    matmul = machine.matmul_tflops[setup.precision] * 1e12 * share
+    attention = machine.attention_tflops[setup.precision] * 1e12 * share
+    memory = machine.memory_gbps * 1e9 * share
+    total = work.forward_flops + work.backward_flops
+    attention_s = work.attention_flops * machine.causal_fraction / attention
+    memory_s = work.memory_bytes / memory
+    plain = total - work.attention_flops  # matmuls, recomputed ones included
+    recompute_s = work.recompute_flops * (plain / total) / matmul if total else 0.0
+    forward_s = work.forward_flops * (plain / total) / matmul if total else 0.0
+    backward_s = plain / matmul - forward_s - recompute_s if total else 0.0
+    k = setup.grad_accum
+    terms = {"matmuls forward": k * forward_s, "matmuls backward": k * backward_s}
+    if recompute_s:
+        terms["recompute (checkpointing)"] = k * recompute_s
+    terms["attention"] = k * attention_s
+    terms["memory-bound ops"] = k * memory_s
+    fraction = work.forward_flops / total if total else 1 / 3
+    whole = forward_s + backward_s + recompute_s + attention_s + memory_s
+    forward_window = (forward_s + (attention_s + memory_s) * fraction) if total else whole / 3
+    return terms, (forward_window, whole - forward_window)
+
+
+def _overlap(calls, setup: StepSetup, machine: Machine, forward_s: float, backward_s: float):
+    """Exposed seconds per collective over the step, hidden seconds, and calls/bytes per step.
+
+    Per micro-batch: its forward gathers hide behind its forward but the first unit's; its backward gathers and
+    the reductions launched in its backward hide behind its backward but the first gather and the last bucket.
+    Reductions at the boundary only (DDP's no_sync, ZeRO-1) run in the last micro-batch's backward.
+    """
+    k = setup.grad_accum
+    exposed: dict[str, float] = {}
+    hidden: dict[str, float] = {}
+    comm: dict[str, dict] = {}
+    for boundary in (False, True):
+        occurrences = 1 if boundary else k - 1
+        if not occurrences:
+            continue
+        active = [
+            c
+            for c in calls
+            if c.collective.every_micro_step or boundary and c.collective.phase != "after_step"
+        ]
+        for window, phases in ((forward_s, ("forward",)), (backward_s, ("backward", "backward_gather"))):
+            group = [c for c in active if _phase(c, setup) in phases]
+            hideable = {c.name: c.seconds - c.seconds / c.calls for c in group}
+            total = sum(hideable.values())
+            hid = min(total, window * machine.overlap)
+            for call in group:
+                share = hid * hideable[call.name] / total if total else 0.0
+                _add(exposed, call.name, occurrences * (call.seconds - share))
+                _add(hidden, call.name, occurrences * share)
+        for call in active:
+            if _phase(call, setup) in ("backward_blocking", "after_step"):
+                _add(exposed, call.name, occurrences * call.seconds)
+        for call in active:
+            entry = comm.setdefault(call.name, {"calls": 0, "payload_bytes": 0})
+            entry["calls"] += occurrences * call.calls
+            entry["payload_bytes"] += occurrences * call.payload_bytes
+    for call in calls:
+        if call.collective.phase == "after_step":
+            _add(exposed, call.name, call.seconds)
+            comm[call.name] = {"calls": call.calls, "payload_bytes": call.payload_bytes}
+    return {f"comm: {name}": value for name, value in exposed.items()}, hidden, comm
+
+
+def _phase(call, setup: StepSetup) -> str:
+    """The collective's phase on this set-up: a blocking reduction overlaps when the config says overlap_comm."""
+    phase = call.collective.phase
+    return "backward" if phase == "backward_blocking" and setup.overlap_comm else phase
+
+
+def _add(table: dict[str, float], key: str, value: float) -> None:
+    table[key] = table.get(key, 0.0) + value
+
+
+def _optimizer_terms(shape: ModelShape, sharding: str, setup: StepSetup, machine: Machine, share: float,
+                     ranks_on_node: int) -> dict[str, float]:  # fmt: skip
+    """The optimizer step over the rank's shard, on the device or offloaded to the host."""
+    shard = shape.trainable_params / (1 if sharding == "replicated" else setup.world_size)
+    if not setup.offload_optimizer:
+        moved = shard * constants.OPTIMIZER_BYTES_PER_PARAM[setup.precision]
+        return {"optimizer step": moved / (machine.optimizer_gbps * 1e9 * share)}
+    host = machine.host_gbps * 1e9
+    terms = {
+        "offload: PCIe copies": shard * constants.OFFLOAD_PCIE_BYTES_PER_PARAM[setup.precision] / host,
+        "offload: host optimizer": shard / (machine.cpu_adam_params_per_s / ranks_on_node),
+    }
+    if setup.offload_param:
+        element = 4 if setup.precision == "fp32" else 2
+        per_rank = shape.num_params / setup.world_size
+        terms["offload: parameters over PCIe"] = 2 * setup.grad_accum * per_rank * element / host
+    return terms
