@@ -14,12 +14,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 
 from zero_train.launch.command import shell_text
-from zero_train.runtime.errors import UsageError
+from zero_train.runtime import lifeline
+from zero_train.runtime.errors import Stopped, UsageError
 
-KILL_GRACE_S = 10.0  # after SIGTERM: torchrun and the deepspeed launcher stop their ranks, then SIGKILL
+KILL_GRACE_S = 5.0
+"""After SIGTERM, SIGKILL: long enough for torchrun and DeepSpeed's launcher to stop their ranks and for each rank
+to print its one line (runtime.faults waits up to 3 s for a dead peer), short enough that a stopped command
+has nothing left within the 15 s a scheduler's next job may wait."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""What stops a command while its launch runs: a scheduler's or `timeout`'s SIGTERM, Ctrl-C, a closed terminal."""
 
 
 def check_launcher(name: str) -> None:
@@ -31,7 +39,7 @@ def check_launcher(name: str) -> None:
 
 
 def model_meta(model: str, block_size: int) -> dict:
-    """What every cell of a matrix shares about the model: name, num_params, hidden_size.
+    """What every cell of a matrix shares about the model: name, num_params, hidden_size, num_layers.
 
     Raises:
         UsageError: an unknown model, or a block size above its context (before any cell runs).
@@ -42,7 +50,12 @@ def model_meta(model: str, block_size: int) -> dict:
     config = model_config(model)
     check_block_size(config, block_size)
     shape = model_shape(config)
-    return dict(model=model, num_params=shape.num_params, hidden_size=shape.hidden_size or None)
+    return dict(
+        model=model,
+        num_params=shape.num_params,
+        hidden_size=shape.hidden_size or None,
+        num_layers=shape.num_layers or None,
+    )
 
 
 def run_logged(
@@ -59,8 +72,11 @@ def run_logged(
     unbuffered Python output, so that a killed run's log still ends where it stopped, and a run directory
     (ZT_RUN_DIR) for their heartbeats: after a failed run, a rank the kernel killed (which printed nothing) is
     named at the end of the log, "error: rank 1 was killed (SIGKILL), ...: it held 10.3 GB; ..."
-    (zero_train.runtime.vitals). The launcher runs in a session of its own; on a timeout (or an interrupt) its
-    whole process tree is stopped, so no rank outlives it holding its GPU memory.
+    (zero_train.runtime.vitals). The launcher runs in a session of its own; on a timeout, an exception, or
+    SIGTERM / SIGINT / SIGHUP to this process (raised here as runtime.errors.Stopped, saying what was stopped)
+    its whole process tree is stopped, so no rank outlives it holding its GPU memory; if this process dies
+    without that (SIGKILL), the launcher gets SIGTERM from the kernel and every rank stops by itself
+    (zero_train.runtime.lifeline).
 
     Args:
         command: the full command line.
@@ -76,18 +92,32 @@ def run_logged(
     from zero_train.runtime.vitals import RUN_DIR_ENV, launcher_report
 
     with tempfile.TemporaryDirectory(prefix="zero_train-run-") as run_dir, open(log_path, "w") as log:
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
-                   **{RUN_DIR_ENV: run_dir})  # fmt: skip
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+            PYTHONUNBUFFERED="1",
+            **{RUN_DIR_ENV: run_dir},
+            **lifeline.owner_env(),
+        )
         log.write(shell_text(command) + "\n")
         log.flush()
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            ended = _wait(proc, timeout, done_files)
-        except BaseException:  # Ctrl-C reaches only this process: the launcher has its own session
-            stop_process_tree(proc, grace_s=kill_grace_s)
-            raise
+        with _stop_signals(_raise_stopped):
+            proc = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=lifeline.parent_death_hook(),
+            )
+            try:
+                ended = _wait(proc, timeout, done_files)
+            except BaseException as err:  # Ctrl-C reaches only this process: the launcher has its own session
+                with _stop_signals(signal.SIG_IGN):  # a second Ctrl-C does not cut the stopping short
+                    left = stop_process_tree(proc, grace_s=kill_grace_s)
+                if isinstance(err, Stopped):
+                    err.what = _what_was_stopped(command, proc.pid, left)
+                raise
         if not ended:
             stop_process_tree(proc, grace_s=kill_grace_s)  # the ranks too, not just the launcher's group
             return None
@@ -115,11 +145,39 @@ def _wait(proc: subprocess.Popen, timeout: float, done_files: list[pathlib.Path]
     return True
 
 
-def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> None:
+@contextlib.contextmanager
+def _stop_signals(handler) -> Iterator[None]:
+    """STOP_SIGNALS go to `handler` inside, as before after. Main thread only (Python delivers signals there;
+    elsewhere the launcher's parent-death signal is the lifeline)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped(signum)
+
+
+def _what_was_stopped(command: list[str], pid: int, left: list[int]) -> str:
+    """ "stopped torchrun (pid 12) and every process it started", or which are left."""
+    what = f"stopped {pathlib.Path(command[0]).name} (pid {pid}) and every process it started"
+    return what if not left else f"{what}, except pid(s) {', '.join(map(str, left))} (still running)"
+
+
+def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> list[int]:
     """SIGTERM `proc`'s process group and every descendant, SIGKILL what is left after `grace_s`; reap `proc`.
 
     The group holds the launcher and the ranks it forked (deepspeed's); torchrun starts each rank in a
     session of its own, so descendants are signalled one by one too.
+
+    Returns:
+        The pids still running after SIGKILL and another `grace_s` (none, unless a process cannot die).
     """
     import psutil
 
@@ -135,6 +193,7 @@ def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> None:
         while (proc.poll() is None or _running(tree.values())) and time.monotonic() < deadline:
             time.sleep(0.05)
     proc.wait()
+    return [process.pid for process in tree.values() if _running([process])]
 
 
 def _process_tree(pid: int) -> list:

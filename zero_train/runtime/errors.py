@@ -7,9 +7,12 @@ traceback. Internal invariants use `assert`; anything else that escapes is a bug
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 from typing import NoReturn
+
+from zero_train.runtime import lifeline
 
 EXIT_USAGE = 2
 EXIT_FAULT = 1
@@ -43,6 +46,20 @@ class Fault(RuntimeError):
     """
 
 
+class Stopped(BaseException):
+    """This command was told to stop (SIGTERM, SIGINT, SIGHUP) while it waited on a launch, which it stopped.
+
+    A BaseException, as KeyboardInterrupt is: no `except Exception` on the way may swallow it. run_cli prints
+    `error: stopped by SIGTERM: <what>` and exits with 128 + the signal's number, as a shell reports a process
+    the signal ended.
+    """
+
+    def __init__(self, signum: int, what: str = "nothing was running"):
+        super().__init__(signum)
+        self.signum = signum
+        self.what = what
+
+
 def error_line(message: str) -> None:
     """Write `error: <message>` to stderr as ONE write: ranks of a launch share the launcher's pipe and run
     unbuffered (`python -u`), where print() writes the text and the newline separately and two ranks' lines
@@ -61,8 +78,10 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
     """Run `entry`: UsageError -> one line + exit 2; a runtime fault -> one line + exit 1.
 
     Runtime faults are `Fault`s (a failed checkpoint save), NonFiniteError and distributed failures (a dead or
-    hung peer rank, see zero_train.runtime.faults); anything else is a bug and keeps its traceback.
+    hung peer rank, see zero_train.runtime.faults); anything else is a bug and keeps its traceback. A process
+    that a launcher started stops when its launch is gone (zero_train.runtime.lifeline).
     """
+    lifeline.watch_launcher()
     try:
         code = entry()
     except UsageError as err:
@@ -82,6 +101,9 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
         if not is_distributed_fault(err):
             raise
         _fault(describe_fault(err))
+    except Stopped as err:
+        error_line(f"stopped by {signal.Signals(err.signum).name}: {err.what}")
+        raise SystemExit(128 + err.signum) from None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from zero_train.runtime import vitals
+from zero_train.runtime import lifeline, vitals
 
 PEERS_ENV = "ZT_PEERS"
 SIGTERM_GRACE_S = 10.0  # launchers SIGKILL 30 s after their SIGTERM (DeepSpeed's launcher, torchrun)
@@ -45,6 +45,10 @@ DIST_ERROR_HINTS = (
     "nccl",
     "socket",
 )
+
+
+_checkpoints: dict = dict(save_dir=None, last=None, saving=None)
+"""What this rank's run has saved, for the line a stopped run ends with (note_checkpoints, note_saving, ...)."""
 
 
 class TerminatedByLauncher(RuntimeError):
@@ -69,6 +73,32 @@ def record_peers(world_size: int) -> list[tuple[str, int]] | None:
     os.environ[PEERS_ENV] = json.dumps(peers)
     install_sigterm_report()
     return [tuple(peer) for peer in peers]
+
+
+def note_checkpoints(save_dir: str | None, *, last: str | None = None) -> None:
+    """The run saves into `save_dir` (None: it does not), its last complete checkpoint so far `last`."""
+    _checkpoints.update(save_dir=save_dir, last=last, saving=None)
+
+
+def note_saving(step: int) -> None:
+    """A save of `step` has begun (it ends with note_saved)."""
+    _checkpoints["saving"] = step
+
+
+def note_saved(folder: str) -> None:
+    """The save in flight is complete, published as `folder`."""
+    _checkpoints.update(last=folder, saving=None)
+
+
+def _resume_hint() -> str:
+    """What a stopped rank says of its checkpoints: the last complete one (named), a save cut short."""
+    if _checkpoints["save_dir"] is None:
+        return "resume from the last complete checkpoint with --resume auto"
+    cut = _checkpoints["saving"]
+    hint = f"the save of step {cut} was cut short and is not a checkpoint; " if cut is not None else ""
+    if _checkpoints["last"] is None:
+        return hint + f"no checkpoint in {_checkpoints['save_dir']} is complete yet"
+    return hint + f"the last complete checkpoint is {_checkpoints['last']}: resume from it with --resume auto"
 
 
 def install_sigterm_report() -> None:
@@ -185,12 +215,20 @@ def describe_fault(err: BaseException) -> str:
     while not dead and os.environ.get(PEERS_ENV) and time.monotonic() < deadline:
         time.sleep(0.05)  # a peer whose socket closed may still be exiting
         dead = _dead_peer_pids()
+    gone = lifeline.gone()
     if dead:
         cause = "; ".join(_how_it_ended(rank, pid) for rank, pid in dead)
+    elif gone is not None:
+        return f"rank {rank}: {gone} is gone, so this rank stopped; {_resume_hint()}"
+    elif isinstance(err, TerminatedByLauncher):
+        cause = (
+            "stopped by SIGTERM (from the launcher, after a rank on another host failed, or from a scheduler: "
+            "the job was cancelled or reached its time limit)"
+        )
+        return f"rank {rank}: {cause}; {_resume_hint()}"
     else:
         cause = "another rank died or stopped responding (see the launcher's output for which)"
-    detail = _first_line(err)
-    return f"rank {rank}: {cause}; {detail}; resume from the last complete checkpoint with --resume auto"
+    return f"rank {rank}: {cause}; {_first_line(err)}; {_resume_hint()}"
 
 
 def _first_line(err: BaseException) -> str:

@@ -14,9 +14,12 @@ position, zero_train.train.data), the global micro-batch and every rank's RNG st
 
 from __future__ import annotations
 
+import pathlib
+
 from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng
 from zero_train.checkpoint.rotation import reading
 from zero_train.checkpoint.save import CheckpointSaver, SaveOptions, estimate_checkpoint_bytes
+from zero_train.runtime import faults
 from zero_train.runtime.dist import rank0_work_group
 from zero_train.runtime.errors import UsageError
 from zero_train.train.config import CheckpointConfig
@@ -51,6 +54,7 @@ class RunCheckpoints:
                 save_dir=config.save_dir, keep_last=config.save_total_limit, background=config.async_save
             )
             self.saver = CheckpointSaver(options, dist_info=dist_info)
+        faults.note_checkpoints(config.save_dir)  # what a stopped rank's line names
 
     def due(self, step: int) -> bool:
         """Whether --save-every asks for a checkpoint after `step`."""
@@ -89,6 +93,7 @@ class RunCheckpoints:
             self.estimated_bytes = estimate_checkpoint_bytes(
                 engine, num_params=num_params(engine.model), dist_info=self.dist_info
             )
+        faults.note_saving(step)
         with rank0_work_group(self.dist_info.world_size) as waiting:  # rank 0 hashes and publishes alone
             saved = self.saver.save(
                 engine,
@@ -105,6 +110,7 @@ class RunCheckpoints:
 
     def _saved(self, folder) -> None:
         self.latest = folder
+        faults.note_saved(str(folder.resolve()))
         self.log.info(f"checkpoint {folder.name}: {folder}")
 
     def check_background(self, failed_anywhere: bool) -> None:
@@ -148,5 +154,6 @@ class RunCheckpoints:
                 f"resume: the checkpoint's schedule ends at step {saved_horizon}, this run's at "
                 f"{self.settings.total_steps}; the lr curve differs from an uninterrupted run (keep --max-steps)"
             )
+        faults.note_checkpoints(self.config.save_dir, last=str(pathlib.Path(ckpt).resolve()))
         self.log.info(f"resumed from {ckpt} at step {step}")
         return step, micro_steps, client_state.get("data_position")
