@@ -22,7 +22,14 @@ import sys
 import time
 
 from zero_train.bench import machine
-from zero_train.bench.cells import BENCH_ENGINES, BENCH_PRECISIONS, DEFAULT_ENGINES, Cell, interleaved
+from zero_train.bench.cells import (
+    BENCH_ENGINES,
+    BENCH_PRECISIONS,
+    DEFAULT_ENGINES,
+    Cell,
+    interleaved,
+    steps_of,
+)
 from zero_train.bench.one_launch import run_all
 from zero_train.bench.run import run_one
 from zero_train.bench.targets import TARGET_ENGINES
@@ -216,6 +223,21 @@ def _runs_of(cell: Cell, args: argparse.Namespace, target_engines) -> int:
     return min(runs, args.bf16_repeats) if cell.precision == "bf16" else runs
 
 
+def _predicted(meta: dict, order: list, args: argparse.Namespace, launch: str) -> float | None:
+    """Say how long the bench will take before it starts (zero_train.bench.duration); the prediction."""
+    from zero_train.bench.duration import bench_seconds, duration_line
+
+    if not meta["num_layers"] or not meta["hidden_size"]:
+        return None  # a model whose shape we cannot read: no figure rather than a wrong one
+    runs = [(cell.precision, steps_of(cell, args)[0]) for _, cell in order]
+    launches = {"once": 1, "per-run": len(order), "compare": 2 * len(order)}[launch]
+    if launch == "compare":
+        runs = runs * 2
+    prediction = bench_seconds(meta, runs, launches=launches)
+    print(duration_line(prediction, len(order)), file=sys.stderr)
+    return round(prediction["total_s"], 1)
+
+
 def bench_command(args: argparse.Namespace) -> int:
     """Run every (repeat, cell) in interleaved order; write bench.json + bench.md; exit 1 if all runs failed."""
     from tqdm import tqdm
@@ -237,6 +259,7 @@ def bench_command(args: argparse.Namespace) -> int:
     repeats = [_runs_of(cell, args, TARGET_ENGINES) for cell in cells]
     order = interleaved(cells, repeats)
     launch, check = getattr(args, "launch", "once"), None
+    predicted = _predicted(meta, order, args, launch)
     if launch == "once":
         print(f"bench: {len(order)} runs in one launch (logs: {out / 'logs'})", file=sys.stderr)
         samples = run_all(order, args, out, meta["hidden_size"])
@@ -262,6 +285,7 @@ def bench_command(args: argparse.Namespace) -> int:
         load_average=dict(start=load_start, end=machine.load_average()),
         started=when,
         wall_s=time.perf_counter() - started,
+        predicted_s=predicted,
         cells=cell_summaries,
         targets=targets,
         samples=samples,
