@@ -9,6 +9,7 @@ COMMANDS = {
     "plan": "the cheapest ZeRO / FSDP2 set-up that fits, written as a DeepSpeed JSON (or accelerate YAML)",
     "profile": "run the memory comparison matrix (engines x world sizes), one run record per cell",
     "report": "write report.md, PNG plots, summary.json and cells.json from a profile directory's run records",
+    "explain": "why a run's ranks ran out of memory and the cheapest change that fits, or how close it came",
     "bench": "step time, tokens/s, comm bytes and peak memory of every engine, interleaved repeats",
     "env": "versions, device, CUDA/NCCL/gloo, bf16, DeepSpeed ops, CPU and memory: for bug reports (--json)",
 }

@@ -89,7 +89,7 @@ def run_logged(
     Returns:
         The exit code, or None if the run was stopped.
     """
-    from zero_train.runtime.vitals import RUN_DIR_ENV, launcher_report
+    from zero_train.runtime.vitals import RUN_DIR_ENV
 
     with tempfile.TemporaryDirectory(prefix="zero_train-run-") as run_dir, open(log_path, "w") as log:
         env = dict(
@@ -122,8 +122,32 @@ def run_logged(
             stop_process_tree(proc, grace_s=kill_grace_s)  # the ranks too, not just the launcher's group
             return None
         if proc.returncode != 0:
-            log.writelines(f"error: {line}\n" for line in launcher_report(pathlib.Path(run_dir)))
+            log.writelines(f"error: {line}\n" for line in killed_lines(pathlib.Path(run_dir)))
         return proc.returncode
+
+
+def killed_lines(run_dir: pathlib.Path) -> list[str]:
+    """One line per rank killed without a word (zero_train.runtime.vitals): how it ended, what it held and, when
+    it was most likely out of memory, why and the cheapest change that fits (zero_train.memory.oom)."""
+    from zero_train.runtime.vitals import describe_ended, killed_ranks
+
+    lines = []
+    for rank, record in killed_ranks(run_dir):
+        line = describe_ended(rank, record)
+        if (
+            record.get("run")
+            and record.get("limit")
+            and not record.get("crash")
+            and "not out of memory" not in line
+        ):
+            from zero_train.memory.oom import explain
+
+            try:
+                line += "; " + explain(record).detail()
+            except Exception as failure:  # noqa: BLE001 - the death is told, explained or not
+                line += f"; no explanation ({type(failure).__name__}: {failure})"
+        lines.append(line)
+    return lines
 
 
 def _wait(proc: subprocess.Popen, timeout: float, done_files: list[pathlib.Path] | None) -> bool:

@@ -13,6 +13,13 @@ gave the ranks a ZT_RUN_DIR (zero_train.launch.launcher.run_logged).
 
 Out of memory or not: /proc/vmstat's oom_kill counts this host's out-of-memory kills (cgroup limits
 included); a count that rose since the rank started says the OOM killer killed (most likely) it.
+
+The record also says what the rank was doing and had: the phase of training (`note_phase`), the run's
+settings (`note_run`: what an estimate of it needs), the limit that binds it and its use then and at most
+(zero_train.runtime.memory_limit), so that an out-of-memory death is explained by zero_train.memory.oom. With
+--output-dir a copy is kept (`keep_in`, DIR/vitals/rank-N.json): rewritten with each heartbeat, finished at
+Python's exit with how the rank ended ("finished", or its one error line); a copy never finished is a rank
+that ended without Python's exit. `zero-train explain DIR` reads them.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import tempfile
 import threading
 import time
 
+from zero_train.runtime import memory_limit
+
 RUN_DIR_ENV = "ZT_RUN_DIR"
 ESTIMATE_ENV = "ZT_ESTIMATE"
 """The `zero-train estimate` command that answers for this run (set by the training entry point)."""
@@ -38,43 +47,71 @@ GB = 1e9
 class Heartbeat:
     """This rank's file in the run directory: written now and every HEARTBEAT_S, removed at Python's exit."""
 
-    def __init__(self, run_dir: pathlib.Path, rank: int) -> None:
-        self.path = run_dir / f"rank-{rank}.json"
-        self.crash_path = run_dir / f"rank-{rank}.crash"
+    def __init__(self, run_dir: pathlib.Path | None, rank: int) -> None:
+        self.path = run_dir / f"rank-{rank}.json" if run_dir else None
+        self.crash_path = run_dir / f"rank-{rank}.crash" if run_dir else None
+        self.keep_path: pathlib.Path | None = None
+        """The kept copy (keep_in), finished at Python's exit."""
         self.rank = rank
         self.oom_kills = oom_kills()
+        self.facts: dict = {}
+        """phase, run, limit, ...: what note_* said, written with every beat."""
+        self.outcome: str | None = None
+        """How the rank ended, for the kept copy ("finished" or its error line)."""
+        self.peak_used = 0
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._crash_file = None
 
     def start(self) -> None:
         """First write, the writer thread, faulthandler into the crash file (if nobody enabled it), atexit."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.write()
-        if not faulthandler.is_enabled():
+        if self.crash_path is not None and not faulthandler.is_enabled():
             self._crash_file = open(self.crash_path, "w")  # noqa: SIM115 (open while the process lives)
             faulthandler.enable(file=self._crash_file)
         threading.Thread(target=self._beat, name="zero_train-heartbeat", daemon=True).start()
         atexit.register(self.stop)
 
+    def record(self) -> dict:
+        """This rank's current memory, what it does and has."""
+        limit = self.facts.get("limit")
+        used = memory_limit.used_bytes(limit["measure"]) if limit else 0
+        self.peak_used = max(self.peak_used, used)
+        status = memory_limit.proc_status()
+        return dict(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), rss_bytes=resident_bytes(),
+                    peak_rss_bytes=status.get("VmHWM", 0), used_bytes=used, peak_used_bytes=self.peak_used,
+                    oom_kills=self.oom_kills, estimate=os.environ.get(ESTIMATE_ENV), time=time.time(),
+                    **self.facts)  # fmt: skip
+
     def write(self) -> None:
-        """Replace the file with this rank's current memory (atomically: a reader never sees half of it)."""
-        record = dict(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), rss_bytes=resident_bytes(),
-                      oom_kills=self.oom_kills, estimate=os.environ.get(ESTIMATE_ENV), time=time.time())  # fmt: skip
+        """Replace the files with this rank's current record (atomically: a reader never sees half of one)."""
+        record = self.record()
         with self._lock:
             if self._stopped.is_set():
                 return
-            staging = self.path.with_suffix(".tmp")
-            staging.write_text(json.dumps(record))
-            os.replace(staging, self.path)
+            for path in (self.path, self.keep_path):
+                if path is not None:
+                    _replace(path, record)
 
     def stop(self) -> None:
-        """Python is exiting: remove the files (a file left behind then means the process was killed)."""
+        """Python is exiting: remove the files (a file left behind then means the process was killed); the
+        kept copy says how the rank ended."""
+        final = (
+            dict(self.record(), ended="exit", outcome=self.outcome or "exited") if self.keep_path else None
+        )
         with self._lock:
+            if self._stopped.is_set():
+                return
             self._stopped.set()
             if self._crash_file is not None:
                 faulthandler.disable()
                 self._crash_file.close()
+            if final is not None:
+                _replace(self.keep_path, final)
+            if self.path is None:
+                return
             for path in (self.path, self.crash_path, self.path.with_suffix(".tmp")):
                 path.unlink(missing_ok=True)
         try:
@@ -91,6 +128,12 @@ class Heartbeat:
 
 
 _heartbeat: Heartbeat | None = None  # process-wide, like the exit handler it registers
+
+
+def _replace(path: pathlib.Path, record: dict) -> None:
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps(record))
+    os.replace(staging, path)
 
 
 def start_heartbeat(rank: int, rank0: tuple[str, int] | None) -> None:
@@ -111,7 +154,57 @@ def start_heartbeat(rank: int, rank0: tuple[str, int] | None) -> None:
 
 def run_dir() -> pathlib.Path | None:
     """Where this job's heartbeats are (this rank's among them), None if this rank keeps none."""
-    return _heartbeat.path.parent if _heartbeat is not None else None
+    return _heartbeat.path.parent if _heartbeat is not None and _heartbeat.path is not None else None
+
+
+def ensure_heartbeat(rank: int) -> None:
+    """A heartbeat for this rank even when nobody watches it (no run directory): its record, in memory, is what
+    explains an out-of-memory error raised in this process."""
+    global _heartbeat
+    if _heartbeat is None:
+        _heartbeat = Heartbeat(None, rank)
+        _heartbeat.start()
+
+
+def keep_in(directory: pathlib.Path, rank: int) -> None:
+    """Keep a copy of this rank's record in `directory`/rank-N.json (a heartbeat starts if none runs)."""
+    global _heartbeat
+    directory.mkdir(parents=True, exist_ok=True)
+    if _heartbeat is None:
+        _heartbeat = Heartbeat(None, rank)
+        _heartbeat.keep_path = directory / f"rank-{rank}.json"
+        _heartbeat.start()
+        return
+    _heartbeat.keep_path = directory / f"rank-{rank}.json"
+    _heartbeat.write()
+
+
+def note(**facts) -> None:
+    """Add facts to this rank's record (phase, run, limit, ...), written at once (a rank may die next)."""
+    if _heartbeat is None:
+        return
+    _heartbeat.facts.update(facts)
+    try:
+        _heartbeat.write()
+    except OSError:
+        pass  # the run directory went away: nothing to report to
+
+
+def note_phase(phase: str, **where) -> None:
+    """What this rank does now ("forward", "step", ...; `where`: step, micro_batch), for an explanation."""
+    if _heartbeat is not None and _heartbeat.facts.get("phase") != dict(name=phase, **where):
+        note(phase=dict(name=phase, **where))
+
+
+def note_outcome(outcome: str) -> None:
+    """How this rank ends ("finished", or its error line), written into the kept copy at Python's exit."""
+    if _heartbeat is not None:
+        _heartbeat.outcome = outcome
+
+
+def current_record() -> dict | None:
+    """This rank's record now (None without a heartbeat)."""
+    return _heartbeat.record() if _heartbeat is not None else None
 
 
 def stop_heartbeat() -> None:
@@ -206,17 +299,22 @@ def amount(num_bytes: int) -> str:
     return f"{num_bytes / GB:.1f} GB" if num_bytes >= GB else f"{num_bytes / 1e6:.0f} MB"
 
 
-def launcher_report(run_dir: pathlib.Path) -> list[str]:
-    """What a launcher that set ZT_RUN_DIR says after its ranks are gone: one line per rank that was killed."""
+def killed_ranks(run_dir: pathlib.Path) -> list[tuple[int, dict]]:
+    """(rank, last record) of every rank of `run_dir` that ended without Python's exit, once all are gone."""
     if not run_dir.is_dir():
         return []
-    lines = []
+    killed = []
     for path in sorted(run_dir.glob("rank-*.json")):
         rank = int(path.stem.removeprefix("rank-"))
         record = killed_record(run_dir, rank, alive=lambda pid: False)  # the launcher has reaped them all
         if record is not None:
-            lines.append(describe_ended(rank, record))
-    return lines
+            killed.append((rank, record))
+    return killed
+
+
+def launcher_report(run_dir: pathlib.Path) -> list[str]:
+    """What a launcher that set ZT_RUN_DIR says after its ranks are gone: one line per rank that was killed."""
+    return [describe_ended(rank, record) for rank, record in killed_ranks(run_dir)]
 
 
 def note_estimate(*, model: str, world_size: int, config: str | None, precision: str, micro_batch_size: int,

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from zero_train.memory.probe import MemoryProbe
 from zero_train.memory.record import write_record
+from zero_train.runtime import vitals
 from zero_train.runtime.device import synchronize
 from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.ports import free_port
@@ -44,6 +45,7 @@ from zero_train.train.metrics import (
     progress_bar,
 )
 from zero_train.train.numerics import NonFiniteGuard
+from zero_train.train.out_of_memory import note_run
 from zero_train.train.setup import RunPlan, log_file, model_builder, num_params, plan_run, with_max_steps
 from zero_train.train.tracking import Trackers
 
@@ -72,6 +74,7 @@ def run_training(config: RunConfig) -> dict:
                   grad_accum=plan.settings.grad_accum, block_size=config.data.block_size,
                   gradient_checkpointing=config.model.gradient_checkpointing,
                   device=dist_info.device.type)  # fmt: skip
+    note_run(config, plan, dist_info)
     log = get_logger(dist_info.rank)
     with copied_to(log, log_file(config.output) if dist_info.is_main else None):
         log.info(start_line(config, plan, dist_info.world_size))
@@ -80,6 +83,7 @@ def run_training(config: RunConfig) -> dict:
             summary = trainer.run()
         finally:
             trainer.close()
+        vitals.note_outcome("finished")
     if (
         owns_group
     ):  # after a success only: a fault ends the process, and NCCL's destroy would wait on a dead peer
@@ -110,6 +114,7 @@ class Trainer:
         self.training, self.output, self.evaluation = config.training, config.output, config.evaluation
         self.log = get_logger(dist_info.rank)
         micro = plan.settings.micro_batch_size
+        vitals.note_phase("data")
         with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds, the others wait long
             self.data = RunData.prepare(
                 config.data, plan.tokenizer, seed=self.training.seed, dist_info=dist_info, micro_batch_size=micro,
@@ -155,7 +160,8 @@ class Trainer:
             return None
         return MemoryProbe(self.dist_info)
 
-    def _phase(self, name: str):
+    def _phase(self, name: str, **where):
+        vitals.note_phase(name, **where)  # what this rank does, should it run out of memory
         return self.probe.phase(name) if self.probe is not None else contextlib.nullcontext()
 
     def _build_engine(self):
@@ -200,12 +206,12 @@ class Trainer:
         synchronize(self.dist_info.device)  # CUDA runs asynchronously: time an empty queue to an empty queue
         started = time.perf_counter()
         losses = []
-        for _ in range(self.settings.grad_accum):
+        for micro_batch in range(1, self.settings.grad_accum + 1):
             batch = next(batches)
-            with self._phase("forward"):
+            with self._phase("forward", step=step, micro_batch=micro_batch):
                 # on the device: read after the step
                 losses.append(self.engine.forward_backward(batch["input_ids"], labels=batch.get("labels")))
-        with self._phase("step"):
+        with self._phase("step", step=step):
             result = self.engine.step()
         if self.probe is not None:
             self.probe.on_step_end(self.engine, step)
@@ -251,9 +257,11 @@ class Trainer:
         if self.evaluation.eval_every and step % self.evaluation.eval_every == 0 and not last:
             self._evaluate(step, trackers)
         if self.checkpoints.due(step) and not last:
+            vitals.note_phase("checkpoint", step=step)
             self.checkpoints.save(self.engine, step)
 
     def _evaluate(self, step: int, trackers: Trackers) -> None:
+        vitals.note_phase("evaluation", step=step)
         eval_loss = evaluate(
             self.engine,
             self.data.validation,
@@ -269,6 +277,7 @@ class Trainer:
 
     def _finish(self, start_step: int) -> dict:
         steps_done = self.max_steps
+        vitals.note_phase("checkpoint", step=steps_done)
         self.checkpoints.finish(self.engine, steps_done)
         export = self._export()
         self._write_memory_report()
@@ -293,6 +302,7 @@ class Trainer:
         export_dir = self.config.checkpoint.export_hf
         if not export_dir:
             return None
+        vitals.note_phase("export")
         from zero_train.checkpoint.atomic import on_rank0
         from zero_train.checkpoint.export import export_model
         from zero_train.checkpoint.export_lora import export_adapter

@@ -19,14 +19,19 @@ import sys
 
 from zero_train.hf.sources import check_local_path
 from zero_train.runtime.device import pin_deepspeed_accelerator
-from zero_train.runtime.errors import run_cli
+from zero_train.runtime.errors import Fault, run_cli
+from zero_train.runtime.memory_limit import is_out_of_memory
 from zero_train.runtime.startup import collector_paused
 from zero_train.train.args import parse_args
 from zero_train.train.config import RunConfig
 
 
 def train(config: RunConfig) -> int:
-    """Import what the run needs with the collector paused (faster start-up), then train; returns 0."""
+    """Import what the run needs with the collector paused (faster start-up), then train; returns 0.
+
+    A rank that runs out of memory ends with one line (zero_train.train.out_of_memory: the phase, the largest
+    term of our estimate against what it had, the cheapest change that fits) and exit code 1, once the failed
+    run's objects are released."""
     check_local_path(config.data.dataset)  # a missing path: one line now, not after seconds of imports
     with collector_paused():  # less start-up per rank (zero_train.runtime.startup)
         pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
@@ -34,7 +39,19 @@ def train(config: RunConfig) -> int:
         from zero_train.train.setup import import_run_modules
 
         import_run_modules(config)
-    run_training(config)
+    failure = None
+    try:
+        run_training(config)
+    except (MemoryError, RuntimeError, OSError) as err:
+        if not is_out_of_memory(err):
+            raise
+        failure = err.with_traceback(None)  # its frames held the model and the engine
+    if failure is not None:
+        from zero_train.runtime.faults import mark_reporting
+        from zero_train.train.out_of_memory import out_of_memory_line
+
+        mark_reporting()  # a launcher's SIGTERM must not cut the explanation short
+        raise Fault(out_of_memory_line(failure))
     return 0
 
 
