@@ -61,8 +61,8 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         "the engines hold them, communication buckets (from --config), activations counted on the model's real "
         "architecture (fake tensors: no memory), gradients before they are reduced, fp32 gradient copies, "
         "optimizer temporaries, DeepSpeed offload (host bytes per node); on GPUs it is compared with the GPU's "
-        "memory minus a margin for the CUDA context, NCCL buffers and allocator slack (assumed, not measured "
-        "here; --gpu-margin). GB = 1e9 bytes.",
+        "memory minus a margin for the CUDA context, NCCL buffers and allocator slack (rules from published "
+        "measurements, not measured here; --gpu-margin). GB = 1e9 bytes.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -86,8 +86,8 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
     add("--gpu-memory", type=flag_type("gpu_memory_gb", positive_float),
         help="device memory per rank in GB: say which fit (after the GPU margin)")  # fmt: skip
     add("--gpu-margin", type=flag_type("gpu_memory_gb", non_negative_float), metavar="GB",
-        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: 0.5 + 1 "
-        "+ 10%% of --gpu-memory; assumed, see docs/gpu.md)")  # fmt: skip
+        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: rules from "
+        "published measurements, by world size, NCCL's settings and each set-up's churned bytes: docs/gpu.md)")  # fmt: skip
     add("--host-memory", type=flag_type("host_memory_gb", positive_float),
         help="host memory per node in GB (needed with offload)")  # fmt: skip
     add("--gpus-per-node", type=flag_type("gpus_per_node", positive_int),

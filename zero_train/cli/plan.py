@@ -48,8 +48,8 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
         "plan",
         help=COMMANDS["plan"],
         description="Predict each set-up's peak per rank with the per-phase memory model, keep those whose peak "
-        "stays within the GPU's memory minus the GPU margin (CUDA context, NCCL buffers, allocator slack: assumed, "
-        "see docs/gpu.md), rank them by predicted time to train --tokens (the step-time model: docs/steptime.md) "
+        "stays within the GPU's memory minus the GPU margin (CUDA context, NCCL buffers, allocator slack: rules from "
+        "published measurements, docs/gpu.md), rank them by predicted time to train --tokens (the step-time model: docs/steptime.md) "
         "and write the fastest.",
     )
     add = parser.add_argument
@@ -64,8 +64,8 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     add("--gpu-memory", type=flag_type("gpu_memory_gb", positive_float), metavar="GB",
         help="memory of one GPU (1e9 B; default: the --gpu preset's)")  # fmt: skip
     add("--gpu-margin", type=flag_type("gpu_memory_gb", non_negative_float), metavar="GB",
-        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: 0.5 + 1 "
-        "+ 10%% of --gpu-memory; assumed, see docs/gpu.md)")  # fmt: skip
+        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: rules from "
+        "published measurements, by world size, NCCL's settings and each set-up's churned bytes: docs/gpu.md)")  # fmt: skip
     add("--host-memory", type=flag_type("host_memory_gb", positive_float), metavar="GB",
         help="CPU memory of one machine (default: not checked)")  # fmt: skip
     add("--global-batch-size", type=flag_type("global_batch_size", positive_int),
@@ -229,7 +229,7 @@ def render(plan, ranked, args: argparse.Namespace, machine_note: str) -> str:
         lines.append(margin_line(request.margin, args.gpu_memory * GB) + extra)
     lines.append(
         f"{'':2}{'set-up':<{width}} {'micro x accum':>13} {'step':>8} {'tokens/s':>10} {'MFU':>5} "
-        f"{'hours':>8} {'peak/rank':>10} {'host/machine':>12}  slower by (main term)"
+        f"{'hours':>8} {'peak/rank':>10} {'+slack':>8} {'host/machine':>12}  slower by (main term)"
     )
     for index, row in enumerate(ranked):
         candidate, step = row.candidate, row.step
@@ -239,7 +239,8 @@ def render(plan, ranked, args: argparse.Namespace, machine_note: str) -> str:
                 else f"{'-':>8} {'-':>10} {'-':>5} {'-':>8}")  # fmt: skip
         lines.append(
             f"{mark}{candidate.setup.name:<{width}} {candidate.micro_batch_size:>5} x {candidate.grad_accum:<5} "
-            f"{time} {candidate.device_bytes / GB:>7.1f} GB {candidate.host_bytes / GB:>9.1f} GB{why}"
+            f"{time} {candidate.device_bytes / GB:>7.1f} GB {candidate.slack_bytes / GB:>5.1f} GB "
+            f"{candidate.host_bytes / GB:>9.1f} GB{why}"
         )
     if plan.rejected:
         lines.append("set-ups that do not fit:")

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 from zero_train.ds_config.keys import LOAD_DTYPES
 from zero_train.memory.model import limits, offload, theory
-from zero_train.memory.model.gpu_terms import gpu_margin
+from zero_train.memory.model.gpu_terms import gpu_margin, transient
 from zero_train.memory.model.host_build import model_build_bytes
 from zero_train.registry import engine_spec, family_engines
 
@@ -62,6 +62,8 @@ class StageEstimate:
     """Ranks on one node x the larger of training and start-up host bytes."""
     nvme_per_rank_bytes: int
     """Bytes per rank in NVMe swap files."""
+    allocator_slack_bytes: int = 0
+    """The caching allocator's slack for this stage's churned bytes, kept free on a GPU (gpu_terms); else 0."""
     fits_device: bool | None = None
     fits_host: bool | None = None
 
@@ -90,10 +92,10 @@ class SetupEstimate:
     device: str
     gpu_memory_bytes: int | None
     gpu_margin: dict[str, int]
-    """Device bytes kept free beyond our peak (gpu_terms: CUDA context, NCCL, allocator slack; assumed, not
-    measured), by term; {} on CPU ranks or without gpu_memory_bytes."""
+    """Device bytes kept free beyond our peak whatever the set-up (gpu_terms: CUDA context, NCCL buffers; rules
+    from published measurements), by term; {} on CPU ranks or without gpu_memory_bytes."""
     usable_gpu_bytes: int | None
-    """gpu_memory_bytes minus the margin: what our peak is compared with."""
+    """gpu_memory_bytes minus the margin: what our peak plus each stage's allocator slack is compared with."""
     host_memory_bytes: int | None
     default_block_size: bool
     """No block size was given: the model's context, at most DEFAULT_BLOCK_SIZE."""
@@ -155,7 +157,7 @@ def estimate_setup(
         device: "cuda" (the GPU margin is kept free) or "cpu" (gloo ranks, no margin).
         gpus_per_node: ranks per node (host bytes per node); default min(world_size, 8).
         gpu_memory_bytes: device capacity per rank: fits_device compares our peak with it minus the margin.
-        gpu_margin_bytes: the margin kept free on each GPU; None: gpu_terms.GpuMargin's default.
+        gpu_margin_bytes: the margin kept free on each GPU; None: gpu_terms.GpuMargin's rules.
         host_memory_bytes: host memory per node: fits_host compares host_per_node_bytes with it.
         stages: the stages to estimate (STAGE_ENGINES' engine for each).
         engines: the engines to estimate instead (any with a per-phase model: our zero1/zero2, fsdp2-z2, ...).
@@ -197,8 +199,8 @@ def estimate_setup(
         lora=None if lora is None else dict(r=lora.r, target_modules=lora.target_modules),
     )  # fmt: skip
     common = dict(precision=precision, micro_batch_size=micro_batch_size, block_size=block,
-                  grad_accum=grad_accum, gradient_checkpointing=gradient_checkpointing,
-                  ds_config=ds_config, device=device, settings=settings, load_dtype=load_dtype)  # fmt: skip
+                  grad_accum=grad_accum, gradient_checkpointing=gradient_checkpointing, ds_config=ds_config,
+                  device=device, settings=settings, load_dtype=load_dtype, gpu_slack=gpu_margin_bytes is None)  # fmt: skip
     for engine in engines or tuple(STAGE_ENGINES[stage] for stage in stages):
         result.stages.append(
             estimate_engine(engine, shape, count, world_size, per_node=per_node,
@@ -210,10 +212,11 @@ def estimate_setup(
 
 
 def _margin(device: str, gpu_memory_bytes, gpu_margin_bytes, world_size: int) -> dict[str, int]:
-    """The GPU margin's terms ({} on CPU ranks or without a GPU size); ValueError if it leaves nothing."""
+    """The GPU margin's terms but the slack ({} on CPU ranks or without a GPU size); ValueError: nothing left."""
     if device != "cuda" or not gpu_memory_bytes:
         return {}
-    margin = gpu_margin(gpu_memory_bytes, world_size=world_size, margin_bytes=gpu_margin_bytes)
+    margin = gpu_margin(world_size=world_size, margin_bytes=gpu_margin_bytes)
+    margin.pop("allocator_slack", None)  # per stage: StageEstimate.allocator_slack_bytes
     if sum(margin.values()) >= gpu_memory_bytes:
         raise ValueError(
             f"a GPU margin of {sum(margin.values()) / 1e9:g} GB leaves nothing of {gpu_memory_bytes / 1e9:g} GB; "
@@ -267,13 +270,14 @@ def estimate_engine(
     device: str,
     deepspeed_peer: bool = True,
     load_dtype: str = "fp32",
+    gpu_slack: bool = True,
     **run,
 ) -> StageEstimate:
     """One engine of the peak model on one set-up: device phases, offload moved to the host, host bytes (the
     model's build in `load_dtype`: host_build), fits (our peak against `usable_gpu_bytes`, the GPU's memory minus
     the margin), and DeepSpeed's own estimate beside it (`deepspeed_peer`). `run`: precision, micro_batch_size,
-    block_size, grad_accum, gradient_checkpointing, ds_config. estimate_setup calls it for each stage,
-    `zero-train plan` for each set-up it tries."""
+    block_size, grad_accum, gradient_checkpointing, ds_config; `gpu_slack`: a GPU keeps the allocator's slack free
+    too. estimate_setup calls it for each stage, `zero-train plan` for each set-up it tries."""
     from zero_train.memory.model.peak import backend_for, engine_peak
 
     spec = engine_spec(engine)
@@ -299,8 +303,11 @@ def estimate_engine(
         boundary=model.boundary, host_per_rank=host, host_startup_per_rank=startup,
         host_per_node_bytes=ranks_on_node * max(sum(host.values()), startup), nvme_per_rank_bytes=nvme,
     )  # fmt: skip
+    if device == "cuda" and gpu_slack:
+        slack = gpu_margin(world_size=world_size, transient_bytes=transient(phases[peak_phase]))
+        row.allocator_slack_bytes = slack["allocator_slack"]
     if usable_gpu_bytes is not None:
-        row.fits_device = row.device_peak_bytes <= usable_gpu_bytes
+        row.fits_device = row.device_peak_bytes + row.allocator_slack_bytes <= usable_gpu_bytes
     if host_memory_bytes is not None:
         row.fits_host = row.host_per_node_bytes <= host_memory_bytes
     return row
@@ -373,9 +380,9 @@ def _notes(result: SetupEstimate, settings: offload.OffloadSettings, count, ds_c
         )
     if result.device == "cuda":
         notes.append(
-            "the GPU margin (default: CUDA context 0.5 GB, NCCL buffers 1 GB, allocator slack 10% of the GPU; "
-            "docs/gpu.md) is ASSUMED from PyTorch's, NCCL's and accelerate's documentation and issues, not "
-            "measured: no GPU has run this code here; --gpu-margin GB sets your own"
+            "the GPU margin (CUDA context, NCCL buffers by channels and peers, allocator slack by the bytes a "
+            "step churns; docs/gpu.md) follows published measurements, not this project's: --gpu-margin GB "
+            "sets your own"
         )
     if count is None:
         notes.append("a bare parameter count: no activations, loss tensors or largest tensor (give a model)")

@@ -13,9 +13,9 @@ is taken (fewer accumulation steps: less time per sample).
 A set-up fits when the estimate of that set-up (zero_train.memory.model.estimate.estimate_engine, the same
 function `zero-train estimate` uses) fits: the activations counted on the model's real architecture (fake
 tensors, once per micro-batch size and checkpointing choice), the per-phase peak of the engine, DeepSpeed's
-offload buffers moved to the host) is at most the GPU's memory minus the GPU margin (gpu_terms: CUDA context,
-NCCL buffers, allocator slack; assumed, not measured here; `gpu_margin_gb` replaces it) and an optional extra
-fraction (--headroom); and the host of one machine holds what its ranks put there (the model each rank builds in
+offload buffers moved to the host) plus the caching allocator's slack for the bytes it churns is at most the
+GPU's memory minus the GPU margin (gpu_terms: CUDA context, NCCL buffers; rules from published measurements;
+`gpu_margin_gb` replaces all three) and an optional extra fraction (--headroom); and the host of one machine holds what its ranks put there (the model each rank builds in
 --load-dtype before moving it, none under ZeRO-3's zero.Init on GPUs: host_build; and offloaded states). The
 JSON the estimate reads is the one the plan writes (setup_config).
 """
@@ -31,7 +31,7 @@ from zero_train.memory.model.estimate import (
     counted_activations,
     estimate_engine,
 )
-from zero_train.memory.model.gpu_terms import gpu_margin
+from zero_train.memory.model.gpu_terms import gpu_margin, transient
 from zero_train.memory.model.theory import ModelShape
 from zero_train.registry import ENGINES, engine_spec
 
@@ -141,11 +141,19 @@ class PlanRequest:
 
     @property
     def margin(self) -> dict[str, int]:
-        """The GPU margin's terms in bytes ({} on CPU ranks)."""
+        """The GPU margin's terms in bytes that do not depend on the set-up ({} on CPU ranks)."""
         if self.backend != "nccl":
             return {}
         margin = None if self.gpu_margin_gb is None else self.gpu_margin_gb * GB
-        return gpu_margin(self.gpu_memory_gb * GB, world_size=self.world_size, margin_bytes=margin)
+        terms = gpu_margin(world_size=self.world_size, margin_bytes=margin)
+        terms.pop("allocator_slack", None)  # per set-up: slack_bytes
+        return terms
+
+    def slack_bytes(self, terms: dict[str, int]) -> int:
+        """The caching allocator's slack for a set-up's peak `terms` (0 on CPU ranks or with --gpu-margin)."""
+        if self.backend != "nccl" or self.gpu_margin_gb is not None:
+            return 0
+        return gpu_margin(world_size=self.world_size, transient_bytes=transient(terms))["allocator_slack"]
 
     @property
     def usable_bytes(self) -> float:
@@ -177,6 +185,8 @@ class Candidate:
     grad_accum: int
     device_bytes: int = 0
     """Predicted (allocated) peak per rank on the device, the margin not included."""
+    slack_bytes: int = 0
+    """The caching allocator's slack kept free beside it on a GPU (PlanRequest.slack_bytes)."""
     peak_phase: str = ""
     host_bytes: int = 0
     """Predicted host memory of one machine (all its ranks)."""
@@ -245,8 +255,8 @@ def _candidate(request, setup, micro, per_rank, counts) -> Candidate:
     row = estimate_candidate(request, setup, micro, per_rank // micro, counts)
     terms = row.device_phases[row.device_peak_phase]
     return Candidate(setup=setup, micro_batch_size=micro, grad_accum=per_rank // micro,
-                     device_bytes=row.device_peak_bytes, peak_phase=row.device_peak_phase,
-                     host_bytes=row.host_per_node_bytes, terms=terms)  # fmt: skip
+                     device_bytes=row.device_peak_bytes, slack_bytes=request.slack_bytes(terms),
+                     peak_phase=row.device_peak_phase, host_bytes=row.host_per_node_bytes, terms=terms)  # fmt: skip
 
 
 def evaluate(request: PlanRequest, setup: Setup, counts: ActivationCounts | None = None) -> Candidate:
@@ -265,15 +275,16 @@ def evaluate(request: PlanRequest, setup: Setup, counts: ActivationCounts | None
         smallest.reason = (f"host {smallest.host_bytes / GB:.1f} GB per machine > {request.host_memory_gb:g} GB "
                            f"({request.gpus_per_node} ranks)")  # fmt: skip
         return smallest
-    if smallest.device_bytes > usable:
-        smallest.reason = (f"{smallest.device_bytes / GB:.1f} GB per rank ({smallest.peak_phase}) at micro-batch 1 "
-                           f"> {usable / GB:.1f} GB usable")  # fmt: skip
+    if smallest.device_bytes + smallest.slack_bytes > usable:
+        slack = f" + {smallest.slack_bytes / GB:.1f} GB allocator slack" if smallest.slack_bytes else ""
+        smallest.reason = (f"{smallest.device_bytes / GB:.1f} GB per rank ({smallest.peak_phase}){slack} at "
+                           f"micro-batch 1 > {usable / GB:.1f} GB usable")  # fmt: skip
         return smallest
     best, low, high = smallest, 1, len(micros) - 1  # micros[low - 1] fits; bisect in [low, high]
     while low <= high:
         middle = (low + high) // 2
         candidate = _candidate(request, setup, micros[middle], per_rank, counts)
-        if candidate.device_bytes <= usable:
+        if candidate.device_bytes + candidate.slack_bytes <= usable:
             best, low = candidate, middle + 1
         else:
             high = middle - 1
