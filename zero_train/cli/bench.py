@@ -82,6 +82,9 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add("--micro-batch-size", type=positive_int, default=None)
     add("--block-size", type=positive_int, default=None)
     add("--world-size", type=positive_int, default=2)
+    add("--grad-accum", type=positive_int, default=None, help="micro-batches per optimizer step (default 1)")
+    add("--gradient-checkpointing", action="store_true", default=None,
+        help="activation checkpointing in every run")  # fmt: skip
     add("--dataset", default=None, help="passed to the training scripts (default: theirs)")
     add(
         "--launcher",
@@ -127,6 +130,8 @@ SCENARIO_DEFAULTS = dict(
     warmup=2,
     micro_batch_size=default_for("micro_batch_size", "bench"),
     block_size=default_for("block_size", "bench"),
+    grad_accum=1,
+    gradient_checkpointing=False,
 )
 SCENARIOS = {
     "optimizer": {},
@@ -184,7 +189,9 @@ def bench_meta(args: argparse.Namespace) -> dict:
         world_size=args.world_size,
         micro_batch_size=args.micro_batch_size,
         block_size=args.block_size,
-        tokens_per_step=args.micro_batch_size * args.world_size * args.block_size,
+        tokens_per_step=args.micro_batch_size * args.world_size * args.block_size * args.grad_accum,
+        grad_accum=args.grad_accum,
+        gradient_checkpointing=args.gradient_checkpointing,
         steps=args.steps,
         warmup=args.warmup,
         bf16_steps=args.bf16_steps,

@@ -88,12 +88,21 @@ def call_count(collective: Collective, setup: CommSetup, payload: int) -> int:
     return 1
 
 
-def collective_seconds(machine: Machine, op: str, payload: int, calls: int, setup: CommSetup) -> float:
-    """Seconds of `calls` calls moving `payload` bytes in all, over the set-up's ranks."""
+P2P_RING_OPS = ("reduce_scatter", "all_gather")
+"""What our sharders run as rings of isend/irecv on gloo (zero_train/sharding/collectives.py: gloo's own are
+slower), priced at the calibration's measured p2p ring where there is one."""
+
+
+def collective_seconds(
+    machine: Machine, op: str, payload: int, calls: int, setup: CommSetup, *, p2p_ring: bool = False
+) -> float:
+    """Seconds of `calls` calls moving `payload` bytes in all, over the set-up's ranks (`p2p_ring`: an engine of
+    ours, whose reduce-scatter and all-gather are point-to-point rings where the machine measured one)."""
     world = setup.world_size
     if world <= 1:
         return 0.0
-    measured = _measured(machine, op, world)
+    ring = p2p_ring and op in P2P_RING_OPS and "p2p_ring" in machine.measured
+    measured = _measured(machine, "p2p_ring" if ring else op, world)
     if measured is not None:
         return calls * measured.latency_s + payload / (measured.payload_gbps * 1e9)
     nodes = math.ceil(world / setup.gpus_per_node)
@@ -112,8 +121,9 @@ def _measured(machine: Machine, op: str, world_size: int) -> Measured | None:
     found = sizes[nearest]
     if nearest == world_size:
         return found
-    scale = ring_factor(op, nearest) / ring_factor(op, world_size)
-    return Measured(latency_s=found.latency_s * ring_hops(op, world_size) / max(1, ring_hops(op, nearest)),
+    kind = "all_gather" if op == "p2p_ring" else op
+    scale = ring_factor(kind, nearest) / ring_factor(kind, world_size)
+    return Measured(latency_s=found.latency_s * ring_hops(kind, world_size) / max(1, ring_hops(kind, nearest)),
                     payload_gbps=found.payload_gbps * scale)  # fmt: skip
 
 
@@ -123,6 +133,6 @@ def engine_calls(spec: EngineSpec, setup: CommSetup, machine: Machine) -> list[C
     for collective in spec.collectives:
         payload = payload_bytes(collective, setup)
         count = call_count(collective, setup, payload)
-        seconds = collective_seconds(machine, collective.op, payload, count, setup)
+        seconds = collective_seconds(machine, collective.op, payload, count, setup, p2p_ring=spec.ours)
         calls.append(CommCall(collective=collective, payload_bytes=payload, calls=count, seconds=seconds))
     return calls

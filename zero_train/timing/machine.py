@@ -72,6 +72,10 @@ class Machine:
     """Ranks of one machine share its compute and memory bandwidth (CPU ranks)."""
     causal_fraction: float = constants.CAUSAL_FRACTION
     """Share of attention's counted FLOPs the kernel executes."""
+    matmul_by_size: dict[str, dict[int, float]] = field(default_factory=dict)
+    """Matmul TFLOPS per precision at square sizes (calibration): a step's rate is read at its matmuls' size."""
+    memory_scale: dict[str, float] = field(default_factory=dict)
+    """memory_gbps x this for a precision (calibration: a CPU's bf16 elementwise ops differ from fp32's)."""
     measured: dict[str, dict[int, Measured]] = field(default_factory=dict)
     """Collectives measured per op and world size (calibration); used instead of `intra` where present."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -89,6 +93,26 @@ class Machine:
             return self.intra
         bus = min(self.intra.bus_gbps, gpus_per_node * self.inter.bus_gbps)
         return Link(bus_gbps=bus, latency_s=self.inter.latency_s, hop_latency_s=self.inter.hop_latency_s)
+
+    def matmul_rate(self, precision: str, size: float) -> float:
+        """TFLOPS of the step's matmuls: at `size` (the cube root of M x N x K of a typical one) on a calibrated
+        machine, interpolated log-log between the sizes measured; else matmul_tflops."""
+        rates = self.matmul_by_size.get(precision)
+        if not rates or size <= 0:
+            return self.matmul_tflops[precision]
+        sizes = sorted(rates)
+        if size <= sizes[0] or size >= sizes[-1]:
+            return rates[sizes[0] if size <= sizes[0] else sizes[-1]]
+        low = max(n for n in sizes if n <= size)
+        high = min(n for n in sizes if n >= size)
+        if low == high:
+            return rates[low]
+        weight = math.log(size / low) / math.log(high / low)
+        return math.exp(math.log(rates[low]) * (1 - weight) + math.log(rates[high]) * weight)
+
+    def memory_rate(self, precision: str) -> float:
+        """GB/s of elementwise ops in this precision."""
+        return self.memory_gbps * self.memory_scale.get(precision, 1.0)
 
     def as_dict(self) -> dict:
         """JSON-ready (what `zero-train calibrate` writes)."""
@@ -152,6 +176,10 @@ def load_machine(path: str | pathlib.Path) -> Machine:
         measured = {
             op: {int(n): Measured(**m) for n, m in sizes.items()}
             for op, sizes in data.pop("measured", {}).items()
+        }
+        data["matmul_by_size"] = {
+            p: {int(n): rate for n, rate in rates.items()}
+            for p, rates in data.get("matmul_by_size", {}).items()
         }
         intra, inter = Link(**data.pop("intra")), Link(**data.pop("inter"))
         return Machine(**data, intra=intra, inter=inter, measured=measured)

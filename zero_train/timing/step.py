@@ -134,7 +134,12 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     ranks_on_node = min(setup.gpus_per_node, setup.world_size)
     share = machine.per_rank(ranks_on_node)
     work = Compute.of(shape, count, setup.micro_batch_size * setup.block_size)
-    terms, seconds = _compute_terms(work, setup, machine, share)
+    size = (
+        (setup.micro_batch_size * setup.block_size * shape.hidden_size**2) ** (1 / 3)
+        if shape.hidden_size
+        else 0
+    )
+    terms, seconds = _compute_terms(work, setup, machine, share, size)
     forward_s, backward_s = seconds
     comm_setup = CommSetup(
         world_size=setup.world_size, gpus_per_node=setup.gpus_per_node, precision=setup.precision,
@@ -150,12 +155,12 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
                     model_flops=model_flops, peak_flops=machine.peak_tflops[setup.precision] * 1e12 * share)  # fmt: skip
 
 
-def _compute_terms(work: Compute, setup: StepSetup, machine: Machine, share: float):
+def _compute_terms(work: Compute, setup: StepSetup, machine: Machine, share: float, size: float):
     """Compute seconds per step by term, and (forward, backward) seconds of one micro-batch (the windows
-    communication can hide behind)."""
-    matmul = machine.matmul_tflops[setup.precision] * 1e12 * share
+    communication can hide behind). `size`: a typical matmul's (tokens x hidden x hidden)^(1/3)."""
+    matmul = machine.matmul_rate(setup.precision, size) * 1e12 * share
     attention = machine.attention_tflops[setup.precision] * 1e12 * share
-    memory = machine.memory_gbps * 1e9 * share
+    memory = machine.memory_rate(setup.precision) * 1e9 * share
     total = work.forward_flops + work.backward_flops
     attention_s = work.attention_flops * machine.causal_fraction / attention
     memory_s = work.memory_bytes / memory

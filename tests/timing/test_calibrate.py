@@ -1,0 +1,30 @@
+"""`zero-train calibrate` (zero_train.timing.calibrate): what it measures is a Machine the step-time model reads back,
+with positive rates, and its gloo ranks agree on every collective's calls (a mismatch would hang, not fail)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zero_train.timing.calibrate import COMM_OPS, calibrate, measure_collectives
+from zero_train.timing.machine import load_machine
+
+pytestmark = pytest.mark.tier("quick")
+
+
+def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path):
+    machine = calibrate(world_sizes=())
+    assert machine.device == "cpu" and machine.shared and machine.overlap == 0
+    assert all(rate > 0 for rates in machine.matmul_by_size.values() for rate in rates.values())
+    assert machine.memory_gbps > 0 and machine.optimizer_gbps > 0 and machine.attention_tflops["fp32"] > 0
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps(machine.as_dict()))
+    assert load_machine(path) == machine
+
+
+@pytest.mark.tier("multiproc")
+def test_collectives_are_timed_over_gloo_ranks():
+    fits = measure_collectives(2)
+    assert set(fits) == set(COMM_OPS)
+    assert all(fit["payload_gbps"] > 0 and fit["latency_s"] >= 0 for fit in fits.values())

@@ -1,0 +1,196 @@
+"""`zero-train calibrate`: this machine's rates, measured, as the Machine the step-time model reads (--machine).
+
+    machine = calibrate(world_sizes=(1, 2, 4))      # a Machine; machine.as_dict() is the JSON
+
+What is measured, each the best of repeats after a warm-up, on one thread and multiplied by the cores (an OpenMP
+region on a busy machine waits for its slowest thread; ranks of one machine share the cores: the model gives each
+rank 1/ranks):
+- matmul TFLOPS per precision (fp32, bf16) at square sizes 128-1024 (a step's rate follows its matmuls' size);
+- fused attention (scaled_dot_product_attention, causal) TFLOPS of the FLOPs it executes;
+- elementwise bytes/s (add, GELU, layer norm, softmax: bytes read + written, as OpCost counts them) per precision;
+- torch's AdamW step over 8M fp32 parameters (bytes per parameter as constants.OPTIMIZER_BYTES_PER_PARAM);
+- over gloo ranks on 127.0.0.1 at each world size: all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
+  broadcast and a point-to-point ring (our sharders' gloo collective), each at two sizes, fitted to
+  seconds = latency + payload / rate.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from zero_train.timing import constants
+from zero_train.timing.machine import Link, Machine, Measured
+
+SIZES = (128, 256, 512, 1024)
+"""Square matmul sizes measured."""
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+COMM_ELEMENTS = (1 << 16, 1 << 22)
+"""fp32 elements of the two payloads each collective is timed at (256 KB, 16 MB)."""
+COMM_CALLS = (20, 3)
+"""Calls per repeat at each payload (every rank the same: a collective's calls must pair up)."""
+COMM_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p_ring")
+
+
+def _timed(work, *, seconds: float = 0.2, repeats: int = 5, calls: int = 0) -> float:
+    """Seconds of one call of `work`, the best of `repeats` batches (the machine's rate, not its neighbours'
+    load); calls batched to `seconds` / repeats each, or `calls` (ranks timing a collective must agree on it)."""
+    work()
+    if not calls:
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds / repeats:
+            work()
+            calls += 1
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(calls):
+            work()
+        samples.append((time.perf_counter() - started) / calls)
+    return min(samples)
+
+
+def matmul_tflops(dtype: torch.dtype) -> dict[int, float]:
+    """TFLOPS of an n x n matmul per size."""
+    rates = {}
+    for n in SIZES:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        rates[n] = 2 * n**3 / _timed(lambda a=a, b=b: a @ b) / 1e12
+    return rates
+
+
+def attention_tflops(dtype: torch.dtype) -> float:
+    """TFLOPS of causal attention's executed FLOPs (half the full 4 b h s^2 d)."""
+    batch, heads, seq, dim = 2, 6, 256, 64
+    q, k, v = (torch.randn(batch, heads, seq, dim, dtype=dtype) for _ in range(3))
+    seconds = _timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    return 4 * batch * heads * seq * seq * dim * constants.CAUSAL_FRACTION / seconds / 1e12
+
+
+def elementwise_gbps(dtype: torch.dtype) -> float:
+    """GB/s of bytes read + written by typical unfused ops on 4M-element tensors."""
+    x, y = torch.randn(4096, 1024, dtype=dtype), torch.randn(4096, 1024, dtype=dtype)
+    nbytes = x.numel() * x.element_size()
+    ops = [
+        (lambda: x + y, 3 * nbytes),
+        (lambda: F.gelu(x), 2 * nbytes),
+        (lambda: F.layer_norm(x, (1024,)), 2 * nbytes),
+        (lambda: torch.softmax(x, -1), 2 * nbytes),
+    ]
+    return sum(moved for _, moved in ops) / sum(_timed(op) for op, _ in ops) / 1e9
+
+
+def optimizer_gbps() -> float:
+    """Effective GB/s of torch's AdamW (foreach) over 8M fp32 parameters."""
+    params = [torch.nn.Parameter(torch.randn(512, 1024)) for _ in range(16)]
+    for param in params:
+        param.grad = torch.randn_like(param)
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    seconds = _timed(optimizer.step, seconds=0.5)
+    return sum(p.numel() for p in params) * constants.OPTIMIZER_BYTES_PER_PARAM["fp32"] / seconds / 1e9
+
+
+def _rank_main(rank: int, world_size: int, port: int, results) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, _cores() // world_size))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    fits = {}
+    for op in COMM_OPS:
+        points = []
+        for elements, calls in zip(COMM_ELEMENTS, COMM_CALLS, strict=True):
+            work, payload = _collective(op, elements, rank, world_size)
+            dist.barrier()
+            points.append((payload, _timed(work, repeats=3, calls=calls)))
+        (small, t_small), (large, t_large) = points
+        rate = (large - small) / max(t_large - t_small, 1e-9)
+        fits[op] = dict(latency_s=max(t_small - small / rate, 0.0), payload_gbps=rate / 1e9)
+    if rank == 0:
+        results.put(fits)
+    dist.destroy_process_group()
+
+
+def _collective(op: str, elements: int, rank: int, world_size: int):
+    """(work, payload bytes) of one call; payload as the CommLedger counts it."""
+    import torch.distributed as dist
+
+    flat = torch.randn(elements - elements % world_size)
+    part = torch.empty(flat.numel() // world_size)
+    nbytes = flat.numel() * 4
+    if op == "all_reduce":
+        return (lambda: dist.all_reduce(flat)), nbytes
+    if op == "reduce_scatter":
+        return (lambda: dist.reduce_scatter_tensor(part, flat)), nbytes
+    if op == "all_gather":
+        return (lambda: dist.all_gather_into_tensor(flat, part)), nbytes
+    if op == "broadcast":
+        return (lambda: dist.broadcast(flat, 0)), nbytes
+    chunks = list(flat.chunk(world_size))
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+
+    def ring() -> None:  # an all-gather ring of isend/irecv, as our sharders run on gloo
+        for step in range(world_size - 1):
+            send, recv = chunks[(rank - step) % world_size], chunks[(rank - step - 1) % world_size]
+            ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, recv, left)]
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+
+    return ring, nbytes
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def measure_collectives(world_size: int) -> dict[str, dict]:
+    """Every COMM_OPS fit at this world size (spawned gloo ranks on this machine)."""
+    import torch.multiprocessing as mp
+
+    from zero_train.runtime.ports import free_port
+
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    mp.start_processes(_rank_main, args=(world_size, free_port(), results), nprocs=world_size,
+                       start_method="spawn")  # fmt: skip
+    return results.get()
+
+
+def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machine") -> Machine:
+    """Measure this machine (see the module docstring) into a Machine (device "cpu", ranks sharing it)."""
+    torch.manual_seed(0)
+    threads, cores = torch.get_num_threads(), _cores()
+    torch.set_num_threads(1)
+    try:
+        by_size = {p: matmul_tflops(dtype) for p, dtype in PRECISION_DTYPES.items()}
+        attention = {p: attention_tflops(dtype) for p, dtype in PRECISION_DTYPES.items()}
+        memory = {p: elementwise_gbps(dtype) for p, dtype in PRECISION_DTYPES.items()}
+        optimizer = optimizer_gbps()
+    finally:
+        torch.set_num_threads(threads)
+    by_size = {p: {n: rate * cores for n, rate in rates.items()} for p, rates in by_size.items()}
+    attention = {p: rate * cores for p, rate in attention.items()}
+    memory = {p: rate * cores for p, rate in memory.items()}
+    optimizer *= cores
+    measured: dict[str, dict[int, Measured]] = {}
+    for world in sorted(n for n in set(world_sizes) if n > 1):
+        for op, fit in measure_collectives(world).items():
+            measured.setdefault(op, {})[world] = Measured(**fit)
+    by_size["fp16"] = by_size["bf16"]
+    reference = measured.get("all_reduce", {})
+    link = (Link(bus_gbps=next(iter(reference.values())).payload_gbps, latency_s=next(iter(reference.values())).latency_s)
+            if reference else Link(bus_gbps=1.0, latency_s=1e-4))  # fmt: skip
+    return Machine(
+        name=name, device="cpu", peak_tflops={p: max(rates.values()) for p, rates in by_size.items()},
+        matmul_tflops={p: rates[max(rates)] for p, rates in by_size.items()},
+        matmul_by_size={p: {n: r for n, r in rates.items()} for p, rates in by_size.items()},
+        attention_tflops={**attention, "fp16": attention["bf16"]}, memory_gbps=memory["fp32"],
+        memory_scale={p: memory[p] / memory["fp32"] for p in memory} | {"fp16": memory["bf16"] / memory["fp32"]},
+        optimizer_gbps=optimizer, intra=link, inter=link, host_gbps=memory["fp32"],
+        cpu_adam_params_per_s=optimizer * 1e9 / constants.OPTIMIZER_BYTES_PER_PARAM["fp32"], overlap=0.0,
+        shared=True, measured=measured,
+        sources={"all": f"zero-train calibrate: one thread x {cores} cores, torch {torch.__version__}, gloo, "
+                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"},
+    )  # fmt: skip
