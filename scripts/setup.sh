@@ -2,6 +2,7 @@
 # Create (or reuse) the project virtual environment in .venv and install zero_train into it.
 # Idempotent: re-running after the first time only re-installs when pyproject.toml changed.
 #   bash scripts/setup.sh          # normally called by scripts/demo.sh and scripts/test.sh
+#   ZT_SETUP_DEEPSPEED_OPS=0 bash scripts/setup.sh   # no DeepSpeed CPU op built now (the demo needs none)
 # On a machine without an NVIDIA GPU, torch is pinned to a CPU build so that pip never pulls the
 # multi-GB CUDA wheels; set ZT_TORCH_SPEC to override (e.g. ZT_TORCH_SPEC="torch==2.13.0").
 # Where PyPI's torch for this version is a CUDA build and you want CPU, add the CPU wheel index
@@ -28,6 +29,7 @@ export PATH="$PWD/$VENV/bin:$PATH"
 # test suite waits on a compiler.
 build_deepspeed_cpu_ops() {
   has_gpu && return 0  # GPU machines: DeepSpeed builds its CUDA-side ops when first used
+  [ "${ZT_SETUP_DEEPSPEED_OPS:-1}" = 0 ] && return 0  # asked not to: an op is JIT-built when a run first needs it
   # torch builds in $TORCH_EXTENSIONS_DIR/<op>/ (zero_train/__init__.py: .venv/torch_extensions by default).
   # Per venv: torch's JIT rebuilds an op whose compiler flags changed, and the flags name the venv's include
   # paths, so venvs sharing ~/.cache/torch_extensions rebuilt each other's ops inside the tests whenever they

@@ -7,6 +7,7 @@ report lists the same run's failed cell, so the run is launched once for both.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -55,3 +56,39 @@ def test_unknown_engine_is_a_usage_error(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2 and "unknown engine(s) fsdp" in proc.stderr
+
+
+def test_one_launch_per_world_size_records_each_cell_as_its_own_launch_would(tmp_path):
+    """--launch once under DeepSpeed's launcher (its --local_rank flag reaches the worker): DDP, our ZeRO-1 and
+    DeepSpeed ZeRO-2 on 2 ranks in one launch, each with its own run record, whose fp32 model states are the
+    paper's 16 and 4 + 4 + 8/2 bytes per parameter, whose peak less its own "other" is our peak model's within 10%
+    (the memory matrix's goal for such small models); and DeepSpeed built none of its CPU ops (its shared-memory
+    collectives serve inference only)."""
+    import json
+
+    from zero_train.report.compare import compare_cell
+    from zero_train.report.models import model_facts
+
+    extensions = tmp_path / "extensions"
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "zero_train.cli.main", "profile", "--model", "tiny", "--world-sizes", "2",
+         "--engines", "ddp,zero1,ds2", "--launch", "once", "--steps", "2", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plans = list((tmp_path / "out" / "configs").glob("plan-w2-*.json"))
+    assert [p.name for p in plans] == ["plan-w2-0.json"]  # one launch
+    per_param = {}
+    for engine in ("ddp", "zero1", "ds2"):
+        record = json.loads((tmp_path / "out" / "cells" / f"{engine}-w2-fp32.json").read_text())
+        assert record["error"] is None and record["world_size"] == 2
+        states = sum(record["ranks"][0]["categories"][c] for c in ("params", "grads", "master_params",
+                                                                    "optimizer_states"))  # fmt: skip
+        per_param[engine] = states / record["num_params"]
+        facts = model_facts(record["model"], record["num_params"], record.get("lora"))
+        assert abs(compare_cell(record, facts)["peak"]["ratio_without_other"] - 1) <= 0.10, engine
+    assert per_param["ddp"] == pytest.approx(16, rel=1e-3) and per_param["zero1"] == pytest.approx(
+        12, rel=1e-2
+    )
+    assert not list(extensions.glob("*/*.so"))  # no op built

@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m zero_train.bench.worker", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--plan", required=True, type=pathlib.Path, help="the plan zero-train bench wrote")
+    # DeepSpeed's launcher adds --local_rank (LOCAL_RANK holds it too)
+    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     run_cli(lambda: run_plan(args.plan))
 

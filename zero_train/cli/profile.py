@@ -17,6 +17,7 @@ A failing cell is recorded with its error (the last error line of its log) and t
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 
@@ -90,14 +91,22 @@ def profile_command_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="a script taking train.py's flags (default: python -m zero_train.train)",
     )
-    parser.add_argument("--timeout", type=positive_float, default=900, help="seconds per cell (default 900)")
+    parser.add_argument(
+        "--launch", choices=("each", "once"), default="each",
+        help="each (default): a launch per cell; once: one launch per world size trains its cells in turn (the "
+        "ranks start once; each cell's peak is compared with its own 'other')",
+    )  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=positive_float, default=900,
+        help="seconds per cell (default 900; --launch once: without a cell finishing)",
+    )  # fmt: skip
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(func=profile_command)
     return parser
 
 
 def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathlib.Path, meta: dict) -> dict:
-    """Run one cell; return its run record (read from the launcher's report, or an error record).
+    """Run one cell in its own launch; return its run record (read from the launcher's report, or an error record).
 
     Args:
         engine, world_size: the cell.
@@ -105,9 +114,24 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
         out: the profile directory.
         meta: record fields shared by all cells (model, num_params, hidden_size, precision, ...).
     """
+    cell = prepare_cell(engine, world_size, args, out, meta)
+    if "record" in cell:
+        return cell["record"]
+    code = launch_cell(cell["argv"], world_size, args, cell["log"])
+    error = None
+    if code is None:
+        error = f"timed out after {args.timeout:g} s (see {cell['log']})"
+    elif code != 0 or not cell["record_path"].exists():
+        error = f"exit code {code}: {last_error_line(cell['log'].read_text())}"
+    return finish_cell(cell, error, meta)
+
+
+def prepare_cell(
+    engine: str, world_size: int, args: argparse.Namespace, out: pathlib.Path, meta: dict
+) -> dict:
+    """A cell's paths, config and training flags ({"record": error record} when its config cannot be made)."""
     name = _cell_name(engine, world_size, args)
     config_path, record_path = out / "configs" / f"{name}.json", out / "cells" / f"{name}.json"
-    log_path = out / "logs" / f"{name}.log"
     record_path.unlink(missing_ok=True)
     meta = dict(meta)
     hidden_size = meta.pop("hidden_size", None)
@@ -118,22 +142,60 @@ def run_cell(engine: str, world_size: int, args: argparse.Namespace, out: pathli
     except UsageError as err:  # e.g. a precision this stage cannot take: the cell fails, the matrix goes on
         record = error_record(f"config: {err}", **cell_meta)
         write_record(record, record_path)
-        return record
+        return dict(record=record)
     write_config(config, config_path)
     argv = run_argv(cell_run_config(engine, args, config_path, record_path))
-    code = launch_cell(argv, world_size, args, log_path)
-    error = None
-    if code is None:
-        error = f"timed out after {args.timeout:g} s (see {log_path})"
-    elif code != 0 or not record_path.exists():
-        error = f"exit code {code}: {last_error_line(log_path.read_text())}"
-    record = error_record(error, ds_config=config, **cell_meta) if error else load_record(record_path)
-    record["zero_stage"] = engine_spec(engine).stage
+    return dict(name=name, engine=engine, argv=argv, config=config, cell_meta=cell_meta, record_path=record_path,
+                log=out / "logs" / f"{name}.log", done=out / "logs" / f"{name}.done.json")  # fmt: skip
+
+
+def finish_cell(cell: dict, error: str | None, meta: dict) -> dict:
+    """The cell's run record (or an error record), with the profile's facts, written back."""
+    record_path = cell["record_path"]
+    if error:
+        record = error_record(error, ds_config=cell["config"], **cell["cell_meta"])
+    else:
+        record = load_record(record_path)
+    record["zero_stage"] = engine_spec(cell["engine"]).stage
     adapters = (record.get("lora") or {}).get("adapter_params") or 0
     # the full model (ZeRO-3 ranks see partitions) + LoRA's
     record["num_params"] = meta["num_params"] + adapters
     write_record(record, record_path)
     return record
+
+
+def run_cells_once(
+    engines: list[str], world_size: int, args: argparse.Namespace, out: pathlib.Path, meta: dict
+) -> list[dict]:
+    """Every engine at one world size in ONE launch (--launch once): the bench's worker trains each cell in turn
+    and tears it down (zero_train.bench.worker), so the ranks' start-up is paid once, not once per cell. A cell
+    that fails stops the launch; it is recorded with the log's last error line and the rest is launched again."""
+    from zero_train.bench.one_launch import WORKER_MODULE
+
+    cells = [prepare_cell(engine, world_size, args, out, meta) for engine in engines]
+    records = {cell["record"]["engine"]: cell["record"] for cell in cells if "record" in cell}
+    pending, launches = [cell for cell in cells if "record" not in cell], 0
+    while pending:
+        plan_path = out / "configs" / f"plan-w{world_size}-{launches}.json"
+        plan_path.write_text(json.dumps(dict(runs=[dict(name=c["name"], peer=False, argv=c["argv"], done=str(c["done"]))
+                                                   for c in pending]), indent=1))  # fmt: skip
+        for cell in pending:
+            cell["done"].unlink(missing_ok=True)
+        launch = Launch(launcher=args.launcher, nproc_per_node=world_size, master_port=free_port())
+        log = out / "logs" / f"launch-w{world_size}-{launches}.log"
+        code = run_logged(launch_command(launch, ["--plan", str(plan_path)], module=WORKER_MODULE), log,
+                          timeout=args.timeout, done_files=[c["done"] for c in pending])  # fmt: skip
+        launches += 1
+        for cell in [c for c in pending if c["done"].exists()]:
+            records[cell["engine"]] = finish_cell(cell, None, meta)
+        pending = [c for c in pending if not c["done"].exists()]
+        if pending:
+            failed = pending.pop(0)
+            why = f"no progress for {args.timeout:g} s" if code is None else f"exit code {code}"
+            records[failed["engine"]] = finish_cell(
+                failed, f"{why}: {last_error_line(log.read_text())}", meta
+            )
+    return [records[engine] for engine in engines]
 
 
 def launch_cell(
@@ -177,6 +239,8 @@ def _check_args(args: argparse.Namespace) -> None:
             f"--train-script {args.train_script} is missing; give an existing script, or none (python -m zero_train.train)"
         )
     check_launcher(args.launcher)
+    if args.launch == "once" and args.train_script is not None:
+        raise UsageError("--train-script runs in a launch of its own: use --launch each with it")
 
 
 def _model_meta(args: argparse.Namespace) -> dict:
@@ -218,10 +282,14 @@ def profile_command(args: argparse.Namespace) -> int:
         (out / sub).mkdir(parents=True, exist_ok=True)
     cells = [(engine, world_size) for world_size in args.world_sizes for engine in args.engines]
     records = []
-    progress = tqdm(cells, desc="profile", unit="cell", file=sys.stderr)
-    for engine, world_size in progress:
-        progress.set_postfix_str(_cell_name(engine, world_size, args))
-        records.append(run_cell(engine, world_size, args, out, meta))
+    if args.launch == "once":
+        for world_size in tqdm(args.world_sizes, desc="profile", unit="launch", file=sys.stderr):
+            records += run_cells_once(args.engines, world_size, args, out, meta)
+    else:
+        progress = tqdm(cells, desc="profile", unit="cell", file=sys.stderr)
+        for engine, world_size in progress:
+            progress.set_postfix_str(_cell_name(engine, world_size, args))
+            records.append(run_cell(engine, world_size, args, out, meta))
     print(f"{len(records)} cells -> {out / 'cells'} (next: zero-train report {out})")
     for record in records:
         print(_summary_line(record))

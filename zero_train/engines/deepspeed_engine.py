@@ -18,6 +18,7 @@ import sys
 import warnings
 
 import deepspeed
+import deepspeed.ops
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 from deepspeed.utils import logger as deepspeed_logger
@@ -90,6 +91,16 @@ def _dynamo_decorators_off():
             os.environ["TORCHDYNAMO_DISABLE"] = previous
 
 
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def skip_inference_collectives() -> None:
+    """Keep DeepSpeed from building and loading its CPU shared-memory collectives: deepspeed.comm's TorchBackend
+    JIT-compiles them at init_distributed when they are not built (minutes on 2 cores: docs/startup.md), yet
+    only `inference_all_reduce` (AutoTP inference) calls them; ZeRO's collectives are torch.distributed's."""
+    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+
+
 class DeepSpeedEngine:
     """deepspeed.initialize over an HF model; ZeRO stage and everything else from the config."""
 
@@ -100,6 +111,7 @@ class DeepSpeedEngine:
         self.dist_info = dist_info
         self.ds_config = ds_config
         self.hf_ds_config = None
+        skip_inference_collectives()
         # deepspeed.comm must wrap our process group before zero.Init reads the world size
         deepspeed.init_distributed(dist_backend=dist_info.backend)
         if settings.zero_stage == 3:
