@@ -8,10 +8,17 @@ the engines' fixed choices are.
 
 from __future__ import annotations
 
-MATMUL_EFFICIENCY = 0.80
-"""Fraction of a GPU's dense peak that the training step's large matmuls reach. cuBLAS reaches 75-85% of the
-dense BF16 peak on large GEMMs (H100 SXM ~750-800 of 989 TFLOPS, NVIDIA's "matmul performance" guide);
-0.80 is then FITTED on the published rows docs/steptime.md names (and judged on the others)."""
+MATMUL_EFFICIENCY = {
+    "h100-sxm": 0.637, "h100-pcie": 0.637, "h200": 0.637,
+    "a100-80": 0.697, "a100-40": 0.697,
+    "l40s": 0.637, "rtx-4090": 0.637,
+}  # fmt: skip
+"""Fraction of a GPU's dense peak that a training step's matmuls reach (FSDP's communication interference and
+kernel gaps included). FITTED on one published run per GPU and judged on the others (docs/steptime.md, "Against
+published GPU runs"): H100 SXM on MosaicML's MPT-7B at 2,048 tokens, 8 GPUs (0.637); A100 80GB on torchtitan's
+Llama 2 13B without checkpointing, 64 GPUs (0.697). H100 PCIe and H200 (the same Hopper SMs), A100 40GB, and L40S
+and RTX 4090 (Ada: no published run here) take those values unfitted. cuBLAS alone reaches 75-85% on large
+GEMMs; a step does less."""
 
 ATTENTION_EFFICIENCY = 0.55
 """Fraction of the dense peak fused (flash) attention reaches, forward and backward together: FlashAttention-2

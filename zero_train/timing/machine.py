@@ -155,7 +155,7 @@ def preset_machine(
     host = LINKS[preset.host_link].gbps
     return Machine(
         name=gpu, device="cuda", peak_tflops=peak,
-        matmul_tflops={p: rate * constants.MATMUL_EFFICIENCY for p, rate in peak.items()},
+        matmul_tflops={p: rate * constants.MATMUL_EFFICIENCY[gpu] for p, rate in peak.items()},
         attention_tflops={p: rate * constants.ATTENTION_EFFICIENCY for p, rate in peak.items()},
         memory_gbps=preset.memory_gbps * constants.MEMORY_EFFICIENCY,
         optimizer_gbps=preset.memory_gbps * constants.MEMORY_EFFICIENCY,
