@@ -18,8 +18,8 @@ itself): `quick` single process (bash scripts/test.sh -m quick, the inner loop),
 `slow` launches processes. Collection stops on a test without a tier, or marked quick while its code or
 fixtures call run_ranks / rank_pool / RankPool or subprocess.
 
-Layout: tests/<area>/test_*.py by the code they test (sharding, engines, train, checkpoint, memory, measure,
-config, package); helpers that ranks import live in zero_train/testing/ (ranks, sharders, storage, console).
+Layout: tests/PKG/test_MOD.py tests zero_train/PKG/MOD.py; the suites that cover several modules are mapped in
+CONTRIBUTING.md#finding-the-tests-of-what-you-change. Helpers that ranks import live in zero_train/testing/.
 
 ZT_DEVICE=cpu (and DeepSpeed's DS_ACCELERATOR=cpu) hold on a GPU machine too: the tests compare against
 bit-exact CPU references and run gloo rings; the CUDA branches are exercised by tests that force them
@@ -73,7 +73,7 @@ def rank_pool():
 def no_zero3_left_on():
     """Fail the test that leaves transformers' process-wide ZeRO-3 switch on (a live HfDeepSpeedConfig of
     stage 3), rather than the later test of the same worker whose from_config then runs deepspeed.zero.Init
-    (seen in CI: tests/train/test_hf.py failing on mpi4py after tests/config/test_config_generate.py's --hf-auto test)."""
+    (seen in CI: tests/hf/test_models.py failing on mpi4py after tests/ds_config/test_generate.py's --hf-auto test)."""
     yield
     import sys
 

@@ -167,7 +167,7 @@ def test_model_counts_params_buffers_and_activations(capsys, tmp_path):
     ],
 )
 def test_bad_inputs_exit_2_with_one_line(argv, capsys):
-    """In this process, as tests/config/test_config_bad_input.py runs `config`: an exception other than the
+    """In this process, as tests/ds_config/test_config_bad_input.py runs `config`: an exception other than the
     usage error escapes main() and fails here (the command line's own launch: tests/package/test_hostile_input.py)."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:

@@ -4,7 +4,7 @@
    print nothing on stderr with DS_ACCELERATOR unset: no DeepSpeed "Setting accelerator to CPU ... unable to
    detect it", no transformers warning (`loss_type=None ...`), no torch FutureWarning from DeepSpeed's calls;
    and no such line on stdout either. (scripts/demo.sh runs `config`, `estimate`, `profile` and `report`:
-   tests/measure/test_profile.py checks profile's stderr the same way.)
+   tests/cli/test_profile.py checks profile's stderr the same way.)
 2. `zero-train --version` says the version pyproject.toml gives.
 3. `zero-train env --json` reports what the sources say (package metadata, /proc/cpuinfo, the ops folder)
    without importing DeepSpeed or transformers.

@@ -1,9 +1,9 @@
 """Where the bench starts ranks: a run's own launch (zero_train.bench.run) and the one launch of many runs
 (zero_train.bench.one_launch) both call `ranks.launch`, through this module, so that one swap reaches both.
 
-Why a seam: tests/measure/test_bench_compare.py swaps it for ranks forked from its preloaded forkserver (the
+Why a seam: tests/bench/test_compare.py swaps it for ranks forked from its preloaded forkserver (the
 same program, flags and files, without an interpreter start and its imports per rank, nor the launcher's);
-the launchers themselves are tested by tests/measure/test_bench.py.
+the launchers themselves are tested by tests/bench/test_bench.py.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def launch_cell(
     argv: list[str], world_size: int, args: argparse.Namespace, log_path: pathlib.Path
 ) -> int | None:
     """Train one cell under the launcher (`world_size` ranks of the train script with `argv`), its console in
-    `log_path`; return the exit code, None on a timeout. (tests/measure/test_report.py swaps this for ranks
+    `log_path`; return the exit code, None on a timeout. (tests/report/test_report.py swaps this for ranks
     forked from its preloaded forkserver: the same argv, the same record; the launcher itself is tested apart.)"""
     launch = Launch(launcher=args.launcher, nproc_per_node=world_size, master_port=free_port())
     command = launch_command(launch, argv, script=args.train_script)

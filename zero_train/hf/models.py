@@ -40,7 +40,7 @@ from zero_train.runtime.errors import UsageError
 _NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 # name -> HF config kwargs (with "model_type"). Parameter counts at the default vocab (8192) are in
-# PRESET_SUMMARY and checked against hand arithmetic by tests/train/test_hf.py.
+# PRESET_SUMMARY and checked against hand arithmetic by tests/hf/test_models.py.
 PRESETS: dict[str, dict] = {
     "tiny": dict(
         model_type="gpt2",

@@ -42,7 +42,7 @@ PUBLISHED_PARAMS: dict[str, int] = {
     "qwen2.5-7b": 7_615_616_512,
 }
 """Parameter counts of the published checkpoints (tied embeddings once), which the shipped shapes reproduce
-(tests/memory/test_model_shapes.py). Qwen2.5-7B's model card rounds to 7.61B total, 6.53B without embeddings."""
+(tests/hf/test_shapes.py). Qwen2.5-7B's model card rounds to 7.61B total, 6.53B without embeddings."""
 
 
 def shape_config(name: str) -> transformers.PretrainedConfig:

@@ -146,7 +146,7 @@ class Trainer:
         """Release the engine (its `close()`, if it has one: DeepSpeed's engine and buffers), data and probe.
 
         After it the process holds what it held before the Trainer was built (zero-train bench runs many
-        engines one after another in one launch and checks that, tests/measure/test_bench.py).
+        engines one after another in one launch and checks that, tests/bench/test_bench.py).
         """
         close = getattr(self.engine, "close", None)
         if close is not None:

@@ -210,7 +210,7 @@ def test_the_targets_table_leaves_out_targets_whose_engines_did_not_run():
 
 @pytest.mark.tier("quick")
 def test_a_runs_launch_and_the_one_launch_are_their_launcher_commands(monkeypatch, tmp_path):
-    """zero_train.bench.ranks.launch, the seam test_bench_compare swaps for forked ranks: a run's own launch
+    """zero_train.bench.ranks.launch, the seam tests/bench/test_compare.py swaps for forked ranks: a run's own launch
     (train.py, or the Trainer peer's module) runs to its timeout, the one launch of the worker until no run
     finishes for the timeout."""
     from zero_train.bench import ranks

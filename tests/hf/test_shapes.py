@@ -1,7 +1,7 @@
 """Published model shapes without a download: the shipped config.json files give the published parameter counts.
 
 Counted on the meta device (no memory) from zero_train/assets/model_shapes/, the files copied from each model's
-hub repository; arithmetic by hand from the architecture (tests/train/test_hf.py's formulas) says the same.
+hub repository; arithmetic by hand from the architecture (tests/hf/test_models.py's formulas) says the same.
 A config.json path works the same way; one that is not a causal LM is one clear error.
 """
 

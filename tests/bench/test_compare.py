@@ -5,7 +5,7 @@ fp32, one repeat: one launch of both runs and a launch of each) whose per-step b
 same both ways, byte for byte, and whose peak memory per rank, reported for a run of the one launch minus what
 the runs before it left behind, must be what that run measured in its own launch. Step times are not asserted
 (noisy); the bench reports them. Each launch's ranks are forked from the preloaded forkserver rather than
-started by a launcher (tests/measure/test_bench.py runs the bench through the launcher).
+started by a launcher (tests/bench/test_bench.py runs the bench through the launcher).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`zero-train profile`'s own rules: the exit code, the error line it keeps, an unknown engine.
 
 Its end-to-end run (fp16 at 1 rank through the real deepspeed launcher, a ds1 cell whose train script dies)
-is tests/measure/test_report.py::test_profile_records_every_cell_and_survives_a_failing_one: that file's
+is tests/report/test_report.py::test_profile_records_every_cell_and_survives_a_failing_one: that file's
 report lists the same run's failed cell, so the run is launched once for both.
 """
 

@@ -1,5 +1,5 @@
 """Loading (offline default, local files, a column, a configuration), the held-out split, packing with EOS,
-per-rank sharding and resume (conversations and streamed datasets: tests/train/test_sft_streaming.py)."""
+per-rank sharding and resume (conversations and streamed datasets: tests/hf/test_streaming.py)."""
 
 import json
 

@@ -4,7 +4,7 @@ and against the ZeRO paper's formulas and DeepSpeed's estimators, computed here 
 One real matrix (model tiny, world sizes 1 and 2, engines ddp, zero1, ds2, fp32) runs once for the
 module through `zero-train profile`'s command, each cell's ranks forked from the preloaded forkserver
 rather than started by a launcher (no interpreter start per rank). A second
-profile, tests/measure/test_profile.py's (fp16 at 1 rank through the deepspeed launcher: ddp, and a ds1
+profile, tests/cli/test_profile.py's (fp16 at 1 rank through the deepspeed launcher: ddp, and a ds1
 cell whose train script dies through the profile's own --train-script hook), writes the failed record that
 the report must list with its error; that file's test reads the same run. Bad input (no directory, no
 records, corrupt or off-schema records, an unwritable --out) must exit 2 with one `error:` line and leave
@@ -70,7 +70,7 @@ def report_cli(*argv: str) -> subprocess.CompletedProcess:
 
 
 def run_failing_fp16_profile(root: pathlib.Path) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
-    """tests/measure/test_profile.py's profile: ddp and ds1 at 1 rank in fp16 through the deepspeed launcher,
+    """tests/cli/test_profile.py's profile: ddp and ds1 at 1 rank in fp16 through the deepspeed launcher,
     ds1's train script dying; run once for both files (the report takes its failed cell)."""
     script = root / "train_failing_for_deepspeed.py"
     script.write_text(FAILING_FOR_DEEPSPEED)
@@ -99,7 +99,7 @@ def launch_in_forked_ranks(argv: list[str], world_size: int, args, log_path: pat
 @pytest.fixture(scope="module")
 def profile_dir(tmp_path_factory, fp16_profile) -> pathlib.Path:
     """`zero-train profile`'s command in this process, each cell's ranks forked rather than launched (no
-    interpreter start per rank: the launchers are tested by the fp16 profile and tests/measure/test_bench.py);
+    interpreter start per rank: the launchers are tested by the fp16 profile and tests/bench/test_bench.py);
     each cell still runs in ranks of its own, so its peak and baseline are its run's alone."""
     from zero_train.cli import profile
     from zero_train.cli.main import build_parser
@@ -134,7 +134,7 @@ def report(profile_dir) -> dict:
 
 
 def test_profile_records_every_cell_and_survives_a_failing_one(fp16_profile):
-    """`zero-train profile` end to end (tests/measure/test_profile.py's run): two cells at world size 1 in fp16
+    """`zero-train profile` end to end (tests/cli/test_profile.py's run): two cells at world size 1 in fp16
     through the real deepspeed launcher; ddp (our engine scales the loss) succeeds, the DeepSpeed ZeRO-1 cell's
     train script dies for `--engine ds1`, which must be recorded with its error line, not fatal. (A real fp16
     failure would depend on the CPU: DeepSpeed runs fp16 on CPUs whose oneDNN has fp16 kernels.)"""

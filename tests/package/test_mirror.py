@@ -1,0 +1,51 @@
+"""tests/ mirrors zero_train/: a newcomer finds the tests of a module by its name or by CONTRIBUTING's map."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+pytestmark = pytest.mark.tier("quick")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _packages() -> list[str]:
+    return sorted(
+        path.parent.name
+        for path in (ROOT / "zero_train").glob("*/__init__.py")
+        if path.parent.name != "assets"
+    )
+
+
+def test_every_package_has_its_tests_folder():
+    """zero_train/PKG/ has tests/PKG/ with at least one test file, and every tests/ folder but package/ (what
+    spans the package) names a package."""
+    packages = _packages()
+    assert {"engines", "sharding", "report", "bench", "ds_config"} <= set(packages)  # the walk found them
+    missing = [name for name in packages if not list((ROOT / "tests" / name).glob("test_*.py"))]
+    assert missing == []
+    folders = {
+        path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and path.name != "__pycache__"
+    }
+    assert folders - set(packages) == {"package"}
+
+
+def test_contributing_map_names_suites_that_exist():
+    """Every suite CONTRIBUTING.md's map names is a file under tests/ (a renamed suite updates the map)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    section = text[text.index("## Finding the tests") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = [
+        line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ") and "/" in line
+    ]
+    assert len(rows) > 15
+    missing = []
+    for row in rows:
+        folder = row.split("/")[0]
+        for name in re.findall(r"test_[a-z0-9_*]+\.py", row):
+            if not list((ROOT / "tests" / folder).glob(name)):
+                missing.append(f"tests/{folder}/{name}")
+    assert missing == []
