@@ -105,3 +105,22 @@ def test_ci_cells_within_10_percent_of_the_measured_peak_minus_other(tmp_path, m
         assert abs(peak["ours_without_other"] / measured - 1) <= 0.10, (name, peak["phases"])
     assert result["summary"]["within"] == len(CI_CELLS)
     assert "ours ÷ (peak − other)" in (tmp_path / "matrix.md").read_text()
+
+
+def test_a_miss_is_named_by_the_term_that_misses():
+    """A category that differs by most of the gap is named with both sizes; otherwise the phase's transient."""
+    from zero_train.report.matrix import missing_term
+
+    states = dict(params=100, grads=100, master_params=0, optimizer_states=200, comm_buffers=0)
+    row = dict(
+        peak=dict(measured_without_other=560e6, ours_without_other=500e6, measured_phase="forward",
+                  ours_phase="backward_start"),
+        categories=dict(states, activations=160e6), ours_categories=dict(states, activations=100e6),
+        ours_peak=dict(phases=dict(backward_start=dict(params=100, activations=100e6, loss_gradients=16e6))),
+    )  # fmt: skip
+    assert missing_term(row) == "activations: ours 100.0 MB, measured 160.0 MB at the step boundary"
+    row["categories"]["activations"] = 100e6  # the boundary agrees: the gap is in the phase's transient terms
+    assert missing_term(row) == (
+        "measured forward peak 60.0 MB above ours (backward_start), whose largest transient term is "
+        "loss_gradients (16.0 MB)"
+    )

@@ -192,6 +192,30 @@ def wide_design() -> list[MatrixCell]:
     return [c for c in cells if c not in late] + large + late
 
 
+STATE_AND_ACTIVATION = ("params", "grads", "master_params", "optimizer_states", "comm_buffers", "activations")
+
+
+def missing_term(row: dict) -> str:
+    """The term of our model that misses in a comparison row, in words with its bytes: the category at the step
+    boundary whose measured and predicted bytes differ most, when that difference is at least half the peak's
+    gap; else the measured peak phase's largest term that is not a model state (what the probe cannot split)."""
+    peak = row["peak"]
+    gap = peak["measured_without_other"] - peak["ours_without_other"]
+    measured, ours = row["categories"], row["ours_categories"] or {}
+    diffs = {name: measured.get(name, 0) - ours.get(name, 0) for name in STATE_AND_ACTIVATION}
+    name = max(diffs, key=lambda key: abs(diffs[key]))
+    if gap and abs(diffs[name]) >= abs(gap) / 2:
+        return (f"{name}: ours {ours.get(name, 0) / 1e6:.1f} MB, measured {measured.get(name, 0) / 1e6:.1f} MB "
+                f"at the step boundary")  # fmt: skip
+    phase = "step" if peak["measured_phase"] == "step" else peak["ours_phase"]
+    terms = row["ours_peak"]["phases"].get(phase, {})
+    transient = {key: value for key, value in terms.items() if key not in STATE_AND_ACTIVATION} or terms
+    largest = max(transient, key=lambda key: transient[key]) if transient else "none"
+    side = "above" if gap > 0 else "below"
+    return (f"measured {peak['measured_phase']} peak {abs(gap) / 1e6:.1f} MB {side} ours ({peak['ours_phase']}), "
+            f"whose largest transient term is {largest} ({transient.get(largest, 0) / 1e6:.1f} MB)")  # fmt: skip
+
+
 def distribution(values: list[float]) -> dict:
     """min / median / max of `values` (None for each if empty)."""
     if not values:

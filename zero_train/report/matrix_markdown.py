@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zero_train.report import units
 from zero_train.report.markdown import table
+from zero_train.report.matrix import missing_term
 
 
 def _mb(value) -> str:
@@ -55,7 +56,13 @@ def render_matrix(summary: dict, rows: list[dict], goal: float) -> str:
         for level, dist in sorted(levels.items())
     ]
     lines.append(table(["factor", "level", "min / median / max"], factor_rows) + "\n")
-    lines.append("## Cells (MB per rank)\n")
+    misses = [
+        row for row in rows if not row.get("error") and abs(row["peak"]["ratio_without_other"] - 1) > goal
+    ]
+    lines.append(f"## Cells outside {goal:.0%} ({len(misses)}), with the term that misses\n")
+    lines += [f"- {row['matrix_cell']}: {_ratio(row['peak']['ratio_without_other'])}; {missing_term(row)}"
+              for row in misses]  # fmt: skip
+    lines.append("\n## Cells (MB per rank)\n")
     header = ["cell", "peak", "other", "baseline", "peak − other", "ours", "ours ÷ (peak − other)",
               f"within {goal:.0%}", "peak phase: ours / measured", "fwd+bwd ours ÷ meas.", "step ours ÷ meas."]  # fmt: skip
     lines.append(table(header, [_cell_row(row, goal) for row in rows]))
