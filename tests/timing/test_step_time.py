@@ -193,3 +193,23 @@ def test_plan_ranks_set_ups_by_hours_and_names_what_slows_each_runner_up():
     assert slower[0].hours > ranked[0].hours
     assert {row.candidate.setup.engine for row in ranked} <= {spec.name for spec in ENGINES if spec.planned}
     assert engine_spec(ranked[0].candidate.setup.engine).planned
+
+
+def test_plan_prints_time_beside_memory_fastest_first(capsys):
+    """`zero-train plan --gpu` (no --gpu-memory or --host-memory: the preset's memory, host unchecked) ranks by
+    hours with step, tokens/s and MFU beside memory."""
+    from zero_train.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--model", "gpt2-25m", "--nodes", "2", "--gpus-per-node", "8", "--gpu", "a100-40",
+              "--tokens", "1e9", "--block-size", "256", "--global-batch-size", "64"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert exited.value.code == 0, out
+    header = next(line for line in out.splitlines() if "tokens/s" in line)
+    assert all(word in header for word in ("step", "MFU", "hours", "peak/rank"))
+    rows = [
+        line for line in out.splitlines() if line.startswith(("->", "  ")) and " x " in line and "GB" in line
+    ]
+    hours = [float(line.split("%")[1].split()[0]) for line in rows]
+    assert rows[0].startswith("->") and hours == sorted(hours) and len(rows) > 3
+    assert "of 40 GB" in out and "host memory not checked" in out and "64 x 256 tokens" in out

@@ -10,8 +10,8 @@ rank 1/ranks):
 - elementwise bytes/s (add, GELU, layer norm, softmax: bytes read + written, as OpCost counts them) per precision;
 - torch's AdamW step over 8M fp32 parameters (bytes per parameter as constants.OPTIMIZER_BYTES_PER_PARAM);
 - over gloo ranks on 127.0.0.1 at each world size: all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
-  broadcast and a point-to-point ring (our sharders' gloo collective), each at two sizes, fitted to
-  seconds = latency + payload / rate.
+  broadcast and a point-to-point ring (our sharders' gloo collective), each at three sizes, fitted to
+  seconds = latency + payload / rate (least squares).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from zero_train.timing.machine import Link, Machine, Measured
 SIZES = (128, 256, 512, 1024)
 """Square matmul sizes measured."""
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-COMM_ELEMENTS = (1 << 16, 1 << 22)
-"""fp32 elements of the two payloads each collective is timed at (256 KB, 16 MB)."""
-COMM_CALLS = (20, 3)
+COMM_ELEMENTS = (1 << 14, 1 << 18, 1 << 22)
+"""fp32 elements of the payloads each collective is timed at (64 KB, 1 MB, 16 MB)."""
+COMM_CALLS = (30, 10, 3)
 """Calls per repeat at each payload (every rank the same: a collective's calls must pair up)."""
 COMM_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p_ring")
 
@@ -104,13 +104,20 @@ def _rank_main(rank: int, world_size: int, port: int, results) -> None:
         for elements, calls in zip(COMM_ELEMENTS, COMM_CALLS, strict=True):
             work, payload = _collective(op, elements, rank, world_size)
             dist.barrier()
-            points.append((payload, _timed(work, repeats=3, calls=calls)))
-        (small, t_small), (large, t_large) = points
-        rate = (large - small) / max(t_large - t_small, 1e-9)
-        fits[op] = dict(latency_s=max(t_small - small / rate, 0.0), payload_gbps=rate / 1e9)
+            points.append((payload, _timed(work, repeats=5, calls=calls)))
+        fits[op] = _line(points)
     if rank == 0:
         results.put(fits)
     dist.destroy_process_group()
+
+
+def _line(points: list[tuple[int, float]]) -> dict[str, float]:
+    """seconds = latency + bytes / rate, least squares over the points (latency at least 0)."""
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    slope = max(slope, 1e-15)
+    return dict(latency_s=max(mean_y - slope * mean_x, 0.0), payload_gbps=1 / slope / 1e9)
 
 
 def _collective(op: str, elements: int, rank: int, world_size: int):
