@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the offline default: set up .venv (idempotent), then measure per-rank memory of the ZeRO
 # ladder side by side, torch DDP, our ZeRO-1/2/3, DeepSpeed ZeRO-1/2/3 and torch FSDP2 (resharded), on 2 CPU
-# ranks, and write the report (Markdown + PNG plots + JSON) to runs/demo/report/: bytes_per_param-*.png puts
+# ranks, and write the report (Markdown + PNG plots + JSON) to runs/demo/report/: bytes_per_param*.png puts
 # the eight engines beside the ZeRO paper's lines, report.md's tables beside its numbers. Each part says how
 # long it took (docs/setup.md: from a clean clone).
 #   bash scripts/demo.sh                 # defaults below
@@ -41,6 +41,6 @@ part=$(date +%s)
 echo "[demo] 3/3 report"
 "$zt" report "$out" --out "$out/report"
 report_s=$(seconds "$part")
-echo "[demo] done: $out/report/report.md (the ladder: $out/report/bytes_per_param-*.png)"
+echo "[demo] done: $out/report/report.md (the ladder: $out/report/bytes_per_param*.png)"
 echo "[demo] took: set-up ${setup_s} s, estimate ${estimate_s} s, profile ${profile_s} s, report ${report_s} s;" \
   "$(seconds "$started") s in all"
