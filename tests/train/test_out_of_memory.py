@@ -136,3 +136,10 @@ def test_memory_errors_are_told_from_other_errors():
     assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not is_out_of_memory(RuntimeError("Connection closed by peer"))
     assert not is_out_of_memory(ValueError("out of memory"))
+
+
+def test_explain_without_records_is_one_line_and_exit_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "zero_train.cli.main", "explain", str(tmp_path)], env=_env(),
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0
+    assert "holds no rank records" in out.stderr and "--output-dir" in out.stderr
