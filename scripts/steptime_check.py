@@ -79,24 +79,46 @@ def predict(cell_set: dict, engine: str, machine) -> float:
     return step_time(model_shape(config), count, setup, machine)
 
 
-def report(out: pathlib.Path) -> None:
+def _measured(folder: pathlib.Path) -> tuple[dict[str, float], tuple]:
+    """engine -> median step seconds after the warm-up, and the load average (start, end): from bench.json, or
+    from the runs' metrics files where the bench's summary did not get written."""
+    path = folder / "bench.json"
+    if path.exists():
+        bench = json.loads(path.read_text())
+        cells = {c["engine"]: c["step_time_s"]["median"] for c in bench["cells"] if c.get("step_time_s")}
+        return cells, (bench["load_average"]["start"], bench["load_average"]["end"])
+    cells = {}
+    for metrics in sorted(folder.glob("runs/*-fp32-r0.jsonl")):
+        steps = [
+            json.loads(line).get("step_time_s") for line in metrics.read_text().splitlines() if line.strip()
+        ]
+        steps = [s for s in steps if s is not None][STEPS["warmup"] :]
+        if steps:
+            cells[metrics.name.removesuffix("-fp32-r0.jsonl")] = statistics.median(steps)
+    return cells, ("not recorded", "not recorded")
+
+
+def report(out: pathlib.Path, machine_path: pathlib.Path | None = None, name: str = "check") -> None:
     from zero_train.timing.machine import load_machine
 
-    machine = load_machine(out / "machine.json")
+    machine = load_machine(machine_path or out / "machine.json")
     rows, pairs, loads = [], [], []
     for cell_set in SETS:
-        path = out / cell_set["name"] / "bench.json"
-        if not path.exists():
+        measured, load_average = _measured(out / cell_set["name"])
+        if not measured:
             continue
-        bench = json.loads(path.read_text())
-        loads.append((cell_set["name"], bench["load_average"]["start"], bench["load_average"]["end"]))
-        measured = {c["engine"]: c["step_time_s"]["median"] for c in bench["cells"] if c.get("step_time_s")}
+        loads.append((cell_set["name"], *load_average))
         for engine, seconds in measured.items():
             step = predict(cell_set, engine, machine)
             top = max(step.terms, key=lambda name: step.terms[name])
             rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=step.seconds,
                              error=step.seconds / seconds - 1, largest_term=top))  # fmt: skip
-        by_engine = {row["engine"]: row for row in rows if row["set"] == cell_set["name"]}
+        here = [row for row in rows if row["set"] == cell_set["name"]]
+        load = statistics.median(row["measured_s"] / row["predicted_s"] for row in here) if here else 1.0
+        for row in here:  # the set's common slowdown (the machine's load while it ran) divided out
+            row["load_factor"] = load
+            row["relative_error"] = row["predicted_s"] * load / row["measured_s"] - 1
+        by_engine = {row["engine"]: row for row in here}
         names = sorted(by_engine)
         for i, first in enumerate(names):
             for second in names[i + 1 :]:
@@ -107,18 +129,21 @@ def report(out: pathlib.Path) -> None:
                                       measured=a["measured_s"] / b["measured_s"],
                                       predicted=a["predicted_s"] / b["predicted_s"]))  # fmt: skip
     errors = [abs(row["error"]) for row in rows]
+    relative = [abs(row["relative_error"]) for row in rows]
     summary = dict(cells=len(rows), median_abs_error=statistics.median(errors) if errors else None,
                    within_25=sum(e <= 0.25 for e in errors), max_abs_error=max(errors, default=None),
+        median_abs_relative_error=statistics.median(relative) if relative else None,
+        relative_within_25=sum(e <= 0.25 for e in relative),
                    pairs=len(pairs), pairs_right=sum(p["right"] for p in pairs), load_average=loads)  # fmt: skip
-    (out / "check.json").write_text(
+    (out / f"{name}.json").write_text(
         json.dumps(dict(summary=summary, rows=rows, pairs=pairs), indent=1) + "\n"
     )
     lines = [
-        "| set | engine | measured s | predicted s | error | largest term |",
-        "|---|---|---:|---:|---:|---|",
+        "| set | engine | measured s | predicted s | error | set's load factor | error after it | largest term |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     lines += [f"| {r['set']} | {r['engine']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.0%} | "
-              f"{r['largest_term']} |" for r in rows]  # fmt: skip
+              f"{r['load_factor']:.2f} | {r['relative_error']:+.0%} | {r['largest_term']} |" for r in rows]  # fmt: skip
     lines += [
         "",
         "| set | pair (>15% apart) | measured ratio | predicted ratio | order |",
@@ -127,7 +152,7 @@ def report(out: pathlib.Path) -> None:
     lines += [f"| {p['set']} | {p['pair']} | {p['measured']:.2f} | {p['predicted']:.2f} | "
               f"{'right' if p['right'] else 'WRONG'} |" for p in pairs]  # fmt: skip
     lines += ["", json.dumps(summary)]
-    (out / "check.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -135,8 +160,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("run", "report"))
     parser.add_argument("--out", default="runs/steptime")
+    parser.add_argument("--machine", help="report: another calibration JSON than OUT/machine.json")
+    parser.add_argument("--name", default="check", help="report: OUT/NAME.md and OUT/NAME.json")
     args = parser.parse_args()
-    (run if args.action == "run" else report)(pathlib.Path(args.out))
+    if args.action == "run":
+        run(pathlib.Path(args.out))
+    else:
+        report(pathlib.Path(args.out), pathlib.Path(args.machine) if args.machine else None, args.name)
 
 
 if __name__ == "__main__":

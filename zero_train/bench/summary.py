@@ -121,6 +121,8 @@ def _wire_ratio(cells: dict, numerator: str, denominator: str, precision: str) -
     top, bottom = cells.get(f"{numerator}-{precision}"), cells.get(f"{denominator}-{precision}")
     if not top or not bottom or "comm" not in top or "comm" not in bottom:
         return []
+    if not bottom["comm"]["wire"]["total"]:  # one rank: nothing on the wire, no ratio
+        return []
     return [top["comm"]["wire"]["total"] / bottom["comm"]["wire"]["total"]]
 
 
