@@ -341,9 +341,11 @@ def zero_section(req: ConfigRequest) -> dict:
     zero["contiguous_gradients"] = _or(
         req.contiguous_gradients, generated_default(f"{ZERO}.contiguous_gradients")
     )
-    zero["reduce_bucket_size"] = req.reduce_bucket_size or model_default(
-        h * h if h else deepspeed_default(f"{ZERO}.reduce_bucket_size")
-    )
+    # Without a flag or a model the key is left out: DeepSpeed then applies its own default, and our zero1 /
+    # zero2 size their buckets so that backward overlaps (sharding.partition.default_bucket_elements).
+    bucket = req.reduce_bucket_size or model_default(h * h if h else None)
+    if bucket is not None:
+        zero["reduce_bucket_size"] = bucket
     if req.stage in (1, 2):
         zero["allgather_bucket_size"] = req.allgather_bucket_size or generated_default(
             f"{ZERO}.allgather_bucket_size"
