@@ -138,6 +138,7 @@ def test_memory_errors_are_told_from_other_errors():
     assert not is_out_of_memory(ValueError("out of memory"))
 
 
+@pytest.mark.tier("slow")
 def test_explain_without_records_is_one_line_and_exit_2(tmp_path):
     out = subprocess.run([sys.executable, "-m", "zero_train.cli.main", "explain", str(tmp_path)], env=_env(),
                          capture_output=True, text=True, timeout=120)  # fmt: skip
