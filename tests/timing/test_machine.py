@@ -1,0 +1,34 @@
+"""zero_train/timing/machine.py and presets.py: the presets' datasheet figures, overrides, the machine JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zero_train.timing.machine import load_machine, preset_machine
+from zero_train.timing.presets import GPUS, LINKS
+
+pytestmark = pytest.mark.tier("quick")
+
+
+def test_presets_name_their_links_and_sources_and_overrides_apply():
+    for gpu in GPUS.values():
+        assert {gpu.intra_link, gpu.inter_link, gpu.host_link} <= set(LINKS) and gpu.source
+        assert gpu.tflops["bf16"] >= gpu.tflops["fp32"]
+    h100 = preset_machine("h100-sxm", tflops=500, intra_node_gbps=100, inter_node_gbps=200)
+    assert h100.peak_tflops["bf16"] == pytest.approx(500) and h100.intra.bus_gbps == pytest.approx(80)
+    assert h100.inter.bus_gbps == pytest.approx(200 / 8 * 0.8)
+    with pytest.raises(ValueError, match="unknown --gpu"):
+        preset_machine("h100")
+
+
+def test_a_machine_round_trips_through_its_json(tmp_path):
+    machine = preset_machine("l40s")
+    path = tmp_path / "machine.json"
+
+    path.write_text(json.dumps(machine.as_dict()))
+    assert load_machine(path) == machine
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="not a calibration file"):
+        load_machine(path)

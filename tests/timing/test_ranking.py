@@ -1,0 +1,51 @@
+"""zero_train/timing/ranking.py and `zero-train plan`'s time columns: set-ups ranked by hours, the term that slows each
+runner-up."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_train.memory.model.theory import ModelShape
+from zero_train.registry import ENGINES, engine_spec
+from zero_train.timing.machine import preset_machine
+
+pytestmark = pytest.mark.tier("quick")
+
+
+def test_plan_ranks_set_ups_by_hours_and_names_what_slows_each_runner_up():
+    from zero_train.memory.model.plan import PlanRequest
+    from zero_train.timing.ranking import rank_plan
+
+    request = PlanRequest(shape=ModelShape(num_params=1_000_000_000, num_layers=24, hidden_size=2048,
+                                           num_heads=16, vocab_size=50_000),
+                          nodes=2, gpus_per_node=8, gpu_memory_gb=80, host_memory_gb=2000, global_batch_size=64,
+                          block_size=2048)  # fmt: skip
+    ranked, plan = rank_plan(request, preset_machine("h100-sxm"), tokens=1e9)
+    hours = [row.hours for row in ranked]
+    assert hours == sorted(hours) and len(ranked) > 5 and plan.chosen is ranked[0].candidate
+    assert all(row.why for row in ranked[1:] if row.slower_by > 0.01)
+    assert ranked[0].hours == pytest.approx(1e9 / ranked[0].step.tokens_per_s / 3600)
+    slower, _ = rank_plan(request, preset_machine("a100-80"), tokens=1e9)
+    assert slower[0].hours > ranked[0].hours
+    assert {row.candidate.setup.engine for row in ranked} <= {spec.name for spec in ENGINES if spec.planned}
+    assert engine_spec(ranked[0].candidate.setup.engine).planned
+
+
+def test_plan_prints_time_beside_memory_fastest_first(capsys):
+    """`zero-train plan --gpu` (no --gpu-memory or --host-memory: the preset's memory, host unchecked) ranks by
+    hours with step, tokens/s and MFU beside memory."""
+    from zero_train.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--model", "gpt2-25m", "--nodes", "2", "--gpus-per-node", "8", "--gpu", "a100-40",
+              "--tokens", "1e9", "--block-size", "256", "--global-batch-size", "64"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert exited.value.code == 0, out
+    header = next(line for line in out.splitlines() if "tokens/s" in line)
+    assert all(word in header for word in ("step", "MFU", "hours", "peak/rank"))
+    rows = [
+        line for line in out.splitlines() if line.startswith(("->", "  ")) and " x " in line and "GB" in line
+    ]
+    hours = [float(line.split("%")[1].split()[0]) for line in rows]
+    assert rows[0].startswith("->") and hours == sorted(hours) and len(rows) > 3
+    assert "of 40 GB" in out and "host memory not checked" in out and "64 x 256 tokens" in out
