@@ -219,7 +219,8 @@ CASES = [
     Case("resume-unfinished-save", "train.py", [*TRAIN, "--resume", "{w}/saves/step-00000002.tmp-0123abcd"],
          "unfinished save", preserved=["saves"]),
     Case("resume-malicious-pickle", "train.py", [*TRAIN, "--dataset", "{w}/corpus.txt", "--resume",
-         "{w}/ckpt-evil", "--save-dir", "{w}/new-saves", "--metrics-file", "{w}/metrics.jsonl"],
+         "{w}/ckpt-evil", "--save-dir", "{w}/new-saves", "--metrics-file", "{w}/metrics.jsonl",
+         "--max-steps", "1"],  # its schedule's horizon: another would be refused before the load
          "refusing to load", preserved=["ckpt-evil"]),
 ]  # fmt: skip
 

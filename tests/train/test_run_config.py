@@ -36,7 +36,7 @@ VARIED = [
 
 def test_every_field_is_one_flag_with_its_docstring_as_help():
     parser = build_parser()
-    dests = {action.dest for action in parser._actions} - {"help", "config", "local_rank"}
+    dests = {action.dest for action in parser._actions} - {"help", "config", "local_rank", "hf_refused"}
     fields = {f"{name}.{spec.name}" for name, part in PARTS.items() for spec in dataclasses.fields(part)}
     assert dests == fields  # no flag written by hand beside the fields
     docs = field_docs()
@@ -96,7 +96,9 @@ def test_bad_values_in_code_and_on_the_command_line():
         TrainingConfig(max_steps=0)
     with pytest.raises(UsageError, match="--async-save needs --save-dir or --output-dir"):
         RunConfig(checkpoint=CheckpointConfig(async_save=True))
-    with pytest.raises(UsageError, match="argument --block-size: expected a whole number >= 1, got 0"):
+    with pytest.raises(
+        UsageError, match="argument --block-size/--block_size: expected a whole number >= 1, got 0"
+    ):
         parse_args(["--block-size", "0"])
     with pytest.raises(UsageError, match="--config /no/such.toml: No such file"):
         parse_args(["--config", "/no/such.toml"])

@@ -58,9 +58,9 @@ class ConfigRequest:
     optimizer: str = "adamw"
     """adamw, adam or sgd."""
     lr: float | None = None
-    """Peak learning rate (default 3e-4)."""
+    """Peak learning rate (default 5e-5, the HF Trainer's fine-tuning lr: keys.GENERATED_LR)."""
     weight_decay: float | None = None
-    """Weight decay (default 0.01 for adamw, 0 otherwise)."""
+    """Weight decay (default 0, the HF Trainer's)."""
     betas: tuple[float, float] | None = None
     """Adam betas (default 0.9, 0.999)."""
     eps: float | None = None
@@ -257,7 +257,7 @@ def _value(req: ConfigRequest, name: str, default, *, hf_filled: bool = True):
 def optimizer_section(req: ConfigRequest) -> dict:
     """DeepSpeed's optimizer block; Adam means AdamW to DeepSpeed unless adam_w_mode is false."""
     params: dict = {"lr": _value(req, "lr", generated_default("optimizer.params.lr"))}
-    weight_decay = 0.01 if req.optimizer == "adamw" else 0.0  # keys.WEIGHT_DECAY_GENERATED
+    weight_decay = generated_default("optimizer.params.weight_decay")
     if req.optimizer == "sgd":
         params["momentum"] = _value(
             req, "momentum", generated_default("optimizer.params.momentum"), hf_filled=False

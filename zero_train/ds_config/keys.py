@@ -30,6 +30,11 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 LOAD_DTYPES = {"fp32": 4, "bf16": 2}
 """The dtypes train.py can build or load a model in on the host (--load-dtype) -> bytes per parameter."""
 OPTIMIZER_TYPES = ("AdamW", "Adam", "SGD", "adamw", "adam", "sgd")
+HF_SCHEDULERS = ("linear", "cosine", "constant_with_warmup")
+"""The HF Trainer's lr_scheduler_type schedules our engines apply themselves where a config has no scheduler block
+(DeepSpeed's engine gets them as its client lr_scheduler, as from the Trainer): zero_train.ds_config.schedule."""
+LR_SCHEDULER_TYPES = ("linear", "cosine", "constant", "constant_with_warmup")
+"""--lr-scheduler-type's choices (the HF Trainer's names; "constant" is also DeepSpeed's no-scheduler)."""
 
 
 class _Unset:
@@ -77,15 +82,16 @@ reduction); every other use reads it from here (deepspeed_default)."""
 RUN_WARMUP = Rule("max(1, --max-steps // 10)")
 RUN_TOTAL = Rule("--max-steps")
 RUN_LR = Rule(
-    "1e-3 to train from scratch (a preset, a shape, a config.json); 2e-5 to fine-tune (a folder or hub id)"
+    "1e-3 to train from scratch (a preset, a shape, a config.json); 5e-5 to fine-tune (a folder or hub id)"
 )
 RUN_LR_FROM_SCRATCH = 1e-3
 """train.py's peak lr for randomly initialised weights (the offline presets, whose short runs need a high lr)."""
-RUN_LR_FINE_TUNING = 2e-5
-"""train.py's peak lr for pretrained weights: a full fine-tuning lr (the HF Trainer's default is 5e-5); 1e-3 would
+RUN_LR_FINE_TUNING = 5e-5
+"""train.py's peak lr for pretrained weights: the HF Trainer's default (TrainingArguments.learning_rate); 1e-3 would
 overwrite what the weights learned within a few steps."""
+GENERATED_LR = RUN_LR_FINE_TUNING
+"""What `zero-train config` writes without --lr: the fine-tuning lr (the HF Trainer's), for the README's recipe."""
 WEIGHT_DECAY_DS = Rule("0.01 with torch_adam AdamW (torch's default), else 0.0 (FusedAdam / CPUAdam)")
-WEIGHT_DECAY_GENERATED = Rule("0.01 for adamw, else 0.0")
 WARMUP_MAX_LR_DS = Rule("optimizer.params.lr for WarmupLR, 0.001 for WarmupDecayLR")
 BUCKET_FLAG = "--model (its hidden size)"
 WARMUP_SCHEDULERS = ("WarmupLR", "WarmupDecayLR")
@@ -103,10 +109,10 @@ KEYS = (
     ConfigKey(path="gradient_clipping", field="grad_clip", flag="--grad-clip", fills="grad_clip",
               deepspeed=1.0, generated=1.0, hf=1.0, fill_absent=True),
     # optimizer
-    ConfigKey(path="optimizer.params.lr", field="lr", flag="--lr", fills="lr", deepspeed=1e-3, generated=3e-4,
+    ConfigKey(path="optimizer.params.lr", field="lr", flag="--lr", fills="lr", deepspeed=1e-3, generated=GENERATED_LR,
               run=RUN_LR, fill_absent=OPTIMIZER_TYPES),
     ConfigKey(path="optimizer.params.weight_decay", field="weight_decay", flag="--weight-decay",
-              fills="weight_decay", deepspeed=WEIGHT_DECAY_DS, generated=WEIGHT_DECAY_GENERATED, hf=0.0,
+              fills="weight_decay", deepspeed=WEIGHT_DECAY_DS, generated=0.0, hf=0.0,
               fill_absent=OPTIMIZER_TYPES),
     ConfigKey(path="optimizer.params.betas", field="betas", flag="", fills="betas",
               deepspeed=(0.9, 0.999), generated=(0.9, 0.999), hf=[0.9, 0.999]),
@@ -118,7 +124,7 @@ KEYS = (
     ConfigKey(path="scheduler.params.warmup_min_lr", field="warmup_min_lr", flag="",
               fills="warmup_min_lr", deepspeed=0.0, generated=0.0, hf=0),
     ConfigKey(path="scheduler.params.warmup_max_lr", field="lr", flag="--lr", fills="lr",
-              deepspeed=WARMUP_MAX_LR_DS, generated=3e-4, run=RUN_LR, fill_absent=WARMUP_SCHEDULERS),
+              deepspeed=WARMUP_MAX_LR_DS, generated=GENERATED_LR, run=RUN_LR, fill_absent=WARMUP_SCHEDULERS),
     ConfigKey(path="scheduler.params.warmup_num_steps", field="warmup_steps", flag="--warmup-steps",
               fills="warmup_steps", deepspeed=1000, generated=1, run=RUN_WARMUP,
               fill_absent=(*WARMUP_SCHEDULERS, "WarmupCosineLR")),

@@ -14,12 +14,14 @@ import dataclasses
 import warnings
 
 from zero_train.ds_config.auto import fill_config
-from zero_train.ds_config.keys import PRECISIONS, deepspeed_default
+from zero_train.ds_config.keys import HF_SCHEDULERS, PRECISIONS, deepspeed_default
 from zero_train.ds_config.parse import batch_triple, optimizer_fields, precision_of, scheduler_fields, section
 from zero_train.runtime.errors import UsageError
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
-SCHEDULERS = ("constant", "warmup_constant", "warmup_linear", "warmup_cosine")
+DS_SCHEDULERS = ("constant", "warmup_constant", "warmup_linear", "warmup_cosine")
+"""DeepSpeed's schedules (a config's scheduler block; none: constant)."""
+SCHEDULERS = (*DS_SCHEDULERS, *HF_SCHEDULERS)
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
@@ -53,7 +55,7 @@ class TrainSettings:
     """SGD momentum (sgd only)."""
     scheduler: str = "constant"
     """"constant" (no scheduler), "warmup_constant" (WarmupLR), "warmup_linear" (WarmupDecayLR),
-    "warmup_cosine" (WarmupCosineLR)."""
+    "warmup_cosine" (WarmupCosineLR); or the HF Trainer's "linear", "cosine", "constant_with_warmup"."""
     warmup_steps: int = 0
     """warmup_num_steps as written (DeepSpeed clamps it to >= 2 when it computes the schedule)."""
     warmup_type: str = "log"
@@ -66,6 +68,9 @@ class TrainSettings:
     """Decay horizon in optimizer steps (total_num_steps) for warmup_linear / warmup_cosine."""
     min_lr_ratio: float = 1.0
     """Floor after decay as a fraction of lr (cosine: cos_min_ratio; linear: warmup_min_lr / lr)."""
+    replan_from: tuple[int, float] | None = None
+    """An HF schedule resumed with another horizon: (the resumed step, its lr multiplier); from there it decays to
+    0 at total_steps (zero_train.ds_config.schedule.hf_lambda)."""
     grad_clip: float = 1.0
     """Max global gradient norm; 0.0 = off (DeepSpeed's default is 1.0)."""
     fp16_loss_scale: float = 0.0
@@ -103,7 +108,10 @@ class TrainSettings:
                 f"train_batch_size {self.train_batch_size} != micro_batch_size {self.micro_batch_size} * "
                 f"grad_accum {self.grad_accum} * world_size {self.world_size} = {product}"
             )
-        if self.scheduler in ("warmup_linear", "warmup_cosine") and self.total_steps is None:
+        if (
+            self.scheduler in ("warmup_linear", "warmup_cosine", "linear", "cosine")
+            and self.total_steps is None
+        ):
             raise UsageError(
                 f"scheduler {self.scheduler} needs total_steps (scheduler.params.total_num_steps)"
             )

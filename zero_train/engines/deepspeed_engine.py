@@ -37,7 +37,7 @@ from zero_train.checkpoint.files import (
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import StepResult
 from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
-from zero_train.engines.optim import build_optimizer
+from zero_train.engines.optim import build_optimizer, client_lr_scheduler
 from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
 
@@ -129,8 +129,9 @@ class DeepSpeedEngine:
         client_optimizer = None if "optimizer" in ds_config else build_optimizer(params, settings)
         import_muon_uncompiled(ds_config)
         self.ds_engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=client_optimizer, config=ds_config
-        )
+            model=model, model_parameters=params, optimizer=client_optimizer, config=ds_config,
+            lr_scheduler=client_lr_scheduler(settings),  # an HF Trainer schedule, as the Trainer passes it
+        )  # fmt: skip
         self.model = self.ds_engine.module
         self.lora = is_lora(self.model)  # its checkpoints leave the frozen base out (the --model rebuilds it)
         self.micro_steps = 0

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zero_train.ds_config.schedule import lr_at
+from zero_train.ds_config.keys import HF_SCHEDULERS
+from zero_train.ds_config.schedule import hf_lambda, lr_at
 from zero_train.runtime.errors import UsageError
 
 if TYPE_CHECKING:
@@ -94,3 +95,17 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set `lr` on every param group (DeepSpeed's schedulers use one lr for all groups)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def client_lr_scheduler(settings: TrainSettings):
+    """For DeepSpeed's engine under an HF Trainer schedule (no scheduler block): the `lr_scheduler` callable
+    deepspeed.initialize calls with its optimizer, a LambdaLR on lr_at's curve (None for DeepSpeed's own)."""
+    if settings.scheduler not in HF_SCHEDULERS:
+        return None
+
+    def build(optimizer):
+        for group in optimizer.param_groups:  # the peak, whatever lr the optimizer was built with
+            group["initial_lr"] = settings.lr
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: hf_lambda(settings, step))
+
+    return build

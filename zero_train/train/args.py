@@ -69,10 +69,81 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(part_name, part.__doc__.split(": ", 1)[-1])
         for spec in fields(part):
             words = docs.get(f"{part.__name__}.{spec.name}", "")
-            group.add_argument(*flag_names(spec), dest=f"{part_name}.{spec.name}", **_argument(spec, words))
+            dest = f"{part_name}.{spec.name}"
+            for name, value in spec.metadata["switches"].items():  # its own help names them
+                group.add_argument(name, dest=dest, action=Switch, const=value, help=argparse.SUPPRESS)
+            group.add_argument(*flag_names(spec), dest=dest, **_argument(spec, words))
     parser.add_argument(  # passed by the deepspeed launcher; LOCAL_RANK in the environment wins
         "--local_rank", "--local-rank", dest="local_rank", type=int, help=argparse.SUPPRESS
     )
+    for name in HF_REFUSED:
+        parser.add_argument(name, dest="hf_refused", action=Refused, nargs="?", help=argparse.SUPPRESS)
+
+
+class Switch(argparse.Action):
+    """A bool spelling as the HF Trainer parses it: `--bf16` or `--bf16 true` sets the value; `--bf16 false`
+    leaves the flag as it was (a bool flag's `false` sets False)."""
+
+    def __init__(self, option_strings, dest, const=None, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", const=const, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is self.const or parse_bool(values, option_string):  # no value given: argparse passes const
+            setattr(namespace, self.dest, self.const)
+        elif self.const is True:
+            setattr(namespace, self.dest, False)
+
+
+class Refused(argparse.Action):
+    """An HF Trainer argument train.py has no meaning for: one line naming what to use instead."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError(
+            f"{option_string} (an HF Trainer argument) is not supported here: {HF_REFUSED[option_string]}"
+        )
+
+
+def parse_bool(text: str, option: str) -> bool:
+    """true/false as the HF Trainer's bool arguments take them (UsageError otherwise)."""
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise UsageError(f"{option} takes true or false, got {text!r}")
+
+
+HF_REFUSED = {
+    "--do_train": "training is what this command does; drop it",
+    "--do_eval": "it evaluates at the end of every run; --eval-every K (--eval_steps) adds evaluations",
+    "--eval_strategy": "use --eval-every K (--eval_steps K); it evaluates at the end too",
+    "--evaluation_strategy": "use --eval-every K (--eval_steps K); it evaluates at the end too",
+    "--save_strategy": "use --save-every K (--save_steps K); it saves at the end with --output-dir",
+    "--logging_strategy": "use --log-every K (--logging_steps K)",
+    "--logging_dir": "trackers write under --output-dir's runs/",
+    "--per_device_eval_batch_size": "evaluation uses --micro-batch-size; --eval-batches sets how many",
+    "--optim": "set the DeepSpeed config's optimizer.type (AdamW, Adam or SGD) with --deepspeed FILE",
+    "--adam_beta1": "set optimizer.params.betas in the DeepSpeed config (--deepspeed FILE)",
+    "--adam_beta2": "set optimizer.params.betas in the DeepSpeed config (--deepspeed FILE)",
+    "--adam_epsilon": "set optimizer.params.eps in the DeepSpeed config (--deepspeed FILE)",
+    "--lr_scheduler_kwargs": "use --lr-scheduler-type, --warmup-steps, or a scheduler block in the DeepSpeed config",
+    "--max_steps_per_epoch": "use --max-steps",
+    "--dataloader_num_workers": "the data is tokenized and packed before training; drop it",
+    "--torch_compile": "not supported; drop it",
+    "--push_to_hub": "export with --export-hf DIR (or zero-train export), then upload the folder",
+    "--gradient_checkpointing_kwargs": "--gradient-checkpointing is always non-reentrant; drop the kwargs",
+    "--tf32": "not supported; use --bf16 or --fp16",
+    "--half_precision_backend": "--fp16 and --bf16 run in the engine's own mixed precision; drop it",
+    "--ddp_backend": "the backend follows the device (gloo on CPU, nccl on CUDA); drop it",
+    "--use_cpu": "ranks run on CPU where no GPU is visible; set CUDA_VISIBLE_DEVICES= to force it",
+    "--no_cuda": "ranks run on CPU where no GPU is visible; set CUDA_VISIBLE_DEVICES= to force it",
+    "--label_smoothing_factor": "not supported; drop it",
+    "--load_best_model_at_end": "not supported: export the checkpoint you want with zero-train export",
+    "--auto_find_batch_size": "zero-train plan finds the micro-batch that fits; pass its --micro-batch-size",
+    "--validation_file": "the held-out split is taken from --dataset (--eval-batches sets its size)",
+    "--max_train_samples": "use --max-steps",
+    "--per_gpu_train_batch_size": "use --per_device_train_batch_size (--micro-batch-size)",
+}  # fmt: skip
+"""HF TrainingArguments (and run_clm) spellings train.py has no meaning for -> what to use instead."""
 
 
 def _argument(spec, words: str) -> dict[str, Any]:
@@ -80,8 +151,16 @@ def _argument(spec, words: str) -> dict[str, Any]:
     meta, default = spec.metadata, field_default(spec)
     if meta.get("describe") is not None:
         words += f" ({meta['describe']()})"
-    if isinstance(default, bool):
-        return dict(action="store_false" if meta.get("negated") else "store_true", help=words)
+    if meta["switches"]:  # the HF Trainer's spellings of one value each
+        words += (
+            " ("
+            + ", ".join(f"{name}: {flag_names(spec)[0]} {value}" for name, value in meta["switches"].items())
+            + ")"
+        )
+    if isinstance(default, bool) and meta.get("negated"):
+        return dict(action="store_false", help=words)
+    if isinstance(default, bool):  # `--flag` or, as the HF Trainer's bools, `--flag true|false`
+        return dict(action=Switch, const=True, help=words)
     if default is not None:
         words += f" (default {default})"
     metavar = meta.get("metavar") or (None if meta.get("choices") else spec.name.upper())

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pathlib
 
-from zero_train.checkpoint.resume import capture_rng, read_run_info, restore_rng
+from zero_train.checkpoint.resume import capture_rng, restore_rng
 from zero_train.checkpoint.rotation import reading
 from zero_train.checkpoint.save import CheckpointSaver, SaveOptions, estimate_checkpoint_bytes
 from zero_train.runtime import faults
@@ -83,6 +83,7 @@ class RunCheckpoints:
             data_position=self.data_position(),
         )
         run_info = dict(
+            step=step,
             engine=self.plan.engine.name,
             **self.run_info,
             model_config=engine.model.config.to_dict(),
@@ -147,12 +148,6 @@ class RunCheckpoints:
             raise UsageError(
                 f"checkpoint {ckpt} is at step {step}, not before --max-steps "
                 f"{self.max_steps}; raise --max-steps to train further"
-            )
-        saved_horizon = read_run_info(ckpt).get("settings", {}).get("total_steps")
-        if saved_horizon != self.settings.total_steps:
-            self.log.warning(
-                f"resume: the checkpoint's schedule ends at step {saved_horizon}, this run's at "
-                f"{self.settings.total_steps}; the lr curve differs from an uninterrupted run (keep --max-steps)"
             )
         faults.note_checkpoints(self.config.save_dir, last=str(pathlib.Path(ckpt).resolve()))
         self.log.info(f"resumed from {ckpt} at step {step}")

@@ -10,14 +10,12 @@ The parts are the tables of a `--config run.toml` file and what each piece of th
 is that flag's help. `__post_init__` checks each value as the flag's type would (one line naming the field and
 the fix); what needs files or the model (paths, the context length) is checked when the run is planned.
 
-Batch sizes, lr, warmup, clipping and precision default to None: with a `--deepspeed_config` they only fill its
-"auto" values (a concrete config value that disagrees with a given flag is an error, as in the Hugging Face
-Trainer); without one, a config is generated with every value "auto", and what no flag fills takes train.py's
-default, else the HF Trainer's (zero_train.ds_config.keys: the `run` and `hf` columns).
-
-Where the HF Trainer's argument means the same, its spelling is an alias of the flag (`--learning_rate` for
-`--lr`, `--per_device_train_batch_size` for `--micro-batch-size`, ...: the field's `names`). RunConfig fills in
-the paths --output-dir implies (checkpoints/, metrics.jsonl, hf/) and checks settings that need one another.
+Batch sizes, lr, warmup, clipping and precision default to None: they fill a `--deepspeed_config`'s "auto"
+values (a concrete value that disagrees with a given flag is an error, as in the HF Trainer); without a config,
+one is generated with every value "auto"; what no flag fills takes train.py's default, else the HF Trainer's
+(zero_train.ds_config.keys: the `run` and `hf` columns). The HF Trainer's spellings are aliases where they mean
+the same (the field's `names` and `switches`; zero_train.train.args refuses the others, naming what to use).
+RunConfig fills in the paths --output-dir implies and checks settings that need one another.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
+from zero_train.ds_config.keys import LOAD_DTYPES, LR_SCHEDULER_TYPES, PRECISIONS
 from zero_train.registry import FAMILIES, engine_help, engine_names
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
@@ -43,14 +41,19 @@ DEFAULT_MAX_STEPS = 100
 class ModelConfig:
     """[model]: what is trained."""
 
-    model: str = flag(default_for("model", "train"))
+    model: str = flag(
+        default_for("model", "train"), names=("--model", "--model_name_or_path", "--model-name-or-path")
+    )
     """a preset trained from random weights (tiny, gpt2-25m, gpt2-small, llama-tiny, llama-60m, qwen2-tiny, or a
     published shape such as llama-3-8b), a config.json file, or pretrained weights: a save_pretrained folder or a
     hub id"""
-    tokenizer: str | None = flag(None)
+    tokenizer: str | None = flag(None, names=("--tokenizer", "--tokenizer_name"))
     """a tokenizer folder or hub id, or stdlib-bpe (the shipped offline one); default: the model's own for a folder
     or hub id, stdlib-bpe for a preset, a shape or a config.json"""
-    gradient_checkpointing: bool = flag(default_for("gradient_checkpointing", "train"))
+    gradient_checkpointing: bool = flag(
+        default_for("gradient_checkpointing", "train"),
+        names=("--gradient-checkpointing", "--gradient_checkpointing"),
+    )
     """activation checkpointing: keep each block's input only and recompute the block in backward (Hugging Face's,
     non-reentrant; less memory, ~1/3 more compute)"""
     load_dtype: str = flag(default_for("load_dtype", "train"), choices=tuple(LOAD_DTYPES))
@@ -114,15 +117,21 @@ def target_module_names(text: str) -> list[str]:
 class DataConfig:
     """[data]: what it is trained on."""
 
-    dataset: str | None = flag(default_for("dataset", "train"))
+    dataset: str | None = flag(
+        default_for("dataset", "train"), names=("--dataset", "--dataset_name", "--train_file")
+    )
     """'stdlib' (the offline default: Python's own sources), a local file or folder (txt, json, jsonl, csv,
     parquet), or a hub id"""
-    dataset_config: str | None = flag(None, metavar="NAME")
+    dataset_config: str | None = flag(
+        None, metavar="NAME", names=("--dataset-config", "--dataset_config_name")
+    )
     """the hub dataset's configuration (subset), e.g. wikitext-2-raw-v1 (or --dataset ID:NAME); also of a local
     clone of a hub dataset (the configurations its README.md declares)"""
     text_column: str | None = flag(None, metavar="COLUMN")
     """the column to train on (default: text; with --sft: messages)"""
-    block_size: int = flag(default_for("block_size", "train"), parse=positive_int)
+    block_size: int = flag(
+        default_for("block_size", "train"), parse=positive_int, names=("--block-size", "--block_size")
+    )
     """tokens per training sequence"""
     streaming: bool = flag(False)
     """read the dataset lazily while training (datasets' streaming): no tokenizing pass first, each rank reads its
@@ -160,7 +169,9 @@ class TrainingConfig:
         names=("--grad-accum", "--gradient_accumulation_steps"),
     )
     """micro-steps per optimizer step (default: the DeepSpeed config's, else 1)"""
-    precision: str | None = flag(default_for("precision", "train"), choices=PRECISIONS)
+    precision: str | None = flag(
+        default_for("precision", "train"), choices=PRECISIONS, switches={"--bf16": "bf16", "--fp16": "fp16"}
+    )
     """fills the DeepSpeed config's fp16/bf16 "enabled": "auto" (a generated config's are); a config that sets
     them, or has neither section (fp32), must agree or the run is refused (default: the config's, else fp32)"""
     seed: int = flag(0, parse=non_negative_int)
@@ -176,17 +187,28 @@ class TrainingConfig:
 class OptimizerConfig:
     """[optimizer]: values that fill the DeepSpeed config's "auto" (a concrete value there must agree)."""
 
-    lr: float | None = flag(None, parse=positive_float, names=("--lr", "--learning_rate"))
-    """peak learning rate (default: the DeepSpeed config's, else 2e-5 for pretrained weights, a folder or hub id,
-    and 1e-3 from random weights, a preset, shape or config.json)"""
+    lr: float | None = flag(None, parse=positive_float, names=("--lr", "--learning_rate", "--learning-rate"))
+    """peak learning rate (default: the DeepSpeed config's, else 5e-5 for pretrained weights, a folder or hub id,
+    as the HF Trainer, and 1e-3 from random weights, a preset, shape or config.json)"""
     weight_decay: float | None = flag(
         None, parse=non_negative_float, names=("--weight-decay", "--weight_decay")
     )
     """AdamW's decoupled weight decay (default: the DeepSpeed config's, else 0.0, the HF Trainer's)"""
+    lr_scheduler_type: str | None = flag(
+        None, choices=LR_SCHEDULER_TYPES, names=("--lr-scheduler-type", "--lr_scheduler_type")
+    )
+    """the HF Trainer's schedule where the DeepSpeed config has no scheduler block (default: linear for pretrained
+    weights; from random weights the config's constant lr, or without a config warmup + cosine: train.schedule)"""
     warmup_steps: int | None = flag(None, parse=non_negative_int, names=("--warmup-steps", "--warmup_steps"))
-    """linear warmup steps of the schedule (default: the DeepSpeed config's, else max(1, max steps // 10));
-    0: none, the lr starts at its peak (WarmupCosineLR's first step still runs at lr 0, as DeepSpeed sets it)"""
-    grad_clip: float | None = flag(None, parse=non_negative_float, names=("--grad-clip", "--max_grad_norm"))
+    """linear warmup steps (default: --warmup-ratio's, else the DeepSpeed config's, else 0 for pretrained weights
+    and max(1, max steps // 10) from random weights); a DeepSpeed scheduler warms up at least 2 steps, from lr 0"""
+    warmup_ratio: float | None = flag(
+        None, parse=non_negative_float, names=("--warmup-ratio", "--warmup_ratio")
+    )
+    """warmup as a fraction (below 1) of the run's steps: ceil(ratio x steps) warmup steps, as the HF Trainer"""
+    grad_clip: float | None = flag(
+        None, parse=non_negative_float, names=("--grad-clip", "--max_grad_norm", "--max-grad-norm")
+    )
     """max global grad norm, 0 = off (default: the DeepSpeed config's, else 1.0)"""
 
     def __post_init__(self) -> None:
@@ -203,7 +225,7 @@ class EngineConfig:
     """the engine (zero_train.registry) or a library's alias, which follows the config's ZeRO stage (without
     --deepspeed_config: deepspeed runs ds2, fsdp2 runs fsdp2-z3)"""
     deepspeed_config: str | None = flag(
-        None, names=("--deepspeed_config", "--deepspeed-config"), metavar="FILE"
+        None, names=("--deepspeed_config", "--deepspeed-config", "--deepspeed"), metavar="FILE"
     )
     """DeepSpeed JSON (batch sizes, precision, optimizer, schedule, clipping, ZeRO stage) read by every engine;
     'auto' values are filled from the flags (default: a generated config, every value 'auto')"""
@@ -218,7 +240,7 @@ class CheckpointConfig:
 
     save_dir: str | None = flag(None, metavar="DIR")
     """checkpoint directory (default: --output-dir's checkpoints/; none: no checkpoints)"""
-    save_every: int = flag(0, parse=non_negative_int, names=("--save-every", "--save_steps"))
+    save_every: int = flag(0, parse=non_negative_int, names=("--save-every", "--save_steps", "--save-steps"))
     """checkpoint every K steps and at the end (needs a checkpoint directory; 0 = only at the end)"""
     save_total_limit: int | None = flag(
         None, parse=positive_int, metavar="K", names=("--save-total-limit", "--save_total_limit")
@@ -242,7 +264,7 @@ class CheckpointConfig:
 class EvalConfig:
     """[evaluation]: held-out loss and perplexity."""
 
-    eval_every: int = flag(0, parse=non_negative_int, names=("--eval-every", "--eval_steps"))
+    eval_every: int = flag(0, parse=non_negative_int, names=("--eval-every", "--eval_steps", "--eval-steps"))
     """eval loss + perplexity on the held-out split every K steps and at the end (0 = end only)"""
     eval_batches: int = flag(8, parse=positive_int)
     """micro-batches per rank per evaluation, at most (fewer if the held-out split is smaller)"""
@@ -267,13 +289,16 @@ class OutputConfig:
     (default: jsonl when there is a metrics file)"""
     run_name: str | None = flag(None, names=("--run-name", "--run_name"))
     """the run's name in trackio, W&B and MLflow (default: --output-dir's folder name)"""
-    log_every: int = flag(1, parse=positive_int, names=("--log-every", "--logging_steps"))
+    log_every: int = flag(1, parse=positive_int, names=("--log-every", "--logging-steps", "--logging_steps"))
     """print the step line, and report to the trackers, every K steps"""
     metrics_file: str | None = flag(None, metavar="FILE")
     """JSONL: one object per step and per evaluation (rank 0 writes; default: --output-dir's metrics.jsonl)"""
+    overwrite_output_dir: bool = flag(False, names=("--overwrite-output-dir", "--overwrite_output_dir"))
+    """train into an --output-dir that holds files (its old checkpoints are deleted first); without it (or
+    --resume) such a folder is refused, as by the HF Trainer"""
     memory_report: str | None = flag(None, metavar="FILE")
     """write the per-rank memory run record (JSON)"""
-    progress: bool = flag(True, negated="--no-progress")
+    progress: bool = flag(True, negated="--no-progress", switches={"--disable_tqdm": False})
     """a progress bar on rank 0 in a terminal (--no-progress: none; the step lines stay)"""
 
     def __post_init__(self) -> None:

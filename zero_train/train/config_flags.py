@@ -15,7 +15,7 @@ from zero_train.runtime.errors import UsageError
 
 
 def flag(default: Any, *, parse=None, choices=None, names: tuple[str, ...] = (), metavar: str | None = None,
-         negated: str | None = None, describe=None) -> Any:  # fmt: skip
+         negated: str | None = None, describe=None, switches: dict[str, Any] | None = None) -> Any:  # fmt: skip
     """A field that is a flag of train.py.
 
     Args:
@@ -27,9 +27,12 @@ def flag(default: Any, *, parse=None, choices=None, names: tuple[str, ...] = (),
         metavar: as argparse's.
         negated: a bool field True by default, switched off by this flag (e.g. "--no-progress").
         describe: a function giving the choices in words (appended to the help; derived, never written here).
+        switches: further spellings that each set one value, taking an optional true/false as the HF Trainer's
+            bool arguments do (`--bf16` / `--bf16 true` is `--precision bf16`).
     """
     return field(default=default, metadata=dict(parse=parse, choices=choices, names=names, metavar=metavar,
-                                                negated=negated, describe=describe))  # fmt: skip
+                                                negated=negated, describe=describe,
+                                                switches=switches or {}))  # fmt: skip
 
 
 def check_part(part) -> None:

@@ -126,6 +126,7 @@ class Trainer:
             )
             plan = with_max_steps(plan, config, steps)
             self.log.info(f"{self.training.num_train_epochs:g} epochs = {steps} optimizer steps")
+        self.log.info(plan.settings_line)  # the optimizer and schedule, and where each value came from
         self.plan, self.settings, self.max_steps = plan, plan.settings, plan.max_steps
         block_size = config.data.block_size
         self.probe = self._make_probe()

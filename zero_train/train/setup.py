@@ -33,7 +33,8 @@ from zero_train.ds_config.keys import (
 from zero_train.registry import EngineSpec, resolve_engine
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir, check_output_file
-from zero_train.train.config import DEFAULT_MAX_STEPS, ModelConfig, OptimizerConfig, RunConfig, TrainingConfig
+from zero_train.train.config import DEFAULT_MAX_STEPS, ModelConfig, RunConfig, TrainingConfig
+from zero_train.train.schedule import resumed_schedule, run_schedule, settings_line, warmup_steps
 from zero_train.train.tracking import report_targets
 
 
@@ -70,12 +71,15 @@ class RunPlan:
     """The checkpoint --resume names, verified against its manifest (None: a fresh start)."""
     lora: Any = None
     """zero_train.hf.lora.LoraSpec of the adapters (None: every weight trains); its targets checked."""
+    settings_line: str = ""
+    """The run's optimizer settings and schedule, each with where it came from (zero_train.train.schedule)."""
 
 
 def check_outputs(config: RunConfig) -> None:
     """UsageError for an output that could not be written, checked now (writable, or creatable) rather than when
     the run first writes to it: a bad --memory-report must not cost the whole training run."""
     if config.output.output_dir:
+        check_earlier_run(config)
         check_output_dir(config.output.output_dir, flag="--output-dir")
     if config.checkpoint.save_dir:
         check_output_dir(config.checkpoint.save_dir, flag="--save-dir")
@@ -90,6 +94,28 @@ def check_outputs(config: RunConfig) -> None:
         from zero_train.checkpoint.export import check_export_dir
 
         check_export_dir(config.checkpoint.export_hf)
+
+
+def check_earlier_run(config: RunConfig) -> None:
+    """The HF Trainer's rule: an --output-dir holding files is refused unless --resume continues the run there
+    or --overwrite-output-dir starts over (its old checkpoints deleted here, so `latest` never sits beside a
+    finished run's later steps). Hidden names (the write probes of other ranks) do not count."""
+    folder = pathlib.Path(config.output.output_dir).expanduser()
+    held = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
+    if not held or config.checkpoint.resume:
+        return
+    if not config.output.overwrite_output_dir:
+        raise UsageError(
+            f"--output-dir {str(folder)!r} already holds a run ({', '.join(held[:3])}); give --resume auto to "
+            "continue it, --overwrite-output-dir to start over in it, or another --output-dir"
+        )
+    save_dir = pathlib.Path(config.checkpoint.save_dir or folder / "checkpoints").expanduser()
+    if os.environ.get("LOCAL_RANK", "0") == "0" and save_dir.is_dir():  # one rank per host deletes
+        import shutil
+
+        for old in save_dir.iterdir():
+            if old.name == "latest" or old.name.startswith("step-"):
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
 
 def log_file(output) -> str | None:
@@ -123,7 +149,8 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
         cfg, source = load_config(config_file), config_file
     else:
         stage = resolve_engine(engine_name).stage
-        cfg = default_config(stage, warmup_steps=config.optimizer.warmup_steps)
+        hf_schedule = is_pretrained(config.model.model) or config.optimizer.lr_scheduler_type is not None
+        cfg = default_config(stage, warmup_steps=config.optimizer.warmup_steps, scheduler=not hf_schedule)
         source = f"generated default (ZeRO stage {stage})"
     if accelerate is not None:
         library = resolve_engine(engine_name).family or engine_name  # accelerate's plugin is the library's
@@ -143,12 +170,10 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
 
         lora_shapes(hf_config, lora)  # a target module that names nothing fails here, on the meta device
     max_steps = planned_steps(config.training)
-    settings = _settings(config, cfg, world_size=world_size, model_config=hf_config, pretrained=pretrained,
-                         max_steps=max_steps or DEFAULT_MAX_STEPS)  # fmt: skip
-    return RunPlan(
-        engine=resolve_engine(engine_name, settings.zero_stage),  # the alias becomes the engine, once
-        ds_config=resolve_auto(cfg, settings),
-        settings=settings,
+    plan = RunPlan(
+        engine=resolve_engine(engine_name),
+        ds_config=cfg,
+        settings=None,
         tokenizer=tokenizer,
         tokenizer_source=tokenizer_source(model.model, model.tokenizer),
         model_config=hf_config,
@@ -161,6 +186,7 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
         resume_checkpoint=resume_checkpoint,
         lora=lora,
     )
+    return with_max_steps(plan, config, max_steps)
 
 
 def check_resume_lora(ckpt: pathlib.Path, asked: dict | None) -> None:
@@ -190,43 +216,65 @@ def planned_steps(training: TrainingConfig) -> int | None:
     return DEFAULT_MAX_STEPS if training.num_train_epochs is None else None
 
 
-def with_max_steps(plan: RunPlan, config: RunConfig, max_steps: int) -> RunPlan:
-    """The plan of a run whose length is now known: the schedule's horizon and warmup default follow it."""
+def with_max_steps(plan: RunPlan, config: RunConfig, max_steps: int | None) -> RunPlan:
+    """The plan of a run of `max_steps` (None: known once the data is, a provisional DEFAULT_MAX_STEPS horizon
+    until then): the schedule's horizon and warmup default follow it, a resume re-plans it (or refuses)."""
+    horizon = max_steps or DEFAULT_MAX_STEPS
     settings = _settings(config, plan.raw_config, world_size=plan.world_size, model_config=plan.model_config,
-                         pretrained=plan.pretrained, max_steps=max_steps)  # fmt: skip
+                         pretrained=plan.pretrained, max_steps=horizon)  # fmt: skip
+    settings = run_schedule(settings, config=config, cfg=plan.raw_config, pretrained=plan.pretrained,
+                            max_steps=horizon)  # fmt: skip
+    ckpt = plan.resume_checkpoint
+    if ckpt is not None and max_steps is not None:
+        from zero_train.checkpoint.resume import read_run_info
+
+        info = read_run_info(ckpt)
+        step = info.get("step", int(ckpt.name.split("-")[-1]) if ckpt.name.startswith("step-") else 0)
+        settings = resumed_schedule(settings, saved=info.get("settings", {}), step=step, ckpt=ckpt)
     return replace(
-        plan, settings=settings, ds_config=resolve_auto(plan.raw_config, settings), max_steps=max_steps
+        plan,
+        engine=resolve_engine(
+            config.engine.engine, settings.zero_stage
+        ),  # the alias becomes the engine, once
+        settings=settings,
+        ds_config=resolve_auto(plan.raw_config, settings),
+        max_steps=max_steps,
+        settings_line=settings_line(
+            config, plan.raw_config, settings, source=plan.config_source, pretrained=plan.pretrained
+        ),  # fmt: skip
     )
 
 
 def _settings(
     config: RunConfig, cfg: dict, *, world_size: int, model_config, pretrained: bool, max_steps: int
 ):
-    given = given_values(config.training, config.optimizer, cfg, pretrained=pretrained, max_steps=max_steps)
+    given = given_values(config, cfg, pretrained=pretrained, max_steps=max_steps)
     hidden_size = getattr(model_config, "hidden_size", None)
     return train_settings(cfg, world_size=world_size, hidden_size=hidden_size, **given)
 
 
-def default_config(stage: int, *, warmup_steps: int | None = None) -> dict:
-    """The config of a run without --deepspeed_config (at its engine's stage): AdamW, warmup + cosine, every
-    value "auto" but warmup 0 (none: written, since a cosine without warmup needs warmup_min_ratio 1.0)."""
+def default_config(stage: int, *, warmup_steps: int | None = None, scheduler: bool = True) -> dict:
+    """The config of a run without --deepspeed_config (at its engine's stage), every value "auto": AdamW, and
+    with `scheduler` DeepSpeed's warmup + cosine (warmup 0: written, since a cosine without warmup needs
+    warmup_min_ratio 1.0); without, no scheduler block (the run's --lr-scheduler-type: train.schedule)."""
+    if not scheduler:
+        return generate_config(ConfigRequest(stage=stage, hf_auto=True))
     request = ConfigRequest(stage=stage, hf_auto=True, scheduler="warmup_cosine",
                             warmup_steps=0 if warmup_steps == 0 else None)  # fmt: skip
     return generate_config(request)
 
 
-def given_values(
-    training: TrainingConfig, optimizer: OptimizerConfig, cfg: dict, *, pretrained: bool, max_steps: int
-) -> dict:
+def given_values(config: RunConfig, cfg: dict, *, pretrained: bool, max_steps: int) -> dict:
     """train_settings keyword arguments: the values given, plus train.py's defaults (the `run` column of
     zero_train.ds_config.keys.KEYS; a pretrained model's lr is a fine-tuning one) for "auto" values none fills;
     the rest fall to the HF Trainer's."""
+    training, optimizer = config.training, config.optimizer
     given = dict(
         micro_batch_size=training.micro_batch_size,
         grad_accum=training.grad_accum,
         lr=optimizer.lr,
         weight_decay=optimizer.weight_decay,
-        warmup_steps=optimizer.warmup_steps,
+        warmup_steps=warmup_steps(config, max_steps) if "scheduler" in cfg else None,  # else train.schedule's
         grad_clip=optimizer.grad_clip,
         precision=training.precision,
         total_steps=None,
