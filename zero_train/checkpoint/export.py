@@ -50,6 +50,9 @@ def check_export_dir(out_dir, *, force: bool = False) -> pathlib.Path:
     return out
 
 
+GENERATION_FILE = "generation_config.json"
+
+
 def export_model(
     model_or_state_dict,
     config,
@@ -59,8 +62,9 @@ def export_model(
     dtype: torch.dtype | None = None,
     force: bool = False,
     verify: bool = False,
+    generation_config: str | None = None,
 ) -> pathlib.Path:
-    """Write config.json + model.safetensors + tokenizer files to `out_dir` (atomically).
+    """Write config.json + model.safetensors + tokenizer files (+ generation_config.json) to `out_dir` (atomically).
 
     Args:
         model_or_state_dict: an (unwrapped, full) torch.nn.Module or its state dict (e.g. an engine's
@@ -71,6 +75,7 @@ def export_model(
         out_dir: target folder; must be absent or empty unless `force`.
         dtype: cast floating tensors to this dtype (default: keep the saved dtype).
         force: replace a non-empty out_dir.
+        generation_config: the text of a generation_config.json to write beside them (the checkpoint's).
         verify: before publishing the folder, load it with AutoModelForCausalLM.from_pretrained and
             check every weight (not under an active ZeRO-3 HfDeepSpeedConfig: loading would partition).
 
@@ -92,6 +97,8 @@ def export_model(
         _write_weights(weights, staging)
         _write_config(config, _floating_dtype(weights), staging)
         tokenizer.save_pretrained(str(staging))
+        if generation_config is not None:
+            (staging / GENERATION_FILE).write_text(generation_config, encoding="utf-8")
         for path in staging.iterdir():
             path.chmod(0o644)  # safetensors writes 0600; an export is meant to be shared
         if verify:
@@ -227,16 +234,30 @@ def export_checkpoint(
             f"checkpoint {str(ckpt)!r} is a LoRA run's: export it with zero_train.checkpoint.export_lora "
             "(`zero-train export` does)"
         )
+    from zero_train.hf.models import load_tokenizer
+
     with reading(ckpt):  # a training run's --save-total-limit keeps it until it is read
         run = read_run_info(ckpt)
         config = _read_config(ckpt, run)
         weights = _read_weights(ckpt)
-    tokenizer_spec = tokenizer if tokenizer is not None else run.get("tokenizer")  # None: offline default
-    if tokenizer_spec is not None and not isinstance(tokenizer_spec, str):
-        raise UsageError(
-            f"{RUN_FILE} records tokenizer {tokenizer_spec!r}; pass --tokenizer FOLDER_OR_HUB_ID"
-        )
-    return export_model(weights, config, tokenizer_spec, out_dir, dtype=dtype, force=force, verify=True)
+        tokenizer_spec = tokenizer if tokenizer is not None else own_tokenizer(ckpt, run)
+        if tokenizer_spec is not None and not isinstance(tokenizer_spec, str):
+            raise UsageError(
+                f"{RUN_FILE} records tokenizer {tokenizer_spec!r}; pass --tokenizer FOLDER_OR_HUB_ID"
+            )
+        tokens = load_tokenizer(tokenizer_spec)
+        generation = ckpt / MODEL_DIR / GENERATION_FILE
+        generation_text = generation.read_text(encoding="utf-8") if generation.is_file() else None
+    return export_model(weights, config, tokens, out_dir, dtype=dtype, force=force, verify=True,
+                        generation_config=generation_text)  # fmt: skip
+
+
+def own_tokenizer(ckpt: pathlib.Path, run: dict) -> str | None:
+    """The tokenizer a checkpoint carries (model/, as the HF Trainer's checkpoints do), else the one run.json
+    records (checkpoints of older versions: a folder, a hub id, or None for the offline default)."""
+    if (ckpt / MODEL_DIR / "tokenizer_config.json").is_file():
+        return str(ckpt / MODEL_DIR)
+    return run.get("tokenizer")
 
 
 def _read_config(ckpt: pathlib.Path, run: dict):

@@ -22,7 +22,7 @@ import shutil
 import torch
 
 from zero_train.checkpoint import atomic as checkpoint
-from zero_train.checkpoint.export import check_export_dir, export_model, staging_dir
+from zero_train.checkpoint.export import check_export_dir, export_model, own_tokenizer, staging_dir
 from zero_train.checkpoint.files import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_DIR
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
 from zero_train.checkpoint.rotation import reading
@@ -87,10 +87,9 @@ def export_lora_checkpoint(ckpt_dir, out_dir, *, tokenizer=None, merge: bool = F
         raise UsageError(f"checkpoint {str(ckpt)!r} is not a LoRA run's (no {MODEL_DIR}/{ADAPTER_CONFIG})")
     with reading(ckpt):
         run = read_run_info(ckpt)
+        tokens = load_tokenizer(tokenizer if tokenizer is not None else own_tokenizer(ckpt, run))
         staged = _copy_adapter(ckpt / MODEL_DIR)
     try:
-        tokenizer_spec = tokenizer if tokenizer is not None else run.get("tokenizer")
-        tokens = load_tokenizer(tokenizer_spec)
         base = _rebuild_base(run, vocab_size=len(tokens), merge=merge)
         model = _with_adapter(base, staged)
         if merge:

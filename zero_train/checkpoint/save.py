@@ -90,6 +90,7 @@ class CheckpointSaver:
         run_info: dict,
         estimated_bytes: int | None,
         process_group=None,
+        extra_files: dict[str, pathlib.Path] | None = None,
     ):
         """Save `engine` at `step`; returns the checkpoint folder, or None while it is written in the background.
 
@@ -99,6 +100,8 @@ class CheckpointSaver:
             client_state: this rank's loop state (step, data position, rng).
             run_info: what rank 0 records in run.json.
             estimated_bytes: the checkpoint's size from the model states (used before any save is known).
+            extra_files: relpath -> a file rank 0 copies into the checkpoint (the tokenizer's files and the
+                generation config, so that the checkpoint exports on its own: zero_train.train.checkpoints).
             process_group: where the ranks wait while rank 0 works alone (creating the staging folder,
                 hashing and publishing; zero_train.runtime.dist.rank0_work_group's long timeout); a
                 background save uses a long-timeout group of its own.
@@ -118,6 +121,8 @@ class CheckpointSaver:
         engine.save_checkpoint(writes, client_state=client_state)
         if self.dist_info.is_main:
             writes.json(RUN_FILE, dict(run_info, step=step))
+            for relpath, source in (extra_files or {}).items():
+                writes.copy(relpath, source)
         if not self.options.background:
             return self._finish(step, writes, group=process_group)
         self._outcome = None

@@ -13,6 +13,8 @@ others are dropped. A streamed dataset (--streaming) is read by zero_train.hf.st
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import pathlib
 import sys
@@ -121,17 +123,39 @@ def _local_files(path: pathlib.Path) -> tuple[str, list[str]]:
 def _load_local(path: pathlib.Path, streaming: bool):
     builder, files = _local_files(path)
     kwargs = {"sample_by": "paragraph"} if builder == "text" else {}
+    level = datasets.utils.logging.get_verbosity()
+    datasets.utils.logging.set_verbosity(
+        logging.CRITICAL
+    )  # its JSON reader logs each failure: ours is the line
     try:
         return datasets.load_dataset(
             builder, data_files={"train": files}, split="train", streaming=streaming, **kwargs
         )
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as err:
-        raise UsageError(read_error(path, builder, err)) from err
+        bad = first_bad_json_line(files) if builder == "json" else None
+        raise UsageError(bad or read_error(path, builder, err)) from err
+    finally:
+        datasets.utils.logging.set_verbosity(level)
 
 
 def read_error(path, builder: str, err: BaseException) -> str:
     """The one line for a local file datasets cannot read."""
     return f"cannot read dataset {str(path)!r} as {builder}: {_first_line(err.__cause__ or err)}"
+
+
+def first_bad_json_line(files: list[str]) -> str | None:
+    """The file and line of the first row that is not JSON (a .jsonl row per line; a .json document whole)."""
+    for name in files:
+        text = pathlib.Path(name).read_text(encoding="utf-8", errors="replace")
+        rows = enumerate(text.splitlines(), 1) if name.lower().endswith(".jsonl") else [(0, text)]
+        for number, row in rows:
+            try:
+                json.loads(row) if row.strip() else None
+            except json.JSONDecodeError as err:
+                line = number or err.lineno
+                return (f"dataset {name!r} line {line}: not JSON ({err.msg}, column {err.colno}); fix or remove "
+                        "the line")  # fmt: skip
+    return None
 
 
 def _load_hub(name: str, config_name: str | None, *, spec: str, streaming: bool) -> dict:

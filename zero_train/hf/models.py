@@ -18,6 +18,7 @@ import contextlib
 import difflib
 import functools
 import importlib
+import json
 import os
 import pathlib
 
@@ -32,7 +33,14 @@ from zero_train.hf.offline import (
     OFFLINE_VOCAB_SIZE,
     default_tokenizer_dir,
 )
-from zero_train.hf.shapes import SHAPE_PRESETS, check_causal_lm, config_from_file, shape_config
+from zero_train.hf.shapes import (
+    SHAPE_PRESETS,
+    check_causal_lm,
+    check_config_keys,
+    config_errors_as_usage,
+    config_from_file,
+    shape_config,
+)
 from zero_train.runtime.errors import UsageError
 
 # No dropout: like modern pretraining (and Llama), and it keeps engine comparisons and resumed runs
@@ -142,7 +150,8 @@ def model_config(name_or_path: str, *, vocab_size: int | None = None) -> transfo
         config = config_from_file(name_or_path)
     else:
         _check_local_path(name_or_path)
-        with _hub_errors_as_usage(name_or_path, "model"):
+        _check_folder_keys(name_or_path)
+        with _hub_errors_as_usage(name_or_path, "model"), config_errors_as_usage(f"model {name_or_path!r}"):
             config = hub.load(functools.partial(AutoConfig.from_pretrained, name_or_path), name_or_path)
         check_causal_lm(config, name_or_path)
     if vocab_size is not None and vocab_size > config.vocab_size:
@@ -151,6 +160,19 @@ def model_config(name_or_path: str, *, vocab_size: int | None = None) -> transfo
             "use the tokenizer the model was trained with (--tokenizer, default: the model's own)"
         )
     return config
+
+
+def _check_folder_keys(name_or_path: str) -> None:
+    """A save_pretrained folder's config.json keys, checked for typos as a config.json file's are."""
+    path = pathlib.Path(name_or_path).expanduser() / "config.json"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return  # unreadable: AutoConfig's own one-line error follows
+    if isinstance(settings, dict) and settings.get("model_type") in CONFIG_MAPPING:
+        check_config_keys(
+            {k: v for k, v in settings.items() if k != "model_type"}, settings["model_type"], str(path)
+        )
 
 
 def is_pretrained(name_or_path: str) -> bool:

@@ -11,6 +11,8 @@ device or on fake tensors; training them gives a randomly initialised model of t
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import json
 import pathlib
 
@@ -78,10 +80,9 @@ def config_from_file(path: str | pathlib.Path) -> transformers.PretrainedConfig:
     if model_type not in transformers.CONFIG_MAPPING:
         raise UsageError(f"{str(path)!r}: model_type {model_type!r} is unknown to transformers "
                          f"{transformers.__version__}; pass a causal LM's config.json")  # fmt: skip
-    try:
+    check_config_keys(settings, model_type, str(path))
+    with config_errors_as_usage(f"{str(path)!r} is not a valid {model_type} config"):
         config = transformers.AutoConfig.for_model(model_type, **settings)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"{str(path)!r} is not a valid {model_type} config: {exc}") from exc
     check_causal_lm(config, str(path))
     return config
 
@@ -93,3 +94,58 @@ def check_causal_lm(config: transformers.PretrainedConfig, name: str) -> None:
             f"{name!r} is a {config.model_type!r} config, not a causal LM (AutoModelForCausalLM cannot build it); "
             "pass a causal LM such as gpt2, llama, mistral or qwen2"
         )
+
+
+CONFIG_FILE_KEYS = (
+    "architectures",
+    "transformers_version",
+    "_name_or_path",
+    "auto_map",
+    "torch_dtype",
+    "dtype",
+)
+"""Keys save_pretrained writes that no config class lists among its attributes."""
+
+
+def check_config_keys(settings: dict, model_type: str, where: str) -> None:
+    """UsageError for a key that is a typo of one the config class knows (`num_hiden_layers`): transformers would
+    keep it as a stray attribute and build the class default's 32 layers. Other unknown keys stay (remote code
+    and newer transformers versions read their own)."""
+    config_class = transformers.CONFIG_MAPPING[model_type]
+    known = (
+        set(config_class().to_dict())
+        | set(getattr(config_class, "attribute_map", {}))
+        | set(CONFIG_FILE_KEYS)
+    )
+    for key in settings:
+        guess = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.85) if key not in known else []
+        if guess:
+            raise UsageError(f"{where}: unknown {model_type} config key {key!r}; did you mean {guess[0]!r}?")
+
+
+@contextlib.contextmanager
+def config_errors_as_usage(what: str):
+    """transformers' config validation as one line: ValueError, TypeError, or huggingface_hub's strict-dataclass
+    validation errors (transformers 5 validates an architecture when its config is built)."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - the classes differ by version; a bug would not pass the filter
+        if not isinstance(exc, (TypeError, ValueError)) and "Validation" not in type(exc).__name__:
+            raise
+        cause = exc.__cause__ if "Validation" in type(exc).__name__ and exc.__cause__ is not None else exc
+        raise UsageError(f"{what}: {' '.join(str(cause).split()) or type(cause).__name__}") from None
+
+
+def check_buildable(config: transformers.PretrainedConfig, where: str) -> None:
+    """Build the model on the meta device (no memory, no weights) so that transformers' own validation (a hidden
+    size that the heads do not divide, ...) is one line now, before any rank starts work."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            transformers.AutoModelForCausalLM.from_config(config)
+    except (ValueError, AssertionError, TypeError, KeyError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise UsageError(
+            f"{where}: transformers cannot build this {config.model_type} model: {text}"
+        ) from None

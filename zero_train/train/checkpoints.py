@@ -15,7 +15,9 @@ position, zero_train.train.data), the global micro-batch and every rank's RNG st
 from __future__ import annotations
 
 import pathlib
+import shutil
 
+from zero_train.checkpoint.files import MODEL_DIR
 from zero_train.checkpoint.resume import capture_rng, restore_rng
 from zero_train.checkpoint.rotation import reading
 from zero_train.checkpoint.save import CheckpointSaver, SaveOptions, estimate_checkpoint_bytes
@@ -24,7 +26,7 @@ from zero_train.runtime.dist import rank0_work_group
 from zero_train.runtime.errors import UsageError
 from zero_train.train.config import CheckpointConfig
 from zero_train.train.log import get_logger
-from zero_train.train.setup import RunPlan, num_params
+from zero_train.train.setup import RunPlan, absolute_if_local, num_params
 
 
 class RunCheckpoints:
@@ -44,10 +46,14 @@ class RunCheckpoints:
         data_position=lambda: None,
     ) -> None:  # fmt: skip
         self.config, self.plan, self.dist_info, self.settings = config, plan, dist_info, plan.settings
-        self.max_steps, self.run_info, self.data_position = max_steps, run_info, data_position
+        self.max_steps, self.data_position = max_steps, data_position
+        # local paths absolute: export and resume work from any directory
+        self.run_info = {key: absolute_if_local(value) if key in ("model", "tokenizer", "dataset") else value
+                         for key, value in run_info.items()}  # fmt: skip
         self.log = get_logger(dist_info.rank)
         self.latest = None  # the folder of this run's last complete checkpoint
         self.estimated_bytes: int | None = None
+        self.side_folder: pathlib.Path | None = None  # rank 0's tokenizer and generation files (_side_files)
         self.saver = None
         if config.save_dir:
             options = SaveOptions(
@@ -72,6 +78,8 @@ class RunCheckpoints:
         finished = self.saver.wait()
         if finished is not None:
             self._saved(finished)
+        if self.side_folder is not None:
+            shutil.rmtree(self.side_folder, ignore_errors=True)
 
     def save(self, engine, step: int) -> None:
         """Save after `step` (at once, or in the background with --async-save); every rank calls it."""
@@ -83,7 +91,6 @@ class RunCheckpoints:
             data_position=self.data_position(),
         )
         run_info = dict(
-            step=step,
             engine=self.plan.engine.name,
             **self.run_info,
             model_config=engine.model.config.to_dict(),
@@ -103,11 +110,28 @@ class RunCheckpoints:
                 run_info=run_info,
                 estimated_bytes=self.estimated_bytes,
                 process_group=waiting,
+                extra_files=self._side_files(engine.model) if self.dist_info.is_main else None,
             )
         if saved is not None:
             self._saved(saved)
         else:
             self.log.info(f"checkpoint step {step}: writing in the background")
+
+    def _side_files(self, model) -> dict[str, pathlib.Path]:
+        """The tokenizer's files and the generation config, written once (rank 0) and copied into every
+        checkpoint's model/ beside config.json, as the HF Trainer does: the checkpoint exports on its own,
+        from any directory, moved or not."""
+        if self.side_folder is None:
+            import tempfile
+
+            self.side_folder = pathlib.Path(tempfile.mkdtemp(prefix="zt-side-files-"))
+            self.plan.tokenizer.save_pretrained(str(self.side_folder))
+            generation = getattr(model, "generation_config", None)
+            if generation is not None:
+                generation.save_pretrained(str(self.side_folder))
+        return {
+            f"{MODEL_DIR}/{path.name}": path for path in sorted(self.side_folder.iterdir()) if path.is_file()
+        }
 
     def _saved(self, folder) -> None:
         self.latest = folder

@@ -118,6 +118,26 @@ def check_earlier_run(config: RunConfig) -> None:
                 shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
 
+def check_user_config(cfg: dict, source: str, *, engine: EngineSpec, world_size: int) -> None:
+    """`zero-train config check`'s checks, on every engine: a typo'd key is one line naming the nearest known
+    key, not a DeepSpeed traceback (ds*) or a setting silently ignored (ours). DeepSpeed's own classes check the
+    values too where the engine imports DeepSpeed anyway."""
+    from zero_train.ds_config.rules import check_rules
+
+    check_rules(cfg, world_size=world_size).raise_if_invalid(source)
+    if engine.builder.startswith("zero_train.engines.deepspeed"):
+        from zero_train.ds_config.check import check_config
+
+        check_config(cfg, world_size=world_size).raise_if_invalid(source)
+
+
+def absolute_if_local(spec: str | None) -> str | None:
+    """A path that exists here, made absolute (what a checkpoint records); a hub id or preset unchanged."""
+    if spec is None or not pathlib.Path(spec).expanduser().exists():
+        return spec
+    return str(pathlib.Path(spec).expanduser().resolve())
+
+
 def log_file(output) -> str | None:
     """Where rank 0's lines are written besides stdout: --output-dir's train.log (None without one)."""
     return os.path.join(output.output_dir, "train.log") if output.output_dir else None
@@ -134,7 +154,8 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
         The RunPlan; UsageError on anything the user can fix.
     """
     from zero_train.checkpoint.resume import resume_path
-    from zero_train.hf.models import check_block_size, is_pretrained, model_config
+    from zero_train.hf.models import PRESETS, check_block_size, is_pretrained, model_config
+    from zero_train.hf.shapes import SHAPE_PRESETS, check_buildable
     from zero_train.hf.tokenizer import check_vocabulary, run_tokenizer, tokenizer_source
 
     check_outputs(config)
@@ -147,6 +168,7 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
     config_file = config.engine.deepspeed_config or (accelerate or {}).get("deepspeed_config_file")
     if config_file:
         cfg, source = load_config(config_file), config_file
+        check_user_config(cfg, source, engine=resolve_engine(engine_name), world_size=world_size)
     else:
         stage = resolve_engine(engine_name).stage
         hf_schedule = is_pretrained(config.model.model) or config.optimizer.lr_scheduler_type is not None
@@ -164,6 +186,10 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
     hf_config = hf_config or model_config(model.model, vocab_size=len(tokenizer))
     check_vocabulary(tokenizer, hf_config, model=model.model, tokenizer_given=model.tokenizer)
     check_block_size(hf_config, config.data.block_size)
+    if (
+        model.model not in PRESETS and model.model not in SHAPE_PRESETS
+    ):  # a config.json, folder or hub id: transformers' own checks, as one line
+        check_buildable(hf_config, model.model)
     lora = config.lora.spec()
     if lora is not None:
         from zero_train.hf.lora import lora_shapes
