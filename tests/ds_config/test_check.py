@@ -73,7 +73,7 @@ def test_every_problem_listed_each_on_its_own_line(tmp_path, capsys):
     assert code == 2 and out == "" and "Traceback" not in err
     expected = [
         "did you mean 'zero_optimization'?",
-        "reduce_bucket_sise: Extra inputs are not permitted (DeepSpeedZeroConfig)",
+        "unknown key zero_optimization.reduce_bucket_sise (DeepSpeed refuses it); did you mean 'reduce_bucket_size'?",
         "fp16.enabled and bf16.enabled are both true",
         "offload_param needs stage 3",
         "WarmupDecayLR needs params.total_num_steps",

@@ -100,8 +100,10 @@ def test_bad_datasets_are_usage_errors(tmp_path, tokenizer):
     with pytest.raises(UsageError, match="no 'text' column .*content.*--text-column"):
         data.load_text_dataset(str(tmp_path / "notext.jsonl"))
     (tmp_path / "broken.jsonl").write_text('{"text": "fine"}\n{not json\n')
-    with pytest.raises(UsageError, match="cannot read dataset .*broken.jsonl.* as json"):
-        data.load_text_dataset(str(tmp_path / "broken.jsonl"))
+    with pytest.raises(
+        UsageError, match=r"dataset .*broken.jsonl' line 2: not JSON \(Expecting property name"
+    ):
+        data.load_text_dataset(str(tmp_path / "broken.jsonl"))  # the file and line, not datasets' row
     (tmp_path / "notes.md").write_text("# title\n")
     with pytest.raises(UsageError, match="unsupported file type .md"):
         data.load_text_dataset(str(tmp_path / "notes.md"))

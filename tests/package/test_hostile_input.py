@@ -180,6 +180,25 @@ CASES = [
     Case("train-config-a-list", "train.py", [*TRAIN, "--deepspeed_config", "{w}/list.json"], "JSON list"),
     Case("train-config-wrong-type", "train.py", [*TRAIN, "--deepspeed_config", "{w}/wrong-type.json"],
          "got 'eight'"),
+    # issue 41: a typo'd DeepSpeed key on every engine (ours never import DeepSpeed), model configs transformers
+    # refuses or would misread, a broken JSON line, an output dir holding a run, an HF argument we do not have
+    *(Case(f"train-config-typo-{engine}", "train.py", [*TRAIN, "--engine", engine, "--deepspeed", "{w}/typo.json"],
+           "did you mean 'stage3_prefetch_bucket_size'?") for engine in ("zero3", "ds3", "fsdp2-z3")),
+    Case("train-config-typo-top-level", "train.py", [*TRAIN, "--deepspeed", "{w}/typo-top.json"],
+         "unknown top-level key 'gradient_clippin' (DeepSpeed silently ignores it); did you mean"),
+    Case("train-model-config-typo", "train.py", [*TRAIN, "--model", "{w}/typo-config.json"],
+         "unknown gpt2 config key 'num_hiden_layers'; did you mean 'num_hidden_layers'?"),
+    Case("train-model-heads-do-not-divide", "train.py", [*TRAIN, "--model", "{w}/gpt2-63.json"],
+         "transformers cannot build this gpt2 model: `embed_dim` must be divisible by num_heads"),
+    Case("train-model-folder-heads-do-not-divide", "train.py", [*TRAIN, "--model", "{w}/llama-63"],
+         "The hidden size (63) is not a multiple of the number of attention heads (4)"),
+    Case("dataset-broken-json-line", "train.py", [*TRAIN, "--dataset", "{w}/broken.jsonl"],
+         "broken.jsonl' line 2: not JSON (Expecting ',' delimiter, column 16); fix or remove the line"),
+    Case("train-output-dir-holds-a-run", "train.py", [*TRAIN, "--output-dir", "{w}/not-empty"],
+         "already holds a run (keep.txt); give --resume auto to continue it, --overwrite-output-dir",
+         preserved=["not-empty"]),
+    Case("train-hf-argument-we-do-not-have", "train.py", [*TRAIN, "--optim", "adamw_torch"],
+         "--optim (an HF Trainer argument) is not supported here: set the DeepSpeed config's optimizer.type"),
     # scripts/train.py datasets
     Case("dataset-empty-file", "train.py", [*TRAIN, "--dataset", "{w}/empty.txt"], "is empty"),
     Case("dataset-blank-file", "train.py", [*TRAIN, "--dataset", "{w}/blank.txt"], "is empty"),
@@ -269,6 +288,27 @@ def _write_inputs(root: pathlib.Path) -> None:
     (root / "offload.json").write_text(
         json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": offload}})
     )
+    zero3 = {"stage": 3, "stage3_prefetch_bucket_sise": 100}
+    (root / "typo.json").write_text(
+        json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": zero3})
+    )
+    (root / "typo-top.json").write_text(
+        json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_clippin": 1})
+    )
+    gpt2 = {
+        "model_type": "gpt2",
+        "n_embd": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "n_positions": 64,
+        "vocab_size": 8192,
+    }
+    (root / "typo-config.json").write_text(json.dumps({**gpt2, "num_hiden_layers": 2}))
+    (root / "gpt2-63.json").write_text(json.dumps({**gpt2, "n_embd": 63}))
+    (root / "llama-63").mkdir()
+    (root / "llama-63" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 63,
+        "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 64, "vocab_size": 8192}))  # fmt: skip
+    (root / "broken.jsonl").write_text('{"text": "fine"}\n{"text": "cut" "off"}\n')
     (root / "not-empty").mkdir()
     (root / "not-empty" / "keep.txt").write_text("an earlier export: must survive")
 
