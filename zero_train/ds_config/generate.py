@@ -264,11 +264,7 @@ def optimizer_section(req: ConfigRequest) -> dict:
         )
         params["weight_decay"] = _value(req, "weight_decay", weight_decay)
         return {"type": "SGD", "params": params}
-    betas = (
-        req.betas
-        if req.betas is not None
-        else (AUTO if req.hf_auto else generated_default("optimizer.params.betas"))
-    )
+    betas = _or(req.betas, AUTO if req.hf_auto else generated_default("optimizer.params.betas"))
     params["betas"] = betas if betas == AUTO else list(betas)
     params["eps"] = _value(req, "eps", generated_default("optimizer.params.eps"))
     params["weight_decay"] = _value(req, "weight_decay", weight_decay)
