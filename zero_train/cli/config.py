@@ -2,7 +2,7 @@
 
     zero-train config --stage 3 --precision bf16 --offload-optimizer cpu \\
         --micro-batch-size 4 --grad-accum 2 --world-size 8           # JSON with train_batch_size 64
-    zero-train config --stage 2 --model small -o ds.json             # buckets from the model's hidden size
+    zero-train config --stage 2 --model gpt2-small -o ds.json        # buckets from the model's hidden size
     zero-train config --stage 2 --hf-auto                            # "auto" where the HF Trainer fills values
     zero-train config check ds.json --world-size 8                   # validate any DeepSpeed JSON
     zero-train config --stage 3 --precision bf16 --world-size 2 --format accelerate -o accel.yaml

@@ -75,7 +75,9 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
     add("--tokens", type=positive_float, default=1e9, help="tokens to train: set-ups are ranked by the hours "
         "this takes (default 1e9)")  # fmt: skip
     add_machine_flags(parser)
-    add("--precision", choices=PRECISIONS, default=default_for("precision", "plan"))
+    add("--precision", choices=PRECISIONS, default=None,
+        help=f"default {default_for('precision', 'plan')}; with --device cpu, fp32 on a CPU that emulates bf16 "
+        "(no AVX512-BF16 / AMX-BF16: zero-train env)")  # fmt: skip
     add("--load-dtype", choices=tuple(LOAD_DTYPES), default=default_for("load_dtype", "plan"),
         help="the dtype each rank builds the model in on the host (train.py --load-dtype; bf16: half the host "
         "memory; ZeRO-3 builds under zero.Init on the GPU)")  # fmt: skip
@@ -267,11 +269,20 @@ def output_paths(args: argparse.Namespace) -> list[pathlib.Path]:
     return paths
 
 
+def plan_precision(device: str) -> str:
+    """The default precision: bf16 (GPU runs), but fp32 for CPU ranks on a CPU that emulates bf16 (slower than
+    fp32 there: docs/bench.md)."""
+    from zero_train.bench.machine import bf16_emulated_on_cpu
+
+    return "fp32" if device == "cpu" and bf16_emulated_on_cpu() else default_for("precision", "plan")
+
+
 def plan_command(args: argparse.Namespace) -> int:
     """Print the plan; with -o write the chosen set-up and print the commands that train it."""
     from zero_train.memory.model.plan import make_plan
     from zero_train.timing.ranking import RankedSetup, rank_plan
 
+    args.precision = args.precision or plan_precision(args.device)
     paths = output_paths(args)
     request = request_from_args(args)
     machine, note = machine_from_args(args, device=args.device)

@@ -50,11 +50,11 @@ from zero_train.train.setup import RunPlan, log_file, model_builder, num_params,
 from zero_train.train.tracking import Trackers
 
 
-def run_training(config: RunConfig) -> dict:
+def run_training(config: RunConfig, *, plan: RunPlan | None = None) -> dict:
     """Train as the run config says; returns a summary (on every rank).
 
     Args:
-        config: from zero_train.train.args.parse_args (or built in code).
+        config: from zero_train.train.args.parse_args (or built in code); plan: plan_run's, if already made.
 
     Returns:
         dict with final_loss, eval_loss, perplexity, steps, start_step, tokens_per_s, checkpoint, export.
@@ -62,7 +62,7 @@ def run_training(config: RunConfig) -> dict:
         stays (the bench worker trains many runs in one).
     """
     _, world_size, _ = read_env()
-    plan = plan_run(config, world_size=world_size)  # every UsageError so far: before any collective
+    plan = plan or plan_run(config, world_size=world_size)  # every UsageError so far: before any collective
     if world_size == 1 and "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(free_port())  # two single-process runs must not collide on 29500
     owns_group = (

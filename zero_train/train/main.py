@@ -27,7 +27,8 @@ from zero_train.train.config import RunConfig
 
 
 def train(config: RunConfig) -> int:
-    """Import what the run needs with the collector paused (faster start-up), then train; returns 0.
+    """Plan the run (every usage error, before the engine's and the data's imports: seconds per rank under a
+    launcher), import what it needs with the collector paused (faster start-up), then train; returns 0.
 
     A rank that runs out of memory ends with one line (zero_train.train.out_of_memory: the phase, the largest
     term of our estimate against what it had, the cheapest change that fits) and exit code 1, once the failed
@@ -35,13 +36,16 @@ def train(config: RunConfig) -> int:
     check_local_path(config.data.dataset)  # a missing path: one line now, not after seconds of imports
     with collector_paused():  # less start-up per rank (zero_train.runtime.startup)
         pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
+        from zero_train.runtime.dist import read_env
+        from zero_train.train.setup import import_run_modules, plan_run
+
+        plan = plan_run(config, world_size=read_env()[1])
         from zero_train.train.loop import run_training
-        from zero_train.train.setup import import_run_modules
 
         import_run_modules(config)
     failure = None
     try:
-        run_training(config)
+        run_training(config, plan=plan)
     except (MemoryError, RuntimeError, OSError) as err:
         if not is_out_of_memory(err):
             raise
