@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
 
 import pytest
 
@@ -182,3 +183,27 @@ def test_every_combination_passes_deepspeeds_config_classes_and_our_check(capsys
         assert report.problems == [] and report.warnings == [], (flags, report)
         checked += 1
     assert checked == 21
+
+
+def _help_examples(text: str) -> list[list[str]]:
+    """The `zero-train config ...` command lines of a help text, continuation lines joined, comments dropped."""
+    joined = text.replace("\\\n", " ")
+    return [
+        shlex.split(line.split("#")[0])[1:]
+        for line in joined.splitlines()
+        if line.strip().startswith("zero-train config")
+    ]
+
+
+def test_every_example_of_the_help_runs_as_printed(tmp_path, monkeypatch, capsys):
+    from zero_train.cli import config as config_cli
+    from zero_train.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    examples = _help_examples(config_cli.__doc__)
+    assert len(examples) == 6
+    for argv in examples:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0, (argv, capsys.readouterr().err)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["accel.json", "accel.yaml", "ds.json"]

@@ -183,3 +183,15 @@ def test_plan_picks_our_zero3_where_only_zero3_fits_and_its_run_line_trains_unde
     run_ranks(_train, 2, args=(train,), timeout_s=600)
     assert json.loads(record.read_text())["engine"] == "zero3"
     assert _peak_without_other(record) <= limit_gb * 1e9
+
+
+@pytest.mark.parametrize(("flags", "expected"), [(["avx2"], "fp32"), (["avx2", "avx512_bf16"], "bf16"),
+                                                 (["amx_bf16"], "bf16")])  # fmt: skip
+def test_plan_for_cpu_ranks_picks_bf16_only_where_the_cpu_has_it(monkeypatch, flags, expected):
+    from zero_train.bench import machine
+    from zero_train.cli.plan import plan_precision
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(machine.platform, "machine", lambda: "x86_64")
+    assert plan_precision("cpu") == expected
+    assert plan_precision("cuda") == "bf16"  # a GPU plan: the GPU's bf16
