@@ -4,7 +4,8 @@
 #   bash scripts/setup.sh          # normally called by scripts/demo.sh and scripts/test.sh
 #   ZT_SETUP_DEEPSPEED_OPS=0 bash scripts/setup.sh   # no DeepSpeed CPU op built now (the demo needs none)
 # On a machine without an NVIDIA GPU, torch is pinned to a CPU build so that pip never pulls the
-# multi-GB CUDA wheels; set ZT_TORCH_SPEC to override (e.g. ZT_TORCH_SPEC="torch==2.13.0").
+# multi-GB CUDA wheels; on a GPU machine it is held to the tested range (torch>=2.11,<2.14); set
+# ZT_TORCH_SPEC to override (e.g. ZT_TORCH_SPEC="torch==2.13.0").
 # Where PyPI's torch for this version is a CUDA build and you want CPU, add the CPU wheel index
 # through ZT_TORCH_INDEX_URL.
 set -euo pipefail
@@ -69,7 +70,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 start=$(date +%s)
 if has_gpu; then
-  torch_spec=${ZT_TORCH_SPEC:-torch}
+  torch_spec=${ZT_TORCH_SPEC:-torch>=2.11,<2.14}  # the range docs/gpu.md#torch-versions names, not the newest
 else
   torch_spec=${ZT_TORCH_SPEC:-torch==2.13.0}
 fi
