@@ -122,38 +122,44 @@ def test_synchronize_waits_on_cuda_only(monkeypatch):
     assert calls == [("synchronize", torch.device("cuda:1"))]
 
 
-def test_train_step_timing_synchronises_before_both_clock_reads(monkeypatch):
-    """The loop's step timing brackets the step with synchronize (not a float() that happens to sync)."""
-    import zero_train.train.loop as loop
-    from zero_train.train.checkpoints import RunCheckpoints
+def test_step_clock_times_cuda_steps_with_events_not_synchronize(monkeypatch):
+    """On CUDA the step clock records two events and reads them after the loop's one read: no synchronize."""
+    from zero_train.train.step_values import StepClock
 
     events: list = []
-    monkeypatch.setattr(loop, "synchronize", lambda device: events.append(("sync", str(device))))
-    clock = iter([10.0, 12.5])
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: events.append(("clock",)) or next(clock))
 
-    class Engine:
-        def forward_backward(self, batch, labels=None):
-            events.append(("forward",))
-            return torch.tensor(1.0)
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.index = len(events)
+            events.append(self)
 
-        def step(self):
-            events.append(("step",))
-            return type("R", (), dict(lr=0.1, grad_norm=1.0, skipped=False, loss_scale=None))()
+        def record(self):
+            self.recorded = True
 
+        def elapsed_time(self, other):
+            return 1000.0 * (other.index - self.index) * 2.5  # milliseconds
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("the step clock synchronised"))
+    clock = StepClock(torch.device("cuda:1"))
+    timing = clock.stop(clock.start())
+    assert len(events) == 2 and all(e.recorded for e in events)
+    assert StepClock.seconds(timing) == 2.5
+
+
+def test_batches_are_pinned_on_cuda_only(monkeypatch):
+    """A CUDA run's micro-batches come in pinned memory (the engine's non_blocking copy then need not wait)."""
+    import zero_train.train.loop as loop
+
+    pinned: list = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self) or self)
     trainer = loop.Trainer.__new__(loop.Trainer)
-    trainer.dist_info = type("D", (), dict(device=torch.device("cuda:1"), world_size=1, rank=0))()
-    trainer.settings = type("S", (), dict(grad_accum=1))()
-    trainer.engine, trainer.probe, trainer.tokens_per_step, trainer.step_times = Engine(), None, 100, []
-    trainer.checkpoints = RunCheckpoints.__new__(RunCheckpoints)
-    trainer.checkpoints.saver = None  # no checkpointing in this run
-    trainer.guard = type("G", (), dict(check=lambda self, **kw: None))()
-    monkeypatch.setattr(
-        loop, "_gather_loss_and_memory", lambda loss, info, save_failed: (loss, [], save_failed)
-    )
-    record = trainer._train_step(1, iter([{"input_ids": torch.zeros(1, 4)}]))
-    assert events == [("sync", "cuda:1"), ("clock",), ("forward",), ("step",), ("sync", "cuda:1"), ("clock",)]
-    assert record["step_time_s"] == 2.5
+    batch = {"input_ids": torch.zeros(1, 4), "labels": torch.ones(1, 4)}
+    for device, expected in (("cpu", 0), ("cuda:0", 2)):
+        trainer.dist_info = type("D", (), dict(device=torch.device(device)))()
+        assert trainer._next_batch(iter([batch])).keys() == batch.keys()
+        assert len(pinned) == expected
 
 
 def test_rng_state_is_per_device_and_survives_another_device_count(monkeypatch):

@@ -165,8 +165,9 @@ def run_config(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Pa
                                 grad_accum=args.grad_accum),
         engine=EngineConfig(engine=cell.engine_spec.name, deepspeed_config=str(paths["config"])),
         evaluation=EvalConfig() if cell.is_peer else EvalConfig(eval_batches=1),  # the peer does not evaluate
-        output=OutputConfig(memory_report=str(paths["record"]), metrics_file=str(paths["metrics"]), progress=False),
-    )  # fmt: skip
+        output=OutputConfig(memory_report=str(paths["record"]), metrics_file=str(paths["metrics"]), progress=False,
+                            counted_steps=min(OutputConfig().counted_steps, steps_of(cell, args)[1])),
+    )  # fmt: skip  # syncs are counted in the warm-up steps only: counting slows the steps it counts
 
 
 def run_argv(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path]) -> list[str]:

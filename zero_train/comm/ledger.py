@@ -163,12 +163,18 @@ def wire_from_payload(payload: dict[str, int], world_size: int, backend: str | N
 
 
 class CommLedger:
-    """Context manager counting payload bytes per collective on this rank (nests; thread-safe install)."""
+    """Context manager counting payload bytes per collective on this rank (nests; thread-safe install).
 
-    def __init__(self) -> None:
+    Args:
+        on_call: called as on_call(collective, payload_bytes) at every collective this ledger counts, as it
+            is issued (zero_train.comm.step_counters splits them by section and times them against backward).
+    """
+
+    def __init__(self, *, on_call=None) -> None:
         self._payload = dict.fromkeys(COLLECTIVES, 0)
         self._wire = dict.fromkeys(COLLECTIVES, 0.0)
         self.calls = dict.fromkeys(COLLECTIVES, 0)
+        self.on_call = on_call
 
     def __enter__(self) -> CommLedger:
         with _LOCK:
@@ -188,6 +194,8 @@ class CommLedger:
         self._payload[collective] += nbytes
         self._wire[collective] += sent_bytes
         self.calls[collective] += 1
+        if self.on_call is not None:
+            self.on_call(collective, nbytes)
 
     def reset(self) -> None:
         """Forget everything counted so far."""

@@ -35,6 +35,8 @@ What is measured, per rank:
   owns lives only around the step boundary (DeepSpeed ZeRO-2 can hold a gradient there): the baseline a
   peak model is compared against.
 - comm_bytes_per_step: the last step's bytes per collective from zero_train.comm.ledger.CommLedger.
+- host_syncs_per_step, collectives_per_step, overlap: the counted steps' (zero_train.comm.step_counters),
+  when the loop hands them to finish().
 """
 
 from __future__ import annotations
@@ -178,8 +180,9 @@ class MemoryProbe:
             self.ledger = None
         self.engine = None
 
-    def rank_summary(self, engine) -> dict:
-        """This rank's part of the run record (attributes now if no "step" phase was seen)."""
+    def rank_summary(self, engine, step_counters: dict | None = None) -> dict:
+        """This rank's part of the run record (attributes now if no "step" phase was seen); `step_counters`:
+        zero_train.comm.step_counters.StepCounters.summary(), merged in."""
         if self.attribution is None:
             self._attribute(engine)
         states = self.attribution["categories"]
@@ -205,9 +208,18 @@ class MemoryProbe:
             other_between_steps=self.other_between_steps,
             off_device_bytes=self.attribution["off_device"],
             cuda=cuda,
+            **(step_counters or {}),
         )
 
-    def finish(self, engine, *, meta: dict, step_times_s: list[float], tokens_per_step: int) -> dict | None:
+    def finish(
+        self,
+        engine,
+        *,
+        meta: dict,
+        step_times_s: list[float],
+        tokens_per_step: int,
+        step_counters: dict | None = None,
+    ) -> dict | None:
         """Gather every rank's summary to rank 0 and build the run record (collective: all ranks call it).
 
         Args:
@@ -216,6 +228,7 @@ class MemoryProbe:
                 world_size, micro_batch_size, grad_accum, block_size, device, ds_config).
             step_times_s: wall time of each optimizer step.
             tokens_per_step: tokens all ranks together process per optimizer step.
+            step_counters: this rank's host syncs, collectives and overlap per step (StepCounters.summary()).
 
         Returns:
             The run record on rank 0, None on the other ranks.
@@ -223,7 +236,7 @@ class MemoryProbe:
         if self.ledger is not None:
             self.ledger.__exit__(None, None, None)
             self.ledger = None
-        summaries = _gather_to_rank0(self.rank_summary(engine), self.dist_info)
+        summaries = _gather_to_rank0(self.rank_summary(engine, step_counters), self.dist_info)
         if summaries is None:
             return None
         record = empty_record(**meta)

@@ -12,7 +12,12 @@ reads them. The schema (SCHEMA below; validate_record checks every record read):
                 "other_between_steps": int | null (optional; records before it lack the key),
                 "off_device_bytes": {category: bytes stored off the measured device} (optional),
                 "cuda": null | {"max_allocated_bytes", "max_reserved_bytes", "reserved_bytes", "free_bytes",
-                                "total_bytes", "outside_allocator_bytes"} (optional; CUDA runs)}],
+                                "total_bytes", "outside_allocator_bytes"} (optional; CUDA runs),
+                "host_syncs_per_step": null | {"engine", "loop", "loop_unlogged", "first_step", "steps_counted",
+                                               "sites"} (optional, like the two below),
+                "collectives_per_step": null | {"engine", "loop" (calls), "bytes": {"engine", "loop"},
+                                                "by_collective": {section: {name: {"calls", "bytes"}}}},
+                "overlap": null | {"share", "reduced_bytes", "overlapped_bytes"}}],
      "error": null | "one line"}
 
 Per rank, CATEGORIES plus "other" sum exactly to allocator_bytes (see zero_train.memory.probe for

@@ -129,6 +129,10 @@ def _rank_row(rank: dict) -> dict:
         phases=rank.get("phases", []),
         comm_bytes_per_step=rank.get("comm_bytes_per_step"),
         other_between_steps=rank.get("other_between_steps"),
+        cuda=rank.get("cuda"),  # CUDA runs: reserved, outside the allocator, the run's maxima
+        host_syncs_per_step=rank.get("host_syncs_per_step"),
+        collectives_per_step=rank.get("collectives_per_step"),
+        overlap=rank.get("overlap"),
     )
 
 
@@ -371,6 +375,7 @@ def compare_cell(record: dict, lookup: FactsLookup) -> dict:
         ),
         peak=_peak(rank, [_rank_row(r) for r in record["ranks"]], states, model, same_rank),
         comm=comm_comparison(record, rank["comm_bytes_per_step"]),
+        cuda=rank["cuda"],
         notes=[] if lookup.facts else [f"our model: n/a, {lookup.problem}"],
     )
     return row

@@ -218,6 +218,46 @@ def _comm_section(cells: list[dict]) -> str:
     )
 
 
+def _most(ranks: list[dict], field: str, key: str):
+    """The largest `key` of `field` over the ranks (None when no rank counted it)."""
+    values = [(r.get(field) or {}).get(key) for r in ranks]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def _syncs_section(cells: list[dict]) -> str:
+    header = ["cell", "host syncs: engine", "loop, logged step", "loop, other step", "collective calls: engine",
+              "loop", "engine MB", "reduction overlapping backward"]  # fmt: skip
+    rows = []
+    for cell in cells:
+        ranks = cell["ranks"]
+        if not any(r.get("host_syncs_per_step") for r in ranks):
+            rows.append([cell["cell"], "not counted", *["n/a"] * 6])
+            continue
+        engine_bytes = max(
+            (r.get("collectives_per_step") or {}).get("bytes", {}).get("engine", 0) for r in ranks
+        )
+        share = _most(ranks, "overlap", "share")
+        rows.append([
+            cell["cell"], *(_count(_most(ranks, "host_syncs_per_step", key)) for key in ("engine", "loop", "loop_unlogged")),
+            *(_count(_most(ranks, "collectives_per_step", key)) for key in ("engine", "loop")),
+            _mb(engine_bytes),
+            "no reduction" if share is None else f"{share:.0%}",
+        ])  # fmt: skip
+    return (
+        "## Host syncs and collectives per step\n\n"
+        "What a GPU run pays beyond arithmetic, counted over the run's first steps (--counted-steps) on the worst "
+        "rank (docs/gpu.md#host-syncs-and-collectives-per-step): host syncs make the host wait for the device "
+        "(a CPU run counts them as a GPU run would place its tensors); NCCL pays per collective call; the "
+        "overlap is the share of gradient-reduction bytes issued while backward still had work to do.\n\n"
+        + table(header, rows)
+    )
+
+
+def _count(value) -> str:
+    return "n/a" if value is None else str(value)
+
+
 def _explanations_section(cells: list[dict]) -> str:
     parts = ["## Gap explanations\n\nGenerated from the categories; whatever no rule accounts for is "
              "called unexplained, with its size."]  # fmt: skip
@@ -257,6 +297,7 @@ def render_report(summary: dict, plots: dict[str, list[str]]) -> str:
             _peak_section(cells),
             _phase_section(cells),
             _comm_section(cells),
+            _syncs_section(cells),
         ]
         sections.append(_explanations_section(cells))
     sections.append(_failed_section(summary["failed"]))

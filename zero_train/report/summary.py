@@ -12,7 +12,7 @@
 cells.json (schema zero_train.report_cells/1) is the same object with each cell cut to what tests and docs
 read (compact_cell): the cell's settings and DeepSpeed config, measured peak / other / allocator / categories
 per rank, the measured and estimated peak per phase, model states beside the paper and DeepSpeed, bytes per
-parameter, communication per step. It drops the per-rank phase series, our model's terms per phase and the
+parameter, communication per step, host syncs (without their sites), collectives and overlap per step, CUDA. It drops the per-rank phase series, our model's terms per phase and the
 explanations (those are in report.md): docs/ commits it, not summary.json (docs/index.md#results-what-was-measured).
 
 Bytes are per rank (the cell's reported rank: the one with the highest peak; every rank under "ranks").
@@ -33,7 +33,7 @@ CELL_KEYS = (
     "cell", "engine", "zero_stage", "world_size", "precision", "model", "num_params", "micro_batch_size",
     "block_size", "grad_accum", "gradient_checkpointing", "steps", "device", "lora", "ds_config",
     "reported_rank", "categories", "allocator_bytes", "peak_bytes", "baseline_bytes", "model_states",
-    "footprint", "peak",
+    "footprint", "peak", "cuda",
 )  # fmt: skip
 RANK_KEYS = (
     "rank",
@@ -43,7 +43,17 @@ RANK_KEYS = (
     "peak_bytes",
     "baseline_bytes",
     "other_between_steps",
+    "cuda",
+    "host_syncs_per_step",
+    "collectives_per_step",
+    "overlap",
 )
+SYNC_KEYS = (
+    "engine",
+    "loop",
+    "loop_unlogged",
+    "steps_counted",
+)  # without the sites (report.md has the counts)
 OURS_PEAK_KEYS = ("rank", "peak_phase", "peak_bytes", "phase_bytes")
 COMM_KEYS = ("payload", "measured_volume", "paper_volume", "ratio", "sent_bytes")
 RATIO_CONVENTION = (
@@ -123,6 +133,9 @@ def compact_cell(row: dict) -> dict:
     """One summary cell cut to the numbers that matter (the module docstring lists them)."""
     cell = _pick(row, CELL_KEYS)
     cell["ranks"] = [_pick(rank, RANK_KEYS) for rank in row["ranks"]]
+    for rank in cell["ranks"]:
+        if rank.get("host_syncs_per_step"):
+            rank["host_syncs_per_step"] = _pick(rank["host_syncs_per_step"], SYNC_KEYS)
     cell["bytes_per_param"] = _pick(row["bytes_per_param"], ("model_states", "peak"))
     cell["ours_peak"] = _pick(row["ours_peak"], OURS_PEAK_KEYS)
     cell["comm"] = _pick(row["comm"], COMM_KEYS)

@@ -131,3 +131,7 @@ def synchronize(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    else:  # a CPU run counts it as the CUDA run's sync it stands for
+        from zero_train.runtime.host_syncs import note_emulated_synchronize
+
+        note_emulated_synchronize()

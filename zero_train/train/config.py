@@ -150,8 +150,7 @@ class TrainingConfig:
     """[training]: how long, in which batches and precision (what the loop runs)."""
 
     max_steps: int | None = flag(None, parse=positive_int, names=("--max-steps", "--max_steps"))
-    """optimizer steps to train, over --num-train-epochs if both are given (default: --num-train-epochs' steps,
-    else 100)"""
+    """optimizer steps to train, over --num-train-epochs if both are given (default: that many epochs, else 100)"""
     num_train_epochs: float | None = flag(
         None, parse=positive_float, names=("--num-train-epochs", "--num_train_epochs")
     )
@@ -253,8 +252,7 @@ class CheckpointConfig:
     resume: str | None = flag(None, metavar="PATH|auto", names=("--resume", "--resume_from_checkpoint"))
     """a checkpoint dir, a save dir (follows its `latest`), or 'auto' (the checkpoint directory's latest, if any)"""
     export_hf: str | None = flag(None, metavar="DIR|auto")
-    """at the end, write a Hugging Face folder (config, safetensors, tokenizer) to DIR ('auto': --output-dir's
-    hf/)"""
+    """at the end, write a Hugging Face folder (config, safetensors, tokenizer) to DIR (auto: --output-dir's hf/)"""
 
     def __post_init__(self) -> None:
         check_part(self)
@@ -290,7 +288,7 @@ class OutputConfig:
     run_name: str | None = flag(None, names=("--run-name", "--run_name"))
     """the run's name in trackio, W&B and MLflow (default: --output-dir's folder name)"""
     log_every: int = flag(1, parse=positive_int, names=("--log-every", "--logging-steps", "--logging_steps"))
-    """print the step line, and report to the trackers, every K steps"""
+    """print the step line, and report to the trackers, every K steps (the loop reads the device only then)"""
     metrics_file: str | None = flag(None, metavar="FILE")
     """JSONL: one object per step and per evaluation (rank 0 writes; default: --output-dir's metrics.jsonl)"""
     overwrite_output_dir: bool = flag(False, names=("--overwrite-output-dir", "--overwrite_output_dir"))
@@ -298,6 +296,8 @@ class OutputConfig:
     --resume) such a folder is refused, as by the HF Trainer"""
     memory_report: str | None = flag(None, metavar="FILE")
     """write the per-rank memory run record (JSON)"""
+    counted_steps: int = flag(2, parse=non_negative_int, metavar="K")
+    """with --memory-report: count host syncs, collectives and overlap over the first K steps (0: none)"""
     progress: bool = flag(True, negated="--no-progress", switches={"--disable_tqdm": False})
     """a progress bar on rank 0 in a terminal (--no-progress: none; the step lines stay)"""
 

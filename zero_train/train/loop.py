@@ -20,16 +20,14 @@ import math
 import os
 import statistics
 import sys
-import time
 from dataclasses import asdict
 
-import torch
 import torch.distributed as dist
 
+from zero_train.comm.step_counters import StepCounters
 from zero_train.memory.probe import MemoryProbe
 from zero_train.memory.record import write_record
 from zero_train.runtime import vitals
-from zero_train.runtime.device import synchronize
 from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.ports import free_port
 from zero_train.runtime.vitals import note_estimate
@@ -37,16 +35,11 @@ from zero_train.train.checkpoints import RunCheckpoints
 from zero_train.train.config import RunConfig
 from zero_train.train.eval import evaluate
 from zero_train.train.log import copied_to, get_logger
-from zero_train.train.metrics import (
-    format_eval_line,
-    format_step_line,
-    memory_per_rank,
-    perplexity,
-    progress_bar,
-)
+from zero_train.train.metrics import format_eval_line, format_step_line, perplexity, progress_bar
 from zero_train.train.numerics import NonFiniteGuard
 from zero_train.train.out_of_memory import note_run
 from zero_train.train.setup import RunPlan, log_file, model_builder, num_params, plan_run, with_max_steps
+from zero_train.train.step_values import PendingSteps, StepClock
 from zero_train.train.tracking import Trackers
 
 
@@ -136,6 +129,10 @@ class Trainer:
             self.settings.micro_batch_size * self.settings.grad_accum * dist_info.world_size * block_size
         )
         self.step_times: list[float] = []
+        self.clock, self.pending = StepClock(dist_info.device), PendingSteps(dist_info, self.tokens_per_step)
+        self.counters = StepCounters(  # the run record's host syncs, collectives and overlap
+            dist_info.device, steps=self.output.counted_steps if self.probe is not None else 0
+        )
         self.last_loss = math.nan
         self.last_eval: dict | None = None
         self.checkpoints = RunCheckpoints(
@@ -193,8 +190,14 @@ class Trainer:
         )
         try:
             for step in range(start_step + 1, self.max_steps + 1):
-                record = self._train_step(step, batches)
-                self._report(record, bar, trackers)
+                with self.counters.counting(step - start_step):
+                    self._train_step(step, batches)
+                    read = self._read_due(step)
+                    if read:
+                        self._read_and_report(trackers, bar)
+                    self.counters.end_step(logged=read)
+                if bar is not None:
+                    bar.update(1)
                 self._after_step(step, trackers)
             self._evaluate(self.max_steps, trackers)  # the final evaluation, reported too
         finally:
@@ -203,40 +206,51 @@ class Trainer:
                 bar.close()
         return self._finish(start_step)
 
-    def _train_step(self, step: int, batches) -> dict:
-        synchronize(self.dist_info.device)  # CUDA runs asynchronously: time an empty queue to an empty queue
-        started = time.perf_counter()
+    def _train_step(self, step: int, batches) -> None:
+        """One optimizer step; its values stay on the device (self.pending) until the loop reads them."""
+        started = self.clock.start()
         losses = []
         for micro_batch in range(1, self.settings.grad_accum + 1):
-            batch = next(batches)
-            with self._phase("forward", step=step, micro_batch=micro_batch):
-                # on the device: read after the step
+            with self.counters.host_work():  # the data pipeline runs on the host
+                batch = self._next_batch(batches)
+            with self._phase("forward", step=step, micro_batch=micro_batch), self.counters.engine():
                 losses.append(self.engine.forward_backward(batch["input_ids"], labels=batch.get("labels")))
-        with self._phase("step", step=step):
+        with self._phase("step", step=step), self.counters.engine():
             result = self.engine.step()
         if self.probe is not None:
             self.probe.on_step_end(self.engine, step)
-        synchronize(self.dist_info.device)
-        elapsed = time.perf_counter() - started
-        losses, grad_norm = read_step_values(losses, result.grad_norm)
-        loss, memory, save_failed = _gather_loss_and_memory(
-            sum(losses) / len(losses), self.dist_info, save_failed=self.checkpoints.failed_in_background()
+        self.pending.add(step=step, losses=losses, result=result, timing=self.clock.stop(started))
+
+    def _next_batch(self, batches) -> dict:
+        """The next micro-batch, in pinned host memory on a CUDA run (the engine's copy then need not wait)."""
+        batch = next(batches)
+        if self.dist_info.device.type != "cuda":
+            return batch
+        return {name: tensor.pin_memory() for name, tensor in batch.items()}
+
+    def _read_due(self, step: int) -> bool:
+        """Whether the loop reads the pending values after `step`: a logged step, the last, or one before an
+        evaluation or a checkpoint (which wait for the device anyway; a failed background save must stop every
+        rank before the next save)."""
+        evaluation = self.evaluation.eval_every and step % self.evaluation.eval_every == 0
+        return (
+            step % self.output.log_every == 0
+            or step == self.max_steps
+            or evaluation
+            or self.checkpoints.due(step)
         )
+
+    def _read_and_report(self, trackers: Trackers, bar) -> None:
+        """Read every pending step (one host sync), check it, and report it: every step to JSONL, logged steps to
+        the step line and the other trackers."""
+        steps, save_failed = self.pending.read(save_failed=self.checkpoints.failed_in_background())
         self.checkpoints.check_background(save_failed)
-        self.guard.check(step=step, loss=loss, grad_norm=grad_norm, skipped=result.skipped)
-        self.step_times.append(elapsed)
-        self.last_loss = loss
-        return dict(
-            step=step,
-            loss=loss,
-            lr=result.lr,
-            grad_norm=grad_norm,
-            tokens_per_s=self.tokens_per_step / elapsed,
-            step_time_s=elapsed,
-            skipped=result.skipped,
-            loss_scale=result.loss_scale,
-            memory=memory,
-        )
+        for record in steps:
+            self.guard.check(step=record["step"], loss=record["loss"], grad_norm=record["grad_norm"],
+                             skipped=record["skipped"])  # fmt: skip
+            self.step_times.append(record["step_time_s"])
+            self.last_loss = record["loss"]
+            self._report(record, bar, trackers)
 
     def _report(self, record: dict, bar, trackers: Trackers) -> None:
         if not self.dist_info.is_main:
@@ -250,8 +264,6 @@ class Trainer:
             )
             with writing:  # the bar (stderr) steps aside while the step line goes to stdout
                 self.log.info(line)
-        if bar is not None:
-            bar.update(1)
 
     def _after_step(self, step: int, trackers: Trackers) -> None:
         last = step == self.max_steps
@@ -340,9 +352,8 @@ class Trainer:
             device=self.dist_info.device.type,
             ds_config=self.plan.ds_config,
         )
-        record = self.probe.finish(
-            self.engine, meta=meta, step_times_s=self.step_times, tokens_per_step=self.tokens_per_step
-        )
+        record = self.probe.finish(self.engine, meta=meta, step_times_s=self.step_times,
+                                   tokens_per_step=self.tokens_per_step, step_counters=self.counters.summary())  # fmt: skip
         if record is not None:
             write_record(record, self.output.memory_report)
             self.log.info(f"memory report: {self.output.memory_report}")
@@ -378,23 +389,3 @@ def lora_record(lora, model) -> dict | None:
         adapter_params=sum(int(getattr(p, "ds_numel", p.numel())) for p in trainable),
         adapter_tensors=len(trainable),
     )
-
-
-def read_step_values(losses: list, grad_norm) -> tuple[list[float], float | None]:
-    """The micro-batch losses and the grad norm as floats, read from the device in ONE transfer per step
-    (a read per micro-batch would make the host wait for the device that many times)."""
-    tensors = [t for t in (*losses, grad_norm) if isinstance(t, torch.Tensor)]
-    values = iter(torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist() if tensors else [])
-    read = [next(values) if isinstance(t, torch.Tensor) else t for t in (*losses, grad_norm)]
-    return [float(x) for x in read[:-1]], None if read[-1] is None else float(read[-1])
-
-
-def _gather_loss_and_memory(
-    loss: float, dist_info, *, save_failed: bool
-) -> tuple[float, list[dict[str, int]], bool]:
-    """The mean loss over ranks, every rank's allocated/peak bytes and whether any rank's background save
-    failed (one small collective, so that every rank stops at the same step)."""
-    memory = memory_per_rank(dist_info.device, dist_info.world_size, extra=[loss, float(save_failed)])
-    extras = [entry.pop("extra") for entry in memory]
-    mean_loss = sum(extra[0] for extra in extras) / len(extras)
-    return mean_loss, memory, any(extra[1] for extra in extras)
