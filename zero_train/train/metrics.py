@@ -4,7 +4,7 @@ file among them: zero_train.train.tracking).
     step     10/100 | loss 6.1234 | lr 9.00e-04 | grad_norm 1.234 | tok/s   5321 | mem r0 12.3/15.0 MiB ...
 
 Memory is the allocator's (zero_train.memory.measure: CUDA allocator stats, glibc mallinfo2 on CPU), per
-rank, current/peak, gathered to every rank with one small all_gather.
+rank, current/peak, gathered with the step's other values when the loop reads them (zero_train.train.step_values).
 """
 
 from __future__ import annotations
@@ -12,42 +12,9 @@ from __future__ import annotations
 import math
 import sys
 
-import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from zero_train.memory import measure
-
 MIB = 2**20
-
-
-def memory_per_rank(device: torch.device, world_size: int, *, extra: tuple | list = ()) -> list[dict]:
-    """[{"allocated_bytes", "peak_bytes"}] for every rank (collective when world_size > 1).
-
-    Uses zero_train.memory.measure; returns zeros if it is unavailable (the loop never depends on it).
-
-    Args:
-        device: this rank's device.
-        world_size: ranks in the default group.
-        extra: more numbers to gather in the same collective (e.g. the loss); each rank's come back
-            under "extra".
-    """
-
-    local = [measure.allocated_bytes(device), measure.peak_bytes(device)]
-    mine = torch.tensor(
-        local + [float(x) for x in extra], dtype=torch.float64, device=device
-    )  # exact < 2**53
-    if world_size > 1:
-        gathered = [torch.zeros_like(mine) for _ in range(world_size)]
-        dist.all_gather(gathered, mine)
-    else:
-        gathered = [mine]
-    rows = [row.tolist() for row in gathered]
-    result = [dict(allocated_bytes=int(row[0]), peak_bytes=int(row[1])) for row in rows]
-    if extra:
-        for entry, row in zip(result, rows, strict=True):
-            entry["extra"] = row[2:]
-    return result
 
 
 def format_step_line(record: dict, max_steps: int) -> str:
