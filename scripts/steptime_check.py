@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/steptime_check.py run --out runs/steptime       # calibrate + the bench sets (~15 min)
     .venv/bin/python scripts/steptime_check.py report --out runs/steptime    # predictions beside measurements
+    .venv/bin/python scripts/steptime_check.py repeat --out runs/again --first runs/steptime   # run to run
 
 `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and one
 `zero-train bench` per set of SETS (one launch each: a world size, a model, checkpointing and accumulation; its
@@ -156,15 +157,36 @@ def report(out: pathlib.Path, machine_path: pathlib.Path | None = None, name: st
     print("\n".join(lines))
 
 
+def repeat(out: pathlib.Path, first: pathlib.Path) -> None:
+    """Each cell's step time in two runs of the same sets (`first`, then `out`): how much the machine moved."""
+    lines = ["| set | engine | first run s | second run s | second / first |", "|---|---|---:|---:|---:|"]
+    ratios = []
+    for cell_set in SETS:
+        before, _ = _measured(first / cell_set["name"])
+        after, _ = _measured(out / cell_set["name"])
+        for engine in [e for e in before if e in after]:
+            ratios.append(after[engine] / before[engine])
+            lines.append(f"| {cell_set['name']} | {engine} | {before[engine]:.2f} | {after[engine]:.2f} | "
+                         f"{ratios[-1]:.2f} |")  # fmt: skip
+    if ratios:
+        lines.append(f"\n{len(ratios)} cells, second / first: min {min(ratios):.2f}, median "
+                     f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}")  # fmt: skip
+    (out / "repeat.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("run", "report"))
+    parser.add_argument("action", choices=("run", "report", "repeat"))
     parser.add_argument("--out", default="runs/steptime")
     parser.add_argument("--machine", help="report: another calibration JSON than OUT/machine.json")
     parser.add_argument("--name", default="check", help="report: OUT/NAME.md and OUT/NAME.json")
+    parser.add_argument("--first", help="repeat: the OUT of an earlier run of the same sets")
     args = parser.parse_args()
     if args.action == "run":
         run(pathlib.Path(args.out))
+    elif args.action == "repeat":
+        repeat(pathlib.Path(args.out), pathlib.Path(args.first))
     else:
         report(pathlib.Path(args.out), pathlib.Path(args.machine) if args.machine else None, args.name)
 
