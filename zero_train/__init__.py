@@ -16,7 +16,7 @@ contracts hold it):
     hf            Hugging Face models, tokenizers and data (offline defaults included).
     runtime       the process: DistInfo, UsageError and faults, output checks, flag parsing, free ports.
 Modules:
-    registry      the engines, each defined once (name, label, stage, builder, ...): every list derives from it.
+    registry      the engines, each defined once (name, stage, family, what the report and bench need).
     testing       run_ranks: spawn a few gloo ranks for tests and benchmarks.
 """
 

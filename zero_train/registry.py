@@ -1,6 +1,6 @@
-"""The engines, each defined once: name, label, ZeRO stage, builder, and what the rest of the code derives.
+"""The engines, each defined once: name, label, ZeRO stage, and what the rest of the code derives.
 
-    engine_spec("ds2").builder            # "zero_train.engines.deepspeed_engine:DeepSpeedEngine"
+    engine_spec("ds2").label              # "DeepSpeed ZeRO-2"
     resolve_engine("deepspeed", stage=3)  # the ds3 entry: `--engine deepspeed` follows the config's stage
     engine_names()                        # every engine, in the report's order
 
@@ -11,7 +11,7 @@ when the run is planned. Every other list of engines (train.py's choices, profil
 report's order, labels and markers, the memory matrix, the paper's stage of each engine, the peak model's
 dispatch, plan's candidates) is derived from ENGINES; tests/package/test_registry.py fails on a hand-written one.
 
-Adding an engine is one EngineSpec here plus its builder module (and, for the memory report, the per-phase model
+Adding an engine is one EngineSpec here, its class in zero_train.engines (named in engines/build.py's BUILDERS) (and, for the memory report, the per-phase model
 its `peak_model` names in zero_train.memory.model). Pure data that imports nothing heavy: memory, engines,
 train, report, bench and cli all read it (the bottom of the import layers, above runtime's errors only).
 """
@@ -34,6 +34,27 @@ backward: launched per bucket or unit as backward produces gradients, waited at 
 bucket can hide behind backward); backward_blocking: launched and waited in backward (nothing hides);
 after_step: after the optimizer step (nothing hides); forward / backward_gather: a unit's parameters gathered
 before its forward / backward with the next unit's prefetched (all but the first can hide)."""
+
+
+REFERENCE = "ddp"
+"""The engine every other is compared with: the report's reference row, the ZeRO stage 0 of `zero-train
+estimate`."""
+DEEPSPEED, FSDP2 = "deepspeed", "fsdp2"
+"""The two library families (`--engine deepspeed`, `--engine fsdp2`; EngineSpec.family)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchTarget:
+    """One of `zero-train bench`'s targets: this engine's figure over another cell's (zero_train.bench.targets)."""
+
+    than: str
+    """The engine it is compared with; with `peer`, the engine whose config the Hugging Face Trainer runs."""
+    what: str
+    """"step" (median step times), "tokens" (tokens/s, the inverse) or "wire" (bytes sent per step)."""
+    comparison: str
+    """The ratio it must meet, e.g. "<= 1"; "-": no target, shown."""
+    peer: bool = False
+    """Compared with the Hugging Face Trainer on `than`'s config (the bench's hf-NAME cell)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +98,6 @@ class EngineSpec:
     stage: int
     """ZeRO stage: the paper's row it is compared with and the stage of the DeepSpeed config generated for it
     (FSDP2's two modes are named by the config stage that picks them, though both shard parameters at rest)."""
-    builder: str
-    """"module:Class" of its zero_train.engines.base.Engine (imported only when a run builds it)."""
     family: str | None = None
     """`--engine FAMILY` (an alias) picks this engine when the config's ZeRO stage is `stage`; None: no alias."""
     family_default: bool = False
@@ -105,12 +124,30 @@ class EngineSpec:
     """`zero-train bench` also runs the Hugging Face Trainer on its config (cell `hf-NAME`)."""
     collectives: tuple[Collective, ...] = ()
     """The collectives of its training step, for the step-time model (zero_train.timing); () on one rank."""
+    bench_targets: tuple[BenchTarget, ...] = ()
+    """`zero-train bench`'s targets with this engine as the numerator, in the bench's order."""
+    bench_compute: bool = False
+    """In the --engines of bench's compute scenario (forward and backward most of a step)."""
+    accelerate: str | None = None
+    """accelerate's distributed_type for `--engine NAME` (or its family) in `zero-train config --format
+    accelerate`; None: accelerate has no launch for it."""
+    stage_model: bool = False
+    """The engine `zero-train estimate` models its ZeRO stage by (DDP, then DeepSpeed ZeRO-1/2/3)."""
+    matrix_large: bool = False
+    """In the wide memory matrix's 0.36B-parameter cells (zero_train.report.matrix)."""
+    kept_whole: tuple[str, ...] = ()
+    """Memory categories the paper shards at this stage that it keeps whole on every rank (the report says
+    why its figure departs from the paper's)."""
+    partitioned_early: tuple[str, ...] = ()
+    """Memory categories the paper counts whole at this stage that it holds only as a partition at the step
+    boundary (the report says why)."""
+    grads_at_first_reduction: bool = False
+    """Allocates its gradient partition at its first reduction, where our peak model puts it at the start of
+    backward: a forward-phase gap on every rank but the last (the report says so)."""
 
     def __post_init__(self) -> None:
         if self.sharding not in SHARDINGS:
             raise ValueError(f"{self.name}: sharding {self.sharding!r} is not one of {', '.join(SHARDINGS)}")
-        if ":" not in self.builder:
-            raise ValueError(f"{self.name}: builder {self.builder!r} is not 'module:Class'")
         for collective in self.collectives:
             if collective.phase not in COMM_PHASES:
                 raise ValueError(
@@ -118,48 +155,64 @@ class EngineSpec:
                 )
 
 
-_DEEPSPEED = "zero_train.engines.deepspeed_engine:DeepSpeedEngine"
-_FSDP2 = "zero_train.engines.fsdp2:FSDP2Engine"
-
 ENGINES: tuple[EngineSpec, ...] = (
-    EngineSpec(name="ddp", label="torch DDP", stage=0, builder="zero_train.engines.ddp:DDPEngine",
+    EngineSpec(name="ddp", label="torch DDP", stage=0,
                sharding="replicated", peak_model="ddp_phases", marker="o", matrix=True, planned=True,
-               hf_peer=True, collectives=(_DDP_REDUCE,)),
-    EngineSpec(name="zero1", label="our ZeRO-1", stage=1, builder="zero_train.engines.zero1:Zero1Engine", ours=True,
+               hf_peer=True, accelerate="MULTI_GPU", stage_model=True, bench_compute=True,
+               collectives=(_DDP_REDUCE,)),
+    EngineSpec(name="zero1", label="our ZeRO-1", stage=1, ours=True,
                sharding="flat", peak_model="zero1_phases", marker="s", matrix=True,
+               matrix_large=True, bench_compute=True,
+               bench_targets=(BenchTarget("ddp", "step", "<= 1"), BenchTarget("ds1", "step", "<= 1"),
+                              BenchTarget("torch-zero", "step", "<= 1"), BenchTarget("ddp", "wire", "<= 1"),
+                              BenchTarget("ds1", "tokens", ">= 1", peer=True)),
                collectives=(Collective("reduce_scatter", "grads", "backward", "bucket"), _STEP_GATHER)),
-    EngineSpec(name="zero2", label="our ZeRO-2", stage=2, builder="zero_train.engines.zero2:Zero2Engine", ours=True,
+    EngineSpec(name="zero2", label="our ZeRO-2", stage=2, ours=True,
                sharding="flat", peak_model="zero2_phases", marker="X",
+               matrix_large=True,
+               bench_targets=(BenchTarget("ds2", "step", "<= 0.8"),
+                              BenchTarget("zero1", "step", "-"),  # measured: the price of sharding gradients
+                              BenchTarget("ddp", "wire", "<= 1")),
                collectives=(Collective("reduce_scatter", "grads", "backward", "bucket", every_micro_step=True),
                             _STEP_GATHER)),
     EngineSpec(name="torch-zero", label="torch ZeroRedundancyOptimizer", stage=1,
-               builder="zero_train.engines.torch_zero:TorchZeroEngine", sharding="whole-tensor",
+               sharding="whole-tensor",
                peak_model="ddp_phases", marker="D", matrix=True,
+               kept_whole=("master_params",),
                collectives=(_DDP_REDUCE, Collective("broadcast", "masters", "after_step", "tensor"))),
-    EngineSpec(name="ds0", label="DeepSpeed ZeRO-0, nothing sharded", stage=0, builder=_DEEPSPEED, family="deepspeed",
+    EngineSpec(name="ds0", label="DeepSpeed ZeRO-0, nothing sharded", stage=0, family=DEEPSPEED,
                sharding="replicated", peak_model=None, marker="h", default=False,
+               accelerate="DEEPSPEED",
                collectives=(Collective("all_reduce", "grads", "backward_blocking", "bucket"),)),
-    EngineSpec(name="ds1", label="DeepSpeed ZeRO-1", stage=1, builder=_DEEPSPEED, family="deepspeed",
+    EngineSpec(name="ds1", label="DeepSpeed ZeRO-1", stage=1, family=DEEPSPEED,
                sharding="flat", peak_model="deepspeed_phases", marker="^", matrix=True, planned=True, hf_peer=True,
+               accelerate="DEEPSPEED", stage_model=True, bench_compute=True, partitioned_early=("grads",),
+               bench_targets=(BenchTarget("ds1", "tokens", ">= 1", peer=True),),
                collectives=(Collective("reduce_scatter", "grads", "backward_blocking", "bucket"), _STEP_GATHER)),
-    EngineSpec(name="ds2", label="DeepSpeed ZeRO-2", stage=2, builder=_DEEPSPEED, family="deepspeed",
+    EngineSpec(name="ds2", label="DeepSpeed ZeRO-2", stage=2, family=DEEPSPEED,
                family_default=True, sharding="flat", peak_model="deepspeed_phases", marker="v", matrix=True,
                planned=True, hf_peer=True,
+               accelerate="DEEPSPEED", stage_model=True, matrix_large=True, grads_at_first_reduction=True,
                collectives=(Collective("reduce_scatter", "grads", "backward_blocking", "bucket",
                                        every_micro_step=True), _STEP_GATHER)),
     EngineSpec(name="fsdp2-z2", label="torch FSDP2, parameters kept gathered", stage=2,
-               builder=_FSDP2, family="fsdp2", sharding="per-tensor", peak_model="fsdp2_phases", marker="p",
-               planned=True, collectives=(_FSDP2_REDUCE, _UNIT_GATHERS[0])),
-    EngineSpec(name="zero3", label="our ZeRO-3", stage=3, builder="zero_train.engines.zero3:Zero3Engine", ours=True,
+               family=FSDP2, sharding="per-tensor", peak_model="fsdp2_phases", marker="p",
+               planned=True, accelerate="FSDP",
+               collectives=(_FSDP2_REDUCE, _UNIT_GATHERS[0])),
+    EngineSpec(name="zero3", label="our ZeRO-3", stage=3, ours=True,
                sharding="flat", peak_model="zero3_phases", marker="8", matrix_added=True,
-               planned=True, collectives=(_UNIT_REDUCE, *_UNIT_GATHERS)),
-    EngineSpec(name="ds3", label="DeepSpeed ZeRO-3", stage=3, builder=_DEEPSPEED, family="deepspeed",
+               planned=True, matrix_large=True,
+               bench_targets=(BenchTarget("ds3", "step", "<= 0.8"), BenchTarget("fsdp2-z3", "step", "<= 1")),
+               collectives=(_UNIT_REDUCE, *_UNIT_GATHERS)),
+    EngineSpec(name="ds3", label="DeepSpeed ZeRO-3", stage=3, family=DEEPSPEED,
                sharding="flat", peak_model="deepspeed_phases", marker="P", matrix=True, planned=True, hf_peer=True,
+               accelerate="DEEPSPEED", stage_model=True,
                collectives=(Collective("reduce_scatter", "grads", "backward", "bucket", every_micro_step=True),
                             *_UNIT_GATHERS)),
     EngineSpec(name="fsdp2-z3", label="torch FSDP2, resharded after forward", stage=3,
-               builder=_FSDP2, family="fsdp2", family_default=True, sharding="per-tensor",
-               peak_model="fsdp2_phases", marker="*", planned=True, collectives=(_FSDP2_REDUCE, *_UNIT_GATHERS)),
+               family=FSDP2, family_default=True, sharding="per-tensor",
+               peak_model="fsdp2_phases", marker="*", planned=True, accelerate="FSDP", matrix_large=True,
+               collectives=(_FSDP2_REDUCE, *_UNIT_GATHERS)),
 )  # fmt: skip
 """Every engine, in the order tables and plots list them (by stage; a library's after ours at a stage)."""
 

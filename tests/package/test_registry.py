@@ -7,21 +7,17 @@ import pathlib
 
 import pytest
 
-from zero_train.registry import ENGINES, FAMILIES, engine_names, engine_spec, resolve_engine
+from zero_train.registry import DEEPSPEED, ENGINES, FAMILIES, engine_names, engine_spec, resolve_engine
 from zero_train.runtime.errors import UsageError
 
 pytestmark = pytest.mark.tier("quick")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMES = set(engine_names())
-DELIBERATE_SUBSETS = {
-    ("zero_train/cli/bench.py", ("ddp", "zero1", "ds1")): "the compute scenario's choice of what to measure",
-    ("zero_train/report/matrix.py", ("zero1", "zero2", "zero3", "ds2", "fsdp2-z3")): "issue 40's choice of "
-    "engines for the 0.3-0.5B cells",
-    ("zero_train/report/matrix.py", ("zero2", "zero3")): "the engines whose bf16 accumulation dtype changed: "
-    "their bf16 cells run last",
-}
-"""Lists of engine names that are a choice, not a list to grow with the registry, and why."""
+DELIBERATE_SUBSETS: dict = {}
+"""Lists of engine names that are a choice, not a list to grow with the registry, and why (none today)."""
+BUILDER_MAP = "zero_train/engines/build.py"
+"""The name -> class map, keyed by the registry's names (test_every_engine_has_one_builder holds it)."""
 
 
 def _literal_name_lists(path: pathlib.Path) -> list[tuple[int, tuple[str, ...]]]:
@@ -51,7 +47,7 @@ def test_no_engine_list_is_written_by_hand_outside_the_registry():
     found = []
     for path in sources:
         relative = path.relative_to(ROOT).as_posix()
-        if relative == "zero_train/registry.py":
+        if relative in ("zero_train/registry.py", BUILDER_MAP):
             continue
         found += [
             f"{relative}:{line} {names}"
@@ -71,13 +67,21 @@ def test_the_scan_finds_a_hand_written_list(tmp_path):
     assert [line for line, _ in _literal_name_lists(source)] == [1, 2, 3]
 
 
-def test_every_builder_names_a_class_of_its_module():
-    """ "module:Class", read from the source (importing the DeepSpeed adapter would import DeepSpeed)."""
-    for spec in ENGINES:
-        module, class_name = spec.builder.split(":")
-        path = ROOT / (module.replace(".", "/") + ".py")
-        classes = {node.name for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)}
-        assert class_name in classes, spec.name
+def test_every_engine_has_one_builder_and_it_builds_an_engine():
+    """engines/build.py's map has the registry's names, no other; each gives a class of zero_train.engines
+    that follows the Engine protocol (DeepSpeed's is read from the source: importing it imports DeepSpeed)."""
+    from zero_train.engines.build import BUILDERS
+
+    assert tuple(BUILDERS) == engine_names()
+    source = (ROOT / "zero_train/engines/deepspeed_engine.py").read_text()
+    assert "class DeepSpeedEngine:" in source
+    for name, builder in BUILDERS.items():
+        if engine_spec(name).family == DEEPSPEED:
+            assert "DeepSpeedEngine" in builder.__code__.co_names, name
+            continue
+        engine_class = builder()
+        assert engine_class.__module__.startswith("zero_train.engines."), name
+        assert callable(engine_class.step) and callable(engine_class.forward_backward), name
 
 
 def test_names_markers_and_family_defaults_are_one_each():
@@ -142,3 +146,57 @@ def test_train_takes_every_engine_name_and_alias():
 
     engine = next(action for action in build_parser()._actions if action.dest == "engine.engine")
     assert tuple(engine.choices) == (*engine_names(), *FAMILIES)
+
+
+ENGINE_MODULES = ("zero_train/registry.py", "zero_train/engines/")
+"""Where an engine's name may be compared with a literal: the registry and the engines' own modules."""
+PREFIXES = {name[:cut] for name in NAMES for cut in range(2, len(name) + 1)}
+
+
+def _literal_comparisons(path: pathlib.Path) -> list[str]:
+    """`x == "zero3"`, `x in ("ddp", ...)`, `name.startswith("ds")`, and a family alias compared with whatever
+    names an engine or family (`spec.family == "deepspeed"`): the branches on an engine's name that a new
+    engine would miss."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            literals = []
+            for operand in operands:
+                elements = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                literals += [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            others = " ".join(ast.unparse(operand) for operand in operands)
+            about_engines = "engine" in others or "family" in others
+            if any(value in NAMES or (value in FAMILIES and about_engines) for value in literals):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "endswith", "removeprefix")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in PREFIXES
+            and "engine" in ast.unparse(node.func.value)
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_engine_name_is_compared_with_a_literal_outside_its_modules():
+    """The report, bench, accelerate, estimate and the rest branch on what the registry says of an engine
+    (its stage, family, sharding, bench targets, the categories it holds), never on its name."""
+    found = []
+    for path in (ROOT / "zero_train").rglob("*.py"):
+        relative = path.relative_to(ROOT).as_posix()
+        if not relative.startswith(ENGINE_MODULES):
+            found += [f"{relative}:{hit}" for hit in _literal_comparisons(path)]
+    assert found == []
+
+
+def test_the_comparison_scan_finds_each_form(tmp_path):
+    source = tmp_path / "old.py"
+    source.write_text(
+        'a = row["engine"] == "ds2"\nb = engine in ("zero2", "zero3")\nc = row["engine"].startswith("ds")\n'
+        'd = spec.family == "deepspeed"\ne = launch.launcher == "deepspeed"\nf = engine == REFERENCE\n'
+    )
+    assert [hit.split(":")[0] for hit in _literal_comparisons(source)] == ["1", "2", "3", "4"]

@@ -20,7 +20,7 @@ import pathlib
 import random
 from dataclasses import dataclass
 
-from zero_train.bench.targets import TARGET_ENGINES
+from zero_train.bench.targets import PEER_PREFIX, TARGET_ENGINES
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.launch.cells import cell_config
 from zero_train.launch.command import Launch
@@ -74,7 +74,7 @@ BENCH_REGISTRY: dict[str, BenchEngine] = {
     bench.name: bench
     for bench in (
         *(BenchEngine(spec.name, spec) for spec in ENGINES),
-        *(BenchEngine(f"hf-{spec.name}", spec, peer=True) for spec in ENGINES if spec.hf_peer),
+        *(BenchEngine(f"{PEER_PREFIX}{spec.name}", spec, peer=True) for spec in ENGINES if spec.hf_peer),
     )
 }
 BENCH_ENGINES = tuple(BENCH_REGISTRY)

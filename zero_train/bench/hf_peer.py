@@ -29,10 +29,11 @@ import torch.distributed as dist
 from accelerate.state import AcceleratorState, GradientState
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from zero_train.bench.targets import PEER_PREFIX
 from zero_train.comm.ledger import CommLedger
 from zero_train.hf.data import prepare_datasets
 from zero_train.memory import measure
-from zero_train.registry import ENGINES
+from zero_train.registry import DEEPSPEED, ENGINES
 from zero_train.runtime.device import synchronize
 from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
 from zero_train.runtime.errors import UsageError
@@ -77,7 +78,7 @@ def training_arguments(config: RunConfig, plan, output_dir: str, device: torch.d
         lr_scheduler_type="constant",  # a config "scheduler" still wins: DeepSpeed builds it
         bf16=settings.precision == "bf16",
         fp16=settings.precision == "fp16",
-        deepspeed=plan.ds_config if plan.engine.family == "deepspeed" else None,
+        deepspeed=plan.ds_config if plan.engine.family == DEEPSPEED else None,
         use_cpu=device.type == "cpu",
         logging_steps=1,  # a loss line per step, like scripts/train.py
         save_strategy="no",
@@ -144,7 +145,7 @@ def run_peer(config: RunConfig) -> None:
     if not plan.engine.hf_peer:
         peers = " | ".join(spec.name for spec in ENGINES if spec.hf_peer)
         raise UsageError(f"the HF Trainer peer runs --engine {peers} (or deepspeed), not {plan.engine.name}")
-    if plan.engine.family == "deepspeed":  # the Trainer's deepspeed.initialize, as our DeepSpeed engine does
+    if plan.engine.family == DEEPSPEED:  # the Trainer's deepspeed.initialize, as our DeepSpeed engine does
         from zero_train.engines.deepspeed_engine import import_muon_uncompiled  # imports DeepSpeed
 
         import_muon_uncompiled(plan.ds_config)
@@ -225,7 +226,7 @@ def _write_outputs(
     if output.memory_report:
         record = dict(
             schema=PEER_SCHEMA,
-            engine=f"hf-{plan.engine.name}",
+            engine=f"{PEER_PREFIX}{plan.engine.name}",
             framework="transformers.Trainer",
             model=config.model.model,
             num_params=params,

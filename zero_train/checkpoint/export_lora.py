@@ -27,7 +27,7 @@ from zero_train.checkpoint.files import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_DIR
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
 from zero_train.checkpoint.rotation import reading
 from zero_train.hf.lora import adapter_config_json, peft_names, quiet_peft, to_peft_state_dict
-from zero_train.registry import find_engine
+from zero_train.registry import DEEPSPEED, find_engine
 from zero_train.runtime.errors import UsageError
 
 
@@ -133,7 +133,7 @@ def _rebuild_base(run: dict, *, vocab_size: int, merge: bool):
         merge
         and is_random_init(name)
         and engine is not None
-        and engine.family == "deepspeed"
+        and engine.family == DEEPSPEED
         and engine.stage == 3
     ):
         raise UsageError(

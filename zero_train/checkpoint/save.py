@@ -42,6 +42,7 @@ from zero_train.checkpoint.storage import (
     latest_name,
 )
 from zero_train.checkpoint.writes import StagedWrites
+from zero_train.registry import find_engine
 from zero_train.runtime.dist import rank0_work_timeout_s
 
 
@@ -246,5 +247,6 @@ def estimate_checkpoint_bytes(engine, *, num_params: int, dist_info) -> int:
     if dist_info.world_size > 1:
         per_rank = [0] * dist_info.world_size
         dist.all_gather_object(per_rank, local)
-    sharded = engine.name != "ddp" and engine.settings.zero_stage > 0
+    spec = find_engine(engine.name)
+    sharded = (spec is None or spec.sharding != "replicated") and engine.settings.zero_stage > 0
     return 4 * num_params + (sum(per_rank) if sharded else max(per_rank))

@@ -36,6 +36,7 @@ from zero_train.bench.targets import TARGET_ENGINES
 from zero_train.cli.commands import COMMANDS
 from zero_train.launch.command import RANK_LAUNCHERS
 from zero_train.launch.launcher import check_launcher, model_meta
+from zero_train.registry import ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
@@ -137,7 +138,7 @@ SCENARIOS = {
     "optimizer": {},
     "compute": dict(
         model="gpt2-small",
-        engines=["ddp", "zero1", "ds1"],
+        engines=[spec.name for spec in ENGINES if spec.bench_compute],
         steps=4,
         warmup=1,
         micro_batch_size=8,

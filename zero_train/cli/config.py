@@ -20,7 +20,7 @@ from zero_train.cli.commands import COMMANDS
 from zero_train.ds_config import config_text, load_config, write_config
 from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.ds_config.keys import PRECISIONS
-from zero_train.registry import FAMILIES
+from zero_train.registry import DEEPSPEED, FAMILIES, FSDP2
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_file
 from zero_train.runtime.parser import (
@@ -132,7 +132,7 @@ def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
 def _add_accelerate_flags(parser: argparse.ArgumentParser) -> None:
     accel = parser.add_argument_group("accelerate (--format accelerate: -o YAML, the JSON beside it)")
     accel.add_argument("--format", choices=("deepspeed", "accelerate"), default="deepspeed")
-    accel.add_argument("--engine", choices=FAMILIES, default="deepspeed", help="plugin")
+    accel.add_argument("--engine", choices=FAMILIES, default=DEEPSPEED, help="plugin")
     accel.add_argument("--num-machines", type=positive_int, default=1, help="machines (default 1)")
     accel.add_argument("--machine-rank", type=non_negative_int, default=0)
     accel.add_argument("--main-process-ip", help="machine rank 0's address (several machines)")
@@ -251,7 +251,7 @@ def write_accelerate(cfg: dict, args: argparse.Namespace) -> int:
         machine_rank=args.machine_rank,
         main_process_ip=args.main_process_ip,
         main_process_port=args.main_process_port,
-        block_class=block_class(args.model) if args.model and args.engine == "fsdp2" else None,
+        block_class=block_class(args.model) if args.model and args.engine == FSDP2 else None,
     )
     write_config(cfg, json_path)
     pathlib.Path(args.output).expanduser().write_text(text)

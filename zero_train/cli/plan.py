@@ -27,7 +27,7 @@ from zero_train.cli.lora_flags import add_lora_flags, lora_spec
 from zero_train.cli.machine_flags import add_machine_flags, machine_from_args
 from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
-from zero_train.registry import ENGINES
+from zero_train.registry import DEEPSPEED, ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.parser import non_negative_float, positive_float, positive_int
@@ -36,7 +36,7 @@ GB = 1e9
 DEFAULT_STEP_TOKENS = 2**20
 """Tokens per optimizer step when no --global-batch-size is given (about a million: GPT-3's 0.5-3.2M, Llama
 2's 4M for its largest runs)."""
-HF_TRAINER_ENGINES = tuple(spec.name for spec in ENGINES if spec.planned and spec.family == "deepspeed")
+HF_TRAINER_ENGINES = tuple(spec.name for spec in ENGINES if spec.planned and spec.family == DEEPSPEED)
 """Set-ups a DeepSpeed JSON gives the HF Trainer (torch DDP and FSDP2 are its own options, not a JSON)."""
 FORMAT_SUFFIXES = {"deepspeed": (".json",), "accelerate": (".yaml", ".yml"), "slurm": (".sbatch", ".sh")}
 """--format -> the suffixes -o may have (the JSON goes beside the YAML or the batch script)."""

@@ -30,13 +30,25 @@ from collections.abc import Mapping
 import yaml
 
 from zero_train.ds_config.parse import precision_of
+from zero_train.registry import DEEPSPEED, ENGINES
 from zero_train.runtime.errors import UsageError
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
-PLUGINS = {"deepspeed": "DEEPSPEED", "fsdp2": "FSDP"}  # scripts/train.py --engine -> distributed_type
-DISTRIBUTED_TYPES = {**PLUGINS, "ddp": "MULTI_GPU"}
-"""--engine -> distributed_type; torch DDP takes accelerate's plain multi-process launch (no plugin, torchrun
-underneath: CPU ranks too) and reads its JSON from --deepspeed_config."""
+DISTRIBUTED_TYPES = {
+    **{spec.family: spec.accelerate for spec in ENGINES if spec.family and spec.accelerate},
+    **{spec.name: spec.accelerate for spec in ENGINES if not spec.family and spec.accelerate},
+}
+"""scripts/train.py's --engine -> accelerate's distributed_type (the registry's `accelerate`): a library's
+plugin by its family (DEEPSPEED, FSDP), then torch DDP, which takes accelerate's plain multi-process launch
+(MULTI_GPU: no plugin, torchrun underneath, CPU ranks too) and reads its JSON from --deepspeed_config."""
+
+
+def _either(words: list[str]) -> str:
+    return " or ".join(", ".join(words).rsplit(", ", 1))
+
+
+_ENGINES_WORDS = _either(list(DISTRIBUTED_TYPES))
+_KINDS_WORDS = _either([f"{kind} (--engine {name})" for name, kind in DISTRIBUTED_TYPES.items()])
 
 
 def _stage(cfg: dict) -> int:
@@ -48,7 +60,7 @@ def accelerate_config(
     cfg: dict,
     *,
     json_path: str,
-    engine: str = "deepspeed",
+    engine: str = DEEPSPEED,
     num_processes: int = 1,
     num_machines: int = 1,
     machine_rank: int = 0,
@@ -70,11 +82,11 @@ def accelerate_config(
         The YAML fields.
     """
     if engine not in DISTRIBUTED_TYPES:
-        raise UsageError(f"--format accelerate needs --engine deepspeed, fsdp2 or ddp, not {engine!r}")
-    stage = _stage(cfg)
+        raise UsageError(f"--format accelerate needs --engine {_ENGINES_WORDS}, not {engine!r}")
+    stage, kind = _stage(cfg), DISTRIBUTED_TYPES[engine]
     result: dict = dict(
         compute_environment="LOCAL_MACHINE",
-        distributed_type=DISTRIBUTED_TYPES[engine],
+        distributed_type=kind,
         mixed_precision=MIXED_PRECISION[precision_of(cfg)],
         num_machines=num_machines,
         num_processes=num_processes,
@@ -86,9 +98,9 @@ def accelerate_config(
     )
     if num_machines > 1:
         result.update(main_process_ip=main_process_ip or "127.0.0.1", main_process_port=main_process_port)
-    if engine == "ddp":
+    if kind == "MULTI_GPU":
         return result
-    if engine == "deepspeed":
+    if kind == "DEEPSPEED":
         result["deepspeed_config"] = dict(
             deepspeed_config_file=str(pathlib.Path(json_path).resolve()),
             zero3_init_flag=stage == 3,
@@ -174,10 +186,7 @@ def agreement_problems(cfg: dict, fields: dict, *, engine: str | None = None) ->
     problems = []
     kind, stage = fields["distributed_type"], _stage(cfg)
     if kind not in DISTRIBUTED_TYPES.values():
-        return [
-            f"accelerate distributed_type {kind!r}: use DEEPSPEED (--engine deepspeed), FSDP (--engine fsdp2) or "
-            "MULTI_GPU (--engine ddp)"
-        ]
+        return [f"accelerate distributed_type {kind!r}: use {_KINDS_WORDS}"]
     wanted_engine = {plugin: name for name, plugin in DISTRIBUTED_TYPES.items()}[kind]
     if engine is not None and engine != wanted_engine:
         problems.append(f"accelerate's {kind} plugin runs --engine {wanted_engine}, not --engine {engine}")

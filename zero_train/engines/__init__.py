@@ -2,7 +2,8 @@
 
 Which engines exist, their names and what each is built from: zero_train.registry.
 
-- ``base``: the Engine protocol, StepResult, ``build_engine``.
+- ``base``: the Engine protocol, StepResult.
+- ``build``: which class builds each engine of the registry; ``build_engine``.
 - ``local``: what the engines that drive a torch optimizer themselves share (ddp, zero1, torch-zero).
 - ``ddp``: torch DistributedDataParallel + an unsharded optimizer.
 - ``zero1``: our ZeRO-1 (zero_train.sharding.Zero1Optimizer) behind the protocol.
@@ -15,6 +16,7 @@ Which engines exist, their names and what each is built from: zero_train.registr
 - ``precision``: fp32 master weights for a bf16/fp16 model and fp16 dynamic loss scaling, as DeepSpeed keeps them.
 """
 
-from zero_train.engines.base import MEMORY_CATEGORIES, Engine, StepResult, build_engine
+from zero_train.engines.base import MEMORY_CATEGORIES, Engine, StepResult
+from zero_train.engines.build import build_engine
 
 __all__ = ["MEMORY_CATEGORIES", "Engine", "StepResult", "build_engine"]

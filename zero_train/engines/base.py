@@ -16,19 +16,13 @@ both the update and the schedule, as DeepSpeed does).
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from zero_train.registry import resolve_engine
-from zero_train.runtime.errors import UsageError
-
 if TYPE_CHECKING:
     from zero_train.ds_config import TrainSettings
-    from zero_train.runtime.dist import DistInfo
 
 MEMORY_CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "comm_buffers")
 
@@ -94,43 +88,6 @@ class Engine(Protocol):
         offloaded states in pinned host memory, CPU step counters) is reported beside it.
         """
         ...
-
-
-def build_engine(
-    name: str,
-    *,
-    model_fn: Callable[[], torch.nn.Module],
-    settings: TrainSettings,
-    ds_config: dict,
-    dist_info: DistInfo,
-) -> Engine:
-    """Build the named engine around a freshly built model.
-
-    Args:
-        name: an engine of zero_train.registry.ENGINES, or a family alias ("deepspeed", "fsdp2": that library
-            at settings.zero_stage).
-        model_fn: builds the HF model in fp32 (called once; the deepspeed engine calls it inside
-            transformers' ZeRO-3 integration so that the model is created partitioned).
-        settings: from `zero_train.ds_config.train_settings` (its world_size must match dist_info).
-        ds_config: the resolved DeepSpeed config (`resolve_auto`); only the deepspeed engine reads it.
-        dist_info: from `zero_train.runtime.dist.init_distributed()`.
-
-    Returns:
-        The engine, with the model on dist_info.device in the settings' precision.
-    """
-    spec = resolve_engine(name, settings.zero_stage)
-    if settings.world_size != dist_info.world_size:
-        raise UsageError(
-            f"settings were resolved for world size {settings.world_size} but {dist_info.world_size} "
-            "ranks are running; resolve the config with the launcher's world size"
-        )
-    module_name, class_name = spec.builder.split(":")
-    engine_class: Any = getattr(
-        importlib.import_module(module_name), class_name
-    )  # lazily: only deepspeed*.py import DeepSpeed
-    engine = engine_class(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
-    engine.name = spec.name
-    return engine
 
 
 def tensor_bytes(tensors, seen: set | None = None, *, device: torch.device | str | None = None) -> int:

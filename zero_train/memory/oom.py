@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from zero_train.memory.model.peak import TERM_WORDS
-from zero_train.registry import engine_spec
+from zero_train.registry import DEEPSPEED, engine_spec
 
 GB = 1e9
 MISSED_FRACTION = 0.9
@@ -110,7 +110,7 @@ def explain(record: dict) -> Explanation:
     if (
         phase.get("step") == 1
         and phase["name"] == "forward"
-        and engine_spec(run["engine"]).family != "deepspeed"
+        and engine_spec(run["engine"]).family != DEEPSPEED
     ):
         terms.pop("optimizer_states", None)  # torch's optimizers create their states in the first step
     term = max(terms, key=lambda name: terms[name])

@@ -133,14 +133,14 @@ def buffer_sentence(
         ours: our model's comm_buffers (None: n/a).
         footprint: the measured footprint without "other", for the size of a residual worth naming.
     """
-    engine, spec = row["engine"], find_engine(row["engine"])
+    spec = find_engine(row["engine"])
     if spec is not None and spec.peak_model == "ddp_phases":  # torch DDP's reducer (torch-zero wraps DDP)
         words, predicted = _ddp_words(row, measured)
-    elif engine == "zero1":
+    elif spec is not None and spec.ours and spec.stage == 1:
         words, predicted = _zero1_words(row, facts)
-    elif engine == "zero2":
+    elif spec is not None and spec.ours and spec.stage == 2:
         words, predicted = _zero2_words(row, facts)
-    elif engine == "zero3":
+    elif spec is not None and spec.ours:
         words, predicted = _ZERO3_WORDS, 0
     else:
         words, predicted = _deepspeed_words(row)

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 
 from zero_train.memory.record import load_records
+from zero_train.registry import REFERENCE
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
 
@@ -47,7 +48,7 @@ def analyze(records: list[dict]) -> list[dict]:
     references = {
         (row["model"], row["precision"], row["world_size"]): row
         for row in rows
-        if row["engine"] == "ddp" and row["error"] is None
+        if row["engine"] == REFERENCE and row["error"] is None
     }
     for row in rows:
         if row["error"] is None:

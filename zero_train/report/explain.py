@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from zero_train.memory.model.peak import TERM_WORDS
 from zero_train.memory.record import MODEL_STATE_CATEGORIES
-from zero_train.registry import find_engine
+from zero_train.registry import DEEPSPEED, find_engine
 from zero_train.report import units
 from zero_train.report.buffers import buffer_sentence
 from zero_train.report.compare import is_large, whole_tensor_sharded
@@ -30,26 +30,23 @@ def _paper_to_ours(row: dict, category: str) -> str | None:
     engine, world_size = row["engine"], row["world_size"]
     ours = row["ours_categories"][category]
     spec = find_engine(engine)
-    if (
-        spec is not None
-        and spec.family == "deepspeed"
-        and category == "master_params"
-        and row["precision"] == "fp32"
-    ):
+    if spec is None:
+        return None
+    if spec.family == DEEPSPEED and category == "master_params" and row["precision"] == "fp32":
         return (
             f"DeepSpeed keeps an fp32 master partition even in an fp32 run ({units.mb(ours)} = 4 bytes/param "
             f"/ {units.ranks(world_size)}, stage_1_and_2.py / stage3.py clone the partition); the paper's pure-fp32 "
             "variant has no separate master copy"
         )
-    if engine == "torch-zero" and category == "master_params":
+    if category in spec.kept_whole:  # torch-zero's fp32 masters
         return (
-            f"our torch-zero engine keeps the fp32 master copy of every parameter on every rank ({units.mb(ours)} "
+            f"our {engine} engine keeps the fp32 master copy of every parameter on every rank ({units.mb(ours)} "
             "= 4 bytes/param, zero_train.engines.torch_zero); ZeroRedundancyOptimizer shards only the Adam "
             "states over them, where the paper shards the masters too"
         )
-    if engine == "ds1" and category == "grads":
+    if category in spec.partitioned_early:  # DeepSpeed ZeRO-1's reduced gradients
         return (
-            f"at the step boundary DeepSpeed ZeRO-1 holds only its reduced gradient partition "
+            f"at the step boundary {spec.label} holds only its reduced gradient partition "
             f"({units.mb(ours)}, 1/{world_size}), like ZeRO-2; the paper counts ZeRO-1's gradients whole, "
             "which they are during backward (our model's end of backward)"
         )

@@ -10,6 +10,7 @@ that is gone between steps (a transient no category owns) is told apart from wha
 from __future__ import annotations
 
 from zero_train.memory.model.peak import TERM_WORDS
+from zero_train.registry import find_engine
 from zero_train.report import units
 from zero_train.report.compare import PEAK_GOAL, is_large, whole_tensor_sharded
 from zero_train.report.explain_runtime import phase_rise
@@ -107,10 +108,12 @@ def _residual_words(row: dict, phase: str, residual: int) -> str:
     """A large gap in one phase: a known cause with its size where there is one, else "unexplained"."""
     words = f", {'over' if residual > 0 else 'under'} by {units.mb(residual)}"
     last_rank = row["world_size"] - 1
-    if row["engine"] == "ds2" and phase == "forward" and residual > 0 and row["reported_rank"] != last_rank:
+    spec = find_engine(row["engine"])
+    late = spec is not None and spec.grads_at_first_reduction
+    if late and phase == "forward" and residual > 0 and row["reported_rank"] != last_rank:
         partition = row["ours_categories"]["grads"]
         return words + (
-            f": DeepSpeed ZeRO-2 allocates a rank's gradient partition ({units.mb(partition)}) at its first "
+            f": {spec.label} allocates a rank's gradient partition ({units.mb(partition)}) at its first "
             f"reduction; our model allocates it at the start of backward, beside every activation, which holds "
             f"for rank {last_rank} (its parameters get their gradients first); rank {row['reported_rank']}'s "
             "comes later, when activations are partly freed"

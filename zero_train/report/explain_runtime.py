@@ -6,8 +6,9 @@ sentences are in zero_train.report.explain_peak).
 
 from __future__ import annotations
 
+from zero_train.memory.model.host_build import builds_under_zero_init
 from zero_train.memory.model.peak import backend_for
-from zero_train.registry import find_engine
+from zero_train.registry import DEEPSPEED, REFERENCE, find_engine
 from zero_train.report import units
 from zero_train.report.compare import is_large
 from zero_train.report.models import ModelFacts
@@ -47,9 +48,11 @@ def other_sentences(row: dict, reference: dict | None) -> list[str]:
     if not is_large(extra, row["allocator_bytes"]) or abs(extra) < 1e6:
         return sentences
     sentence = (
-        f"{row['engine']} leaves {units.mb(extra)} more in other than ddp at {units.ranks(row['world_size'])}"
+        f"{row['engine']} leaves {units.mb(extra)} more in other than {REFERENCE} at "
+        f"{units.ranks(row['world_size'])}"
     )
-    if row["engine"].startswith("ds") and extra > 0:
+    spec = find_engine(row["engine"])
+    if spec is not None and spec.family == DEEPSPEED and extra > 0:
         explained = min(extra, DEEPSPEED_FIRST_INIT_BYTES)
         sentence += (
             f": about {units.mb(explained)} is the library state of the first deepspeed.initialize in a "
@@ -61,7 +64,7 @@ def other_sentences(row: dict, reference: dict | None) -> list[str]:
         return sentences + [sentence + "."]
     sentence += f"; unexplained: {units.mb(extra)}"
     built, reference_built = phase_record(row, "model_built"), phase_record(reference, "model_built")
-    if built and reference_built and row["engine"] != "ds3":  # ZeRO-3 builds the model already partitioned
+    if built and reference_built and not (spec and builds_under_zero_init(spec)):  # already partitioned
         before = built["current_bytes"] - reference_built["current_bytes"]
         sentence += (
             f" ({units.mb(before)} of the difference was there after building the model, before the engine)"
@@ -84,9 +87,9 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
     spec = find_engine(engine)
     ours = spec is not None and spec.ours
     zero = (row.get("ds_config") or {}).get("zero_optimization", {})
-    if engine == "ddp":
+    if engine == REFERENCE:
         return "DDP all-reduces every gradient bucket: the paper's 2 Psi"
-    if engine == "torch-zero":
+    if spec is not None and spec.sharding == "whole-tensor":  # torch-zero
         masters = " (its fp32 master copies: 4 bytes each)" if row["precision"] != "fp32" else ""
         return (
             "ZeroRedundancyOptimizer wraps DDP: gradients are all-reduced whole (2 Psi, not reduce-scattered), "
@@ -98,7 +101,7 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
         return _zero1_comm_cause(row, facts)
     if (
         spec is not None
-        and spec.family == "deepspeed"
+        and spec.family == DEEPSPEED
         and spec.stage in (1, 2)
         and psi.get("all_reduce")
         and zero.get("use_multi_rank_bucket_allreduce", True)
@@ -107,7 +110,7 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
         return ("DeepSpeed 0.19's ZeRO-1/2 all-reduces its gradient buckets (zero_optimization."
                 "use_multi_rank_bucket_allreduce, default true) instead of reduce-scattering them: 2 Psi instead of "
                 f"1{gather}")  # fmt: skip
-    if engine == "ds3" and 0 < psi.get("all_gather", 0) < 1.5:
+    if spec is not None and builds_under_zero_init(spec) and 0 < psi.get("all_gather", 0) < 1.5:
         live = int(zero.get("stage3_max_live_parameters", 1e9))
         return (
             f"the paper counts 3 Psi for ZeRO-3 (parameters all-gathered in forward and again in backward); "

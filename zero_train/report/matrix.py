@@ -166,7 +166,13 @@ WIDE_ARCHITECTURES = ("gpt2-3x192", "qwen2-3x192")
 WIDE_VARIANTS = ("plain", "ckpt", "ga4", "lora8")
 """Each wide cell is one of: nothing added, activation checkpointing, accumulation 4, LoRA r 8 (full otherwise)."""
 LARGE_ARCHITECTURE = "qwen2.5-0.5b-shape"
-LARGE_ENGINES = ("zero1", "zero2", "zero3", "ds2", "fsdp2-z3")
+LARGE_ENGINES = tuple(
+    spec.name
+    for spec in sorted((spec for spec in ENGINES if spec.matrix_large), key=lambda spec: not spec.ours)
+)
+"""The engines of the 0.36B cells (the registry's matrix_large), ours first: the design's order."""
+_OURS_SHARDING_GRADIENTS = tuple(spec.name for spec in ENGINES if spec.ours and spec.stage >= 2)
+"""Our ZeRO-2 and ZeRO-3, whose bf16 cells the wide design puts last."""
 
 
 def wide_design() -> list[MatrixCell]:
@@ -183,7 +189,7 @@ def wide_design() -> list[MatrixCell]:
         for arch in WIDE_ARCHITECTURES for precision in ("fp32", "bf16") for world_size in (1, 2, 4)
         for engine in engines for variant in WIDE_VARIANTS
     ]  # fmt: skip
-    late = [c for c in cells if c.precision == "bf16" and c.engine in ("zero2", "zero3")]
+    late = [c for c in cells if c.precision == "bf16" and c.engine in _OURS_SHARDING_GRADIENTS]
     large = [
         MatrixCell(architecture=LARGE_ARCHITECTURE, engine=engine, world_size=2, precision="fp32", grad_accum=1,
                    gradient_checkpointing=False)

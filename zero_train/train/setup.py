@@ -30,7 +30,7 @@ from zero_train.ds_config.keys import (
     UNSET,
     ConfigKey,
 )
-from zero_train.registry import EngineSpec, resolve_engine
+from zero_train.registry import DEEPSPEED, EngineSpec, resolve_engine
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir, check_output_file
 from zero_train.train.config import DEFAULT_MAX_STEPS, ModelConfig, RunConfig, TrainingConfig
@@ -125,7 +125,7 @@ def check_user_config(cfg: dict, source: str, *, engine: EngineSpec, world_size:
     from zero_train.ds_config.rules import check_rules
 
     check_rules(cfg, world_size=world_size).raise_if_invalid(source)
-    if engine.builder.startswith("zero_train.engines.deepspeed"):
+    if engine.family == DEEPSPEED:  # the engine imports DeepSpeed anyway
         from zero_train.ds_config.check import check_config
 
         check_config(cfg, world_size=world_size).raise_if_invalid(source)
@@ -366,10 +366,9 @@ def num_params(model) -> int:
 def import_run_modules(config: RunConfig) -> None:
     """Import what the run will import (datasets, the model's transformers module, the engine's module and
     with it DeepSpeed), so that an entry point does it inside zero_train.runtime.startup.collector_paused."""
-    import importlib
-
     import zero_train.hf.data  # noqa: F401  (datasets)
+    from zero_train.engines.build import engine_class
     from zero_train.hf.models import import_model_module
 
     import_model_module(config.model.model)
-    importlib.import_module(resolve_engine(config.engine.engine).builder.split(":")[0])
+    engine_class(resolve_engine(config.engine.engine).name)

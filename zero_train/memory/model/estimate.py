@@ -20,13 +20,10 @@ from zero_train.ds_config.keys import LOAD_DTYPES
 from zero_train.memory.model import limits, offload, theory
 from zero_train.memory.model.gpu_terms import gpu_margin, transient
 from zero_train.memory.model.host_build import model_build_bytes
-from zero_train.registry import engine_spec, family_engines
+from zero_train.registry import ENGINES, engine_spec
 
-STAGE_ENGINES = {
-    0: "ddp",
-    **{spec.stage: spec.name for spec in family_engines("deepspeed") if spec.stage > 0},
-}
-"""The engine our peak model uses for each stage: torch DDP, DeepSpeed ZeRO-1/2/3."""
+STAGE_ENGINES = {spec.stage: spec.name for spec in ENGINES if spec.stage_model}
+"""The engine our peak model uses for each stage (the registry's stage_model): torch DDP, DeepSpeed ZeRO-1/2/3."""
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEFAULT_BLOCK_SIZE = 4096
 """Tokens per sample when none is given: the model's context, at most this (a 128k-context model is rarely

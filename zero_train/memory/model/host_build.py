@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from zero_train.ds_config.keys import LOAD_DTYPES
 from zero_train.memory.model.theory import ModelShape, precision_bytes
-from zero_train.registry import EngineSpec
+from zero_train.registry import DEEPSPEED, EngineSpec
 
 GLOO_THREADS = 2
 """Worker threads of torch's gloo process group (ProcessGroupGloo's default): collectives DeepSpeed launches
@@ -27,7 +27,7 @@ asynchronously (a multi-tensor gather) run this many at a time, each with its ow
 
 def builds_under_zero_init(spec: EngineSpec) -> bool:
     """DeepSpeed at ZeRO-3: train.py builds the model inside zero.Init (transformers' HfDeepSpeedConfig)."""
-    return spec.family == "deepspeed" and spec.stage == 3
+    return spec.family == DEEPSPEED and spec.stage == 3
 
 
 def init_gather_numels(shape: ModelShape) -> int:

@@ -56,7 +56,7 @@ from zero_train.memory.model.peak_zero3 import zero3_phases
 from zero_train.memory.model.sharder_layout import Share, sharder_layout, whole_tensor_layout
 from zero_train.memory.model.theory import ModelShape
 from zero_train.memory.model.versions import warn_if_versions_differ
-from zero_train.registry import ENGINES, EngineSpec, find_engine
+from zero_train.registry import DEEPSPEED, ENGINES, EngineSpec, find_engine
 
 warn_if_versions_differ()  # the terms below were measured with one torch and one DeepSpeed (README.md here)
 
@@ -284,7 +284,7 @@ def engine_peak(
     settings_offload = offload.OffloadSettings.from_config(ds_config)
     moved = settings_offload.optimizer_device != "none"
     pairs, alike = _rank_models(spec, run, rank, optimizer_offloaded=moved)
-    if spec.family == "deepspeed" and settings_offload.active:
+    if spec.family == DEEPSPEED and settings_offload.active:
         one = run.backend == "gloo" if host_in_phases is None else host_in_phases
         pairs = [(_offloaded(model, run, part, settings_offload, one=one), part) for model, part in pairs]
     model = max((model for model, _ in pairs), key=lambda m: (m.peak_bytes, -m.rank))

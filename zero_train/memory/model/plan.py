@@ -33,7 +33,7 @@ from zero_train.memory.model.estimate import (
 )
 from zero_train.memory.model.gpu_terms import gpu_margin, transient
 from zero_train.memory.model.theory import ModelShape
-from zero_train.registry import ENGINES, engine_spec
+from zero_train.registry import DEEPSPEED, ENGINES, engine_spec
 
 GB = 1e9
 
@@ -89,7 +89,7 @@ def setup_order() -> list[Setup]:
             for engine in TRAFFIC_ORDER:
                 spec = engine_spec(engine)
                 offloads = (
-                    spec.family == "deepspeed" and spec.stage > 0
+                    spec.family == DEEPSPEED and spec.stage > 0
                 )  # DeepSpeed's offload (what we model) needs ZeRO
                 if (moved != "none" and not offloads) or (moved == "param" and spec.stage != 3):
                     continue
