@@ -56,15 +56,6 @@ class DDPEngine(LocalEngine):
     def _no_sync(self, boundary: bool):
         return contextlib.nullcontext() if boundary else self.ddp_model.no_sync()
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        if self.loss_scaler is not None:
-            loss = loss * self.loss_scaler.loss_scale
-        loss.backward()
-
-    def loss_scale(self) -> float | None:
-        """The current fp16 loss scale, None without loss scaling."""
-        return None if self.loss_scaler is None else float(self.loss_scaler.loss_scale)
-
     def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
         """Gradients are already averaged by DDP (identical on every rank), so no collective here. The global
         norm accumulates in float64, as our sharders' does from their pieces (zero_train.sharding.norms), so

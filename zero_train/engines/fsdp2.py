@@ -40,10 +40,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from zero_train.checkpoint.files import save_rank_file, saved_tensors, write_model
+from zero_train.checkpoint.files import saved_tensors
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
-from zero_train.engines.local import LocalEngine, warn_unsupported
+from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import build_optimizer, set_lr
 from zero_train.engines.precision import PRECISION_DTYPES, make_loss_scaler
 from zero_train.hf.lora import is_lora
@@ -129,11 +129,7 @@ class FSDP2Engine(LocalEngine):
                 f"the fsdp2 engine needs zero_optimization.stage 2 or 3 (got {settings.zero_stage}); "
                 "stage 3 reshards after forward, stage 2 keeps parameters gathered until backward"
             )
-        self.settings = settings
-        self.dist_info = dist_info
-        self.process_group = None
-        warn_unsupported(settings, engine=self.name)
-        self.micro_steps = self.global_steps = self.applied_steps = 0
+        self._start(settings, dist_info)
         self.model = model_fn().to(device=dist_info.device, dtype=torch.float32)  # fp32 shards = masters
         _frozen_to(self.model, PRECISION_DTYPES[settings.precision])  # no master for a frozen weight
         self.reshard_after_forward = RESHARD_AFTER_FORWARD[settings.zero_stage]
@@ -149,15 +145,6 @@ class FSDP2Engine(LocalEngine):
         self.optimizer = build_optimizer(
             [p for p in self.model.parameters() if p.requires_grad], settings, dist_info.device
         )
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        if self.loss_scaler is not None:
-            loss = loss * self.loss_scaler.loss_scale
-        loss.backward()
-
-    def loss_scale(self) -> float | None:
-        """The current fp16 loss scale, None without loss scaling."""
-        return None if self.loss_scaler is None else float(self.loss_scaler.loss_scale)
 
     def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
         """Gradients are already reduce-scattered (averaged); the norm all-reduces the shards' squares and
@@ -216,16 +203,8 @@ class FSDP2Engine(LocalEngine):
         writes = as_staged_writes(out)
         state = self._dcp_state()
         writes.now(DCP_DIR, lambda target: dcp.save(state, checkpoint_id=str(target)))
-        weights = self.full_state_dict()
-        if self.dist_info.is_main:
-            write_model(writes, self.model, weights)
-        payload = dict(
-            client_state=client_state,
-            counters=self.counters(),
-            world_size=self.dist_info.world_size,
-            loss_scaler=None if self.loss_scaler is None else self.loss_scaler.state_dict(),
-        )
-        save_rank_file(writes, self.dist_info.rank, payload)
+        scaler = None if self.loss_scaler is None else self.loss_scaler.state_dict()
+        self.write_checkpoint(writes, self.full_state_dict(), client_state=client_state, loss_scaler=scaler)
 
     def load_checkpoint(self, path) -> dict:
         """Restore the shards from DCP (resharded to this world size); returns this rank's client_state."""

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zero_train.checkpoint.files import load_rank_file, rank_file
+from zero_train.checkpoint.files import load_rank_file, rank_file, save_rank_file, write_model
 from zero_train.engines.base import StepResult
 from zero_train.engines.optim import scheduled_lr
-from zero_train.engines.precision import PRECISION_DTYPES
+from zero_train.engines.precision import PRECISION_DTYPES, DynamicLossScaler
 from zero_train.registry import ENGINES, find_engine
 
 if TYPE_CHECKING:
@@ -27,20 +27,24 @@ if TYPE_CHECKING:
 class LocalEngine:
     """Base class: builds the model in the settings' dtype and counts micro-steps and steps.
 
-    Subclasses implement `_forward_module`, `_backward`, `_no_sync`, `_apply_step`, `loss_scale`.
+    Subclasses implement `_forward_module`, `_no_sync`, `_apply_step`; `_backward` and `loss_scale` where the
+    sharder keeps the fp16 loss scaler (zero1, zero3), not `self.loss_scaler`.
     """
 
     name = "local"
 
     def __init__(self, *, model_fn, settings: TrainSettings, ds_config: dict, dist_info: DistInfo):
+        self._start(settings, dist_info)
+        self.model = model_fn().to(device=dist_info.device, dtype=PRECISION_DTYPES[settings.precision])
+
+    def _start(self, settings: TrainSettings, dist_info: DistInfo) -> None:
+        """What every engine on this base sets first (zero3 and fsdp2 build their model otherwise)."""
         self.settings = settings
         self.dist_info = dist_info
         self.process_group = None  # the default (world) group; engines take it explicitly
+        self.loss_scaler: DynamicLossScaler | None = None  # fp16 only; our sharders keep theirs inside
         warn_unsupported(settings, engine=self.name)
-        self.model = model_fn().to(device=dist_info.device, dtype=PRECISION_DTYPES[settings.precision])
-        self.micro_steps = 0
-        self.global_steps = 0
-        self.applied_steps = 0
+        self.micro_steps = self.global_steps = self.applied_steps = 0
 
     def forward_backward(
         self, batch: torch.LongTensor, labels: torch.LongTensor | None = None
@@ -87,6 +91,16 @@ class LocalEngine:
             micro_steps=self.micro_steps, global_steps=self.global_steps, applied_steps=self.applied_steps
         )
 
+    def write_checkpoint(self, writes, weights: dict | None, *, client_state: dict, **extra) -> None:
+        """Rank 0: model/ from `weights` (the full fp32 state dict, None elsewhere); every rank: its rank file
+        of client_state, counters, world size and `extra` (its optimizer shard, loss scaler)."""
+        if self.dist_info.is_main:
+            write_model(writes, self.model, weights)
+        payload = dict(
+            client_state=client_state, counters=self.counters(), world_size=self.dist_info.world_size, **extra
+        )
+        save_rank_file(writes, self.dist_info.rank, payload)
+
     def restore_counters(self, saved: dict[str, Any]) -> None:
         """Restore counters written by `counters()`."""
         self.micro_steps = int(saved["micro_steps"])
@@ -110,7 +124,7 @@ class LocalEngine:
 
     def loss_scale(self) -> float | None:
         """The current fp16 loss scale, None without loss scaling."""
-        return None
+        return None if self.loss_scaler is None else float(self.loss_scaler.loss_scale)
 
     def _forward_module(self) -> torch.nn.Module:
         return self.model
@@ -119,6 +133,8 @@ class LocalEngine:
         return contextlib.nullcontext()
 
     def _backward(self, loss: torch.Tensor) -> None:
+        if self.loss_scaler is not None:
+            loss = loss * self.loss_scaler.loss_scale
         loss.backward()
 
     def _apply_step(self, lr: float) -> tuple[torch.Tensor | float | None, bool]:

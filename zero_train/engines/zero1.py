@@ -19,9 +19,7 @@ from zero_train.checkpoint.elastic import load_sharded_optimizer
 from zero_train.checkpoint.files import (
     copy_weights_into,
     read_weights,
-    save_rank_file,
     unique_state_dict,
-    write_model,
 )
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.ds_config.keys import deepspeed_default
@@ -117,17 +115,11 @@ class Zero1Engine(LocalEngine):
 
         `out` is a StagedWrites (zero_train.checkpoint.writes) or a folder to write into at once.
         """
+        weights = self.full_state_dict()
         writes = as_staged_writes(out)
-        state = self.full_state_dict()
-        if self.dist_info.is_main:
-            write_model(writes, self.model, state)
-        payload = dict(
-            client_state=client_state,
-            counters=self.counters(),
-            world_size=self.dist_info.world_size,
-            optimizer=self.optimizer.state_dict(),
+        self.write_checkpoint(
+            writes, weights, client_state=client_state, optimizer=self.optimizer.state_dict()
         )
-        save_rank_file(writes, self.dist_info.rank, payload)
 
     def load_checkpoint(self, path) -> dict:
         """Restore weights, this rank's optimizer shard and counters; returns this rank's client_state."""

@@ -28,13 +28,11 @@ from zero_train.checkpoint.files import (
     load_rank_file,
     read_elements,
     read_weights,
-    save_rank_file,
     saved_tensors,
-    write_model,
 )
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
-from zero_train.engines.local import LocalEngine, warn_unsupported
+from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
 from zero_train.engines.precision import PRECISION_DTYPES, make_loss_scaler
 from zero_train.hf.lora import is_lora
@@ -50,9 +48,7 @@ class Zero3Engine(LocalEngine):
     name = "zero3"
 
     def __init__(self, *, model_fn, settings, ds_config, dist_info):
-        self.settings, self.dist_info, self.process_group = settings, dist_info, None
-        warn_unsupported(settings, engine=self.name)
-        self.micro_steps = self.global_steps = self.applied_steps = 0
+        self._start(settings, dist_info)
         dtype = PRECISION_DTYPES[settings.precision]
         with MetaBuild() as build:
             self.model = model_fn()
@@ -114,17 +110,11 @@ class Zero3Engine(LocalEngine):
 
     def save_checkpoint(self, out, *, client_state: dict) -> None:
         """Rank 0: model/ (full fp32 weights); every rank: its optimizer shard, counters and client_state."""
+        weights = self.full_state_dict()
         writes = as_staged_writes(out)
-        state = self.full_state_dict()
-        if self.dist_info.is_main:
-            write_model(writes, self.model, state)
-        payload = dict(
-            client_state=client_state,
-            counters=self.counters(),
-            world_size=self.dist_info.world_size,
-            optimizer=self.optimizer.state_dict(),
+        self.write_checkpoint(
+            writes, weights, client_state=client_state, optimizer=self.optimizer.state_dict()
         )
-        save_rank_file(writes, self.dist_info.rank, payload)
 
     def load_checkpoint(self, path) -> dict:
         """This rank's pieces of the weights and of the optimizer state, at any saved world size.

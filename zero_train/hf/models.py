@@ -47,63 +47,46 @@ from zero_train.runtime.errors import UsageError
 # independent of RNG streams.
 _NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
+
+def _gpt2(layers: int, width: int, heads: int, context: int, **extra) -> dict:
+    """A GPT-2 block's config kwargs: layers x width, heads, context positions."""
+    return dict(
+        model_type="gpt2",
+        n_layer=layers,
+        n_embd=width,
+        n_head=heads,
+        n_positions=context,
+        **extra,
+        **_NO_DROPOUT,
+    )
+
+
+def _rope(
+    model_type: str, layers: int, width: int, mlp: int, heads: tuple[int, int], context: int, *, tied: bool
+) -> dict:
+    """A Llama-style block's (RMSNorm, SwiGLU, RoPE; Qwen2 adds q/k/v biases) config kwargs: layers x width,
+    the MLP's width, (query, key/value) heads, context positions, tied embeddings or not."""
+    return dict(
+        model_type=model_type,
+        num_hidden_layers=layers,
+        hidden_size=width,
+        intermediate_size=mlp,
+        num_attention_heads=heads[0],
+        num_key_value_heads=heads[1],
+        max_position_embeddings=context,
+        tie_word_embeddings=tied,
+    )
+
+
 # name -> HF config kwargs (with "model_type"). Parameter counts at the default vocab (8192) are in
 # PRESET_SUMMARY and checked against hand arithmetic by tests/hf/test_models.py.
 PRESETS: dict[str, dict] = {
-    "tiny": dict(
-        model_type="gpt2",
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        n_positions=256,
-        n_inner=256,
-        **_NO_DROPOUT,
-    ),
-    "gpt2-25m": dict(
-        model_type="gpt2",
-        n_layer=12,
-        n_embd=384,
-        n_head=6,
-        n_positions=1024,
-        **_NO_DROPOUT,
-    ),
-    "gpt2-small": dict(  # GPT-2 124M's shape (12 x 768, 1024 context); 124M params at vocab 50257
-        model_type="gpt2",
-        n_layer=12,
-        n_embd=768,
-        n_head=12,
-        n_positions=1024,
-        **_NO_DROPOUT,
-    ),
-    "llama-tiny": dict(
-        model_type="llama",
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=176,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    ),
-    "llama-60m": dict(
-        model_type="llama",
-        num_hidden_layers=10,
-        hidden_size=640,
-        intermediate_size=1728,
-        num_attention_heads=10,
-        num_key_value_heads=10,
-        max_position_embeddings=1024,
-    ),
-    "qwen2-tiny": dict(  # Qwen2's block (RMSNorm, SwiGLU, RoPE, GQA, q/k/v biases), small
-        model_type="qwen2",
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=176,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    ),
+    "tiny": _gpt2(2, 64, 4, 256, n_inner=256),
+    "gpt2-25m": _gpt2(12, 384, 6, 1024),
+    "gpt2-small": _gpt2(12, 768, 12, 1024),  # GPT-2 124M's shape; 124M params at vocab 50257
+    "llama-tiny": _rope("llama", 2, 64, 176, (4, 2), 256, tied=True),
+    "llama-60m": _rope("llama", 10, 640, 1728, (10, 10), 1024, tied=False),
+    "qwen2-tiny": _rope("qwen2", 2, 64, 176, (4, 2), 256, tied=True),  # Qwen2's block, small
 }
 
 PRESET_SUMMARY: dict[str, str] = {

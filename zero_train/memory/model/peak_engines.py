@@ -12,10 +12,13 @@ from zero_train.memory.model.flat_partition import Partition
 from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
     FP64_BYTES,
+    Phases,
     Run,
     activation_terms,
     activations,
     adamw_temporaries,
+    add_terms,
+    largest_moment,
     local_step_temporaries,
     loss_backward,
     loss_backward_moments,
@@ -24,29 +27,22 @@ from zero_train.memory.model.peak_terms import (
 )
 from zero_train.memory.model.sharder_layout import SharderLayout, Share, zero1_comm_buffers, zero2_buffers
 
-Phases = dict[str, dict[str, int]]
-
-
-def _add(*parts: dict[str, int]) -> dict[str, int]:
-    """The terms of several dicts, summed by name, zero terms dropped."""
-    total: dict[str, int] = {}
-    for part in parts:
-        for name, value in part.items():
-            total[name] = total.get(name, 0) + int(value)
-    return {name: value for name, value in total.items() if value}
-
-
-def _largest(*moments: dict[str, int]) -> dict[str, int]:
-    """The moment of a phase holding the most bytes (the first on ties)."""
-    return max(moments, key=lambda terms: sum(terms.values()))
-
 
 def _phases(rest: dict, *, forward: dict, backward_start: dict, backward_end: dict, step: dict) -> Phases:
     return dict(
-        forward=_add(rest, forward),
-        backward_start=_add(rest, backward_start),
-        backward_end=_add(rest, backward_end),
-        step=_add(rest, step),
+        forward=add_terms(rest, forward),
+        backward_start=add_terms(rest, backward_start),
+        backward_end=add_terms(rest, backward_end),
+        step=add_terms(rest, step),
+    )
+
+
+def _owned_step(run: Run, share: Share) -> dict[str, int]:
+    """Our ZeRO-1/2's step: the owned gradients cast to fp32 (16-bit model) and AdamW's temporaries over the
+    owned elements."""
+    return dict(
+        fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
+        adamw_temporaries=local_step_temporaries(run, share.owned),
     )
 
 
@@ -55,8 +51,8 @@ def _forward_terms(run: Run, held: dict | None = None) -> tuple[dict, dict]:
     `held`, what the engine keeps from earlier micro-batches (`_accumulated`)."""
     terms = activation_terms(run)
     return (
-        _add(dict(activations=terms.saved_bytes, loss_temporaries=terms.loss_bytes), held or {}),
-        _add(dict(activations=terms.saved_bytes, loss_gradients=loss_backward(run)), held or {}),
+        add_terms(dict(activations=terms.saved_bytes, loss_temporaries=terms.loss_bytes), held or {}),
+        add_terms(dict(activations=terms.saved_bytes, loss_gradients=loss_backward(run)), held or {}),
     )
 
 
@@ -76,7 +72,7 @@ def _recompute(run: Run, held: dict, end: dict) -> dict:
     """The end of backward with activation checkpointing: the larger of `end` and the first block's
     recomputation (its activations alive beside the gradients `held` by then); `end` without it."""
     recompute = activation_terms(run).recompute_bytes
-    return _largest(end, _add(held, dict(recomputed_block=recompute))) if recompute else end
+    return largest_moment(end, add_terms(held, dict(recomputed_block=recompute))) if recompute else end
 
 
 def ddp_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> Phases:
@@ -99,7 +95,7 @@ def ddp_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> P
         comm_buffers=e * trained,  # DDP buckets the parameters that require a gradient
     )
     forward, backward_start = _forward_terms(run, _accumulated(run, e * trained))
-    end = _add(
+    end = add_terms(
         dict(grads=e * trained, tied_gradient_copies=2 * tied_gradient_copies(run)), _accumulating(run)
     )
     return _phases(
@@ -133,16 +129,13 @@ def zero1_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
         comm_buffers=zero1_comm_buffers(run, layout),
     )
     forward, backward_start = _forward_terms(run)  # accumulation: in the flat buffer, already at rest
-    end = _add(dict(tied_gradient_copies=3 * tied_gradient_copies(run)), _accumulating(run))
+    end = add_terms(dict(tied_gradient_copies=3 * tied_gradient_copies(run)), _accumulating(run))
     return _phases(
         rest,
         forward=forward,
         backward_start=backward_start,
         backward_end=_recompute(run, {}, end),
-        step=dict(
-            fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
-            adamw_temporaries=local_step_temporaries(run, share.owned),
-        ),
+        step=_owned_step(run, share),
     )
 
 
@@ -169,16 +162,13 @@ def zero2_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
     # accumulation: into the owned accumulator at rest; every micro-step's gradients are released
     forward, backward_start = _forward_terms(run)
     pending = dict(pending_grads=e * largest_bucket)
-    end = _largest(pending, dict(tied_gradient_copies=3 * tied_gradient_copies(run)))
+    end = largest_moment(pending, dict(tied_gradient_copies=3 * tied_gradient_copies(run)))
     return _phases(
         rest,
         forward=forward,
         backward_start=backward_start,
         backward_end=_recompute(run, {}, end),
-        step=dict(
-            fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
-            adamw_temporaries=local_step_temporaries(run, share.owned),
-        ),
+        step=_owned_step(run, share),
     )
 
 
@@ -197,18 +187,20 @@ def _deepspeed_step(run: Run, part: Partition, stage: int) -> dict[str, int]:
         group = min(size, settings.sub_group_size)
         temporaries = adamw_temporaries(group) if settings.torch_adam else 0
         largest_piece = -(-run.largest_tensor // run.world_size)  # ZeRO-3 splits every tensor over the ranks
-        return _largest(
+        return largest_moment(
             dict(norm_fp64_copy=FP64_BYTES * largest_piece),
             dict(fp32_grads=FP32_BYTES * group, adamw_temporaries=temporaries),
         )
     held = dict(grads=e * part.touched)
-    norm = _add(held, dict(norm_fp64_copy=FP64_BYTES * part.largest_piece))
-    flatten = _add(held, dict(grad_partition_copy=e * size, fp32_grads=FP32_BYTES * size if run.mixed else 0))
+    norm = add_terms(held, dict(norm_fp64_copy=FP64_BYTES * part.largest_piece))
+    flatten = add_terms(
+        held, dict(grad_partition_copy=e * size, fp32_grads=FP32_BYTES * size if run.mixed else 0)
+    )
     update = dict(
         fp32_grads=FP32_BYTES * size, adamw_temporaries=adamw_temporaries(size) if settings.torch_adam else 0
     )
     gather = dict(gather_buffer=e * run.trained if run.backend == "gloo" and run.world_size > 1 else 0)
-    return _largest(norm, flatten, update, gather)
+    return largest_moment(norm, flatten, update, gather)
 
 
 def _deepspeed_rest(run: Run, part: Partition, stage: int) -> dict[str, int]:
@@ -234,9 +226,14 @@ def _zero3_phases(run: Run, part: Partition, rest: dict) -> Phases:
     live = min(psi, run.deepspeed.max_live_parameters)
     gathered = dict(gathered_params=e * live if run.world_size > 1 else 0)
     forward, backward_start = _forward_terms(run)  # accumulation: into the gradient partition at rest
-    end = _add(gathered, dict(tied_gradient_copies=3 * tied_gradient_copies(run)))
-    return _phases(rest, forward=_add(forward, gathered), backward_start=_add(backward_start, gathered),
-                   backward_end=_recompute(run, gathered, end), step=_deepspeed_step(run, part, 3))  # fmt: skip
+    end = add_terms(gathered, dict(tied_gradient_copies=3 * tied_gradient_copies(run)))
+    return _phases(
+        rest,
+        forward=add_terms(forward, gathered),
+        backward_start=add_terms(backward_start, gathered),
+        backward_end=_recompute(run, gathered, end),
+        step=_deepspeed_step(run, part, 3),
+    )
 
 
 def deepspeed_phases(run: Run, stage: int, part: Partition) -> Phases:
@@ -256,26 +253,34 @@ def deepspeed_phases(run: Run, stage: int, part: Partition) -> Phases:
     if stage == 1:  # accumulation: whole gradients in param.grad until the boundary (reduce_gradients)
         held = _accumulated(run, e * run.trained)
         forward, backward_start = _forward_terms(run, held)
-        copy = _largest(dict(grad_partition_copy=e * part.touched), dict(tied_gradient_copies=2 * tied))
-        backward_start = _add(backward_start, buckets)
+        copy = largest_moment(dict(grad_partition_copy=e * part.touched), dict(tied_gradient_copies=2 * tied))
+        backward_start = add_terms(backward_start, buckets)
         grads = dict(grads=e * run.trained)
-        backward_end = _recompute(run, _add(buckets, grads), _add(buckets, grads, copy, _accumulating(run)))
+        backward_end = _recompute(
+            run, add_terms(buckets, grads), add_terms(buckets, grads, copy, _accumulating(run))
+        )
     else:  # accumulation: every micro-batch reduces into the partition buffer, kept until the step
         held = _accumulated(run, e * part.touched)
         forward, _ = _forward_terms(run, held)
         at_log_softmax, at_head_matmul = loss_backward_moments(run)
         first_reduction = dict(activations=saved, loss_gradients=at_head_matmul, grads=e * part.touched)
-        backward_start = _largest(
-            _add(dict(activations=saved, loss_gradients=at_log_softmax), held), _add(first_reduction, buckets)
+        backward_start = largest_moment(
+            add_terms(dict(activations=saved, loss_gradients=at_log_softmax), held),
+            add_terms(first_reduction, buckets),
         )
-        grads = _add(buckets, dict(grads=e * part.touched))
-        backward_end = _recompute(run, grads, _add(grads, dict(tied_gradient_copies=3 * tied)))
-    return _phases(rest, forward=forward, backward_start=backward_start, backward_end=backward_end,
-                   step=_deepspeed_step(run, part, stage))  # fmt: skip
+        grads = add_terms(buckets, dict(grads=e * part.touched))
+        backward_end = _recompute(run, grads, add_terms(grads, dict(tied_gradient_copies=3 * tied)))
+    return _phases(
+        rest,
+        forward=forward,
+        backward_start=backward_start,
+        backward_end=backward_end,
+        step=_deepspeed_step(run, part, stage),
+    )
 
 
 def deepspeed_boundary(run: Run, stage: int, part: Partition) -> dict[str, int]:
     """DeepSpeed's model states at the step boundary: at rest, plus ZeRO-1/2's gradients of the tensors in the
     partition (the reduce bucket is released at the end of backward; measured comm_buffers 0 for ZeRO-1/2)."""
     rest = _deepspeed_rest(run, part, stage)
-    return rest if stage == 3 else _add(rest, dict(grads=run.element_bytes * part.touched))
+    return rest if stage == 3 else add_terms(rest, dict(grads=run.element_bytes * part.touched))

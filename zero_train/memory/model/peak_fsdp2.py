@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
+    Phases,
     Run,
     activation_terms,
+    add_terms,
     local_step_temporaries,
     loss_backward,
     tied_gradient_copies,
 )
-
-Phases = dict[str, dict[str, int]]
 
 
 def shard_elements(run: Run, *, trained: bool = False) -> int:
@@ -50,14 +50,6 @@ def unit_elements(run: Run) -> tuple[int, int]:
     return root, block
 
 
-def _add(*parts: dict[str, int]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for part in parts:
-        for name, value in part.items():
-            total[name] = total.get(name, 0) + int(value)
-    return {name: value for name, value in total.items() if value}
-
-
 def fsdp2_rest(run: Run) -> dict[str, int]:
     """Between steps: the fp32 shards (params in fp32, master_params under a 16-bit policy) and Adam's moments;
     LoRA: the frozen base's shards in the compute dtype (zero_train.engines.fsdp2 stores them so)."""
@@ -73,7 +65,7 @@ def fsdp2_rest(run: Run) -> dict[str, int]:
 
 def fsdp2_boundary(run: Run) -> dict[str, int]:
     """The probe's categories at the step boundary: at rest + the fp32 gradient shards."""
-    return _add(fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run, trained=True)))
+    return add_terms(fsdp2_rest(run), dict(grads=FP32_BYTES * shard_elements(run, trained=True)))
 
 
 def fsdp2_phases(run: Run, stage: int) -> Phases:
@@ -100,11 +92,21 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
         tied_gradient_copies=3 * tied_gradient_copies(run),
     )
     return dict(
-        forward=_add(rest, held, dict(gathered_params=during_forward, activations=saved,
-                                      loss_temporaries=terms.loss_bytes)),
-        backward_start=_add(rest, held, recomputed, dict(gathered_params=during_backward, activations=saved,
-                                                         loss_gradients=loss_backward(run))),
-        backward_end=_add(rest, grad_shards, root_reduce),
-        step=_add(rest, grad_shards,
-                  dict(adamw_temporaries=local_step_temporaries(run, shard_elements(run, trained=True)))),
-    )  # fmt: skip
+        forward=add_terms(
+            rest,
+            held,
+            dict(gathered_params=during_forward, activations=saved, loss_temporaries=terms.loss_bytes),
+        ),
+        backward_start=add_terms(
+            rest,
+            held,
+            recomputed,
+            dict(gathered_params=during_backward, activations=saved, loss_gradients=loss_backward(run)),
+        ),
+        backward_end=add_terms(rest, grad_shards, root_reduce),
+        step=add_terms(
+            rest,
+            grad_shards,
+            dict(adamw_temporaries=local_step_temporaries(run, shard_elements(run, trained=True))),
+        ),
+    )

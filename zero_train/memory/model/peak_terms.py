@@ -229,3 +229,21 @@ def reduce_buckets(run: Run, stage: int) -> int:
         return 0
     count = 2 if settings.overlap_comm and stage < 3 else 1
     return count * settings.reduce_bucket_size * run.element_bytes
+
+
+Phases = dict[str, dict[str, int]]
+"""phase -> term -> bytes: what every peak_*.py model returns."""
+
+
+def add_terms(*parts: dict[str, int]) -> dict[str, int]:
+    """The terms of several dicts, summed by name, zero terms dropped."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.items():
+            total[name] = total.get(name, 0) + int(value)
+    return {name: value for name, value in total.items() if value}
+
+
+def largest_moment(*moments: dict[str, int]) -> dict[str, int]:
+    """The moment of a phase holding the most bytes (the first on ties)."""
+    return max(moments, key=lambda terms: sum(terms.values()))

@@ -34,18 +34,18 @@ included, leave the embedding and LM head frozen: no head gradient, no tied copi
 
 from __future__ import annotations
 
-from zero_train.memory.model.peak_engines import _add, _largest
 from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
+    Phases,
     Run,
     activation_terms,
+    add_terms,
+    largest_moment,
     local_step_temporaries,
     loss_backward,
     tied_gradient_copies,
 )
 from zero_train.memory.model.sharder_layout import SharderLayout, Share
-
-Phases = dict[str, dict[str, int]]
 
 
 def zero3_units(run: Run) -> tuple[int, int, int]:
@@ -94,25 +94,40 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
     terms = activation_terms(run)
     gathered = e * (head or embedding)  # the unit computing the logits (at N = 1 too: a copy of the slice)
     prefetched = e * block
-    forward = _add(held, dict(activations=terms.saved_bytes, loss_temporaries=terms.loss_bytes,
-                              gathered_params=gathered))  # fmt: skip
-    at_head = _add(held, dict(activations=terms.saved_bytes, loss_gradients=loss_backward(run),
-                              gathered_params=gathered + prefetched))  # fmt: skip
-    backward_start = _largest(at_head, _add(held, _last_block(run, (embedding, head, block), c),
-                                            dict(activations=terms.saved_bytes)))  # fmt: skip
+    forward = add_terms(
+        held, dict(activations=terms.saved_bytes, loss_temporaries=terms.loss_bytes, gathered_params=gathered)
+    )
+    at_head = add_terms(
+        held,
+        dict(
+            activations=terms.saved_bytes,
+            loss_gradients=loss_backward(run),
+            gathered_params=gathered + prefetched,
+        ),
+    )
+    backward_start = largest_moment(
+        at_head,
+        add_terms(held, _last_block(run, (embedding, head, block), c), dict(activations=terms.saved_bytes)),
+    )
     last = _embedding_leaves(run, trained_units(run)[0], c)
-    end = _add(slices, dict(gathered_params=e * embedding), last)
+    end = add_terms(slices, dict(gathered_params=e * embedding), last)
     if terms.recompute_bytes:
-        recompute = _add(slices, dict(gathered_params=e * (embedding + block),
-                                      recomputed_block=terms.recompute_bytes))  # fmt: skip
-        end = _largest(end, recompute)
-    step = _add(slices, dict(fp32_grads=FP32_BYTES * owned if c != FP32_BYTES else 0,
-                             adamw_temporaries=local_step_temporaries(run, owned)))  # fmt: skip
+        recompute = add_terms(
+            slices, dict(gathered_params=e * (embedding + block), recomputed_block=terms.recompute_bytes)
+        )
+        end = largest_moment(end, recompute)
+    step = add_terms(
+        slices,
+        dict(
+            fp32_grads=FP32_BYTES * owned if c != FP32_BYTES else 0,
+            adamw_temporaries=local_step_temporaries(run, owned),
+        ),
+    )
     return {
-        "forward": _add(rest, forward),
-        "backward_start": _add(rest, backward_start),
-        "backward_end": _add(rest, end),
-        "step": _add(rest, step),
+        "forward": add_terms(rest, forward),
+        "backward_start": add_terms(rest, backward_start),
+        "backward_end": add_terms(rest, end),
+        "step": add_terms(rest, step),
     }
 
 
@@ -125,7 +140,7 @@ def _embedding_leaves(run: Run, embedding: int, c: int) -> dict[str, int]:
     copying = dict(pending_grads=e * embedding, reduce_scatter_buffer=c * embedding)
     received = c * embedding * (n - 1) // n if run.backend == "gloo" else 0
     exchanging = dict(reduce_scatter_buffer=c * embedding + received)
-    return _largest(tied, copying, exchanging)
+    return largest_moment(tied, copying, exchanging)
 
 
 def _last_block(run: Run, units: tuple[int, int, int], c: int) -> dict[str, int]:
@@ -142,7 +157,7 @@ def _last_block(run: Run, units: tuple[int, int, int], c: int) -> dict[str, int]
         waiting = dict(reduce_scatter_buffer=int(c * head_trained * (1 + received)))
     else:
         waiting["reduce_scatter_buffer"] = c * block_trained
-    return _add(
+    return add_terms(
         dict(gathered_params=e * ((0 if head else embedding) + 2 * block), pending_grads=e * block_trained),
         waiting,
     )
