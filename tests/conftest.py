@@ -69,6 +69,29 @@ def rank_pool():
         pool.close()
 
 
+@pytest.fixture
+def cli_main():
+    """cli_main(*argv) -> CompletedProcess: `zero-train ARGV` in this process, the console script's main with its
+    exit code and output (what a launched process shows) without a fresh interpreter's imports."""
+    import contextlib
+    import io
+    from subprocess import CompletedProcess
+
+    from zero_train.cli.main import main
+
+    def run(*argv: str) -> CompletedProcess:
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with (
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+            pytest.raises(SystemExit) as end,
+        ):
+            main(list(argv))
+        return CompletedProcess(argv, end.value.code, stdout.getvalue(), stderr.getvalue())
+
+    return run
+
+
 @pytest.fixture(autouse=True)
 def no_zero3_left_on():
     """Fail the test that leaves transformers' process-wide ZeRO-3 switch on (a live HfDeepSpeedConfig of

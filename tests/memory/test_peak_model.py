@@ -160,3 +160,15 @@ def test_a_different_torch_or_deepspeed_is_warned_about_once(monkeypatch):
     installed.update(torch="2.13.0", deepspeed="0.20.0")
     assert versions.version_mismatches() == ["deepspeed 0.20.0 (derived with 0.19.8)"]
     assert versions.DERIVED_WITH == {"torch": "2.13.0", "deepspeed": "0.19.8"}
+
+
+def test_our_model_keeps_torch_zero_masters_whole():
+    from zero_train.memory.model.peak import engine_categories
+    from zero_train.memory.model.theory import ModelShape
+
+    shape = ModelShape(num_params=1_000_000)
+    bf16 = engine_categories("torch-zero", shape, 4, precision="bf16", micro_batch_size=1, block_size=1)
+    assert bf16["master_params"] == 4_000_000  # whole on every rank (zero_train.engines.torch_zero)
+    assert bf16["optimizer_states"] == 8_000_000 / 4  # only Adam's moments are sharded
+    fp32 = engine_categories("torch-zero", shape, 4, precision="fp32", micro_batch_size=1, block_size=1)
+    assert fp32["master_params"] == 0

@@ -49,3 +49,13 @@ def test_contributing_map_names_suites_that_exist():
             if not list((ROOT / "tests" / folder).glob(name)):
                 missing.append(f"tests/{folder}/{name}")
     assert missing == []
+
+
+def test_no_test_file_exceeds_400_lines():
+    """A suite a reader takes in at one sitting, as the package's modules (tests/package/test_layout.py)."""
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+        for path in (ROOT / "tests").rglob("*.py")
+    }
+    assert len(sizes) > 60  # the walk found the suite
+    assert {path: lines for path, lines in sizes.items() if lines > 400} == {}

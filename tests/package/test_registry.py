@@ -164,7 +164,9 @@ def _literal_comparisons(path: pathlib.Path) -> list[str]:
             literals = []
             for operand in operands:
                 elements = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
-                literals += [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                literals += [
+                    e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                ]
             others = " ".join(ast.unparse(operand) for operand in operands)
             about_engines = "engine" in others or "family" in others
             if any(value in NAMES or (value in FAMILIES and about_engines) for value in literals):

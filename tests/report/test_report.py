@@ -1,20 +1,14 @@
-"""`zero-train report` on a real profile: the numbers in summary.json, cells.json and report.md against the records
-and against the ZeRO paper's formulas and DeepSpeed's estimators, computed here independently.
+"""`zero-train report` on a real profile: the numbers in summary.json, cells.json and report.md against the
+records and against the ZeRO paper's formulas and DeepSpeed's estimators, computed here independently.
 
-One real matrix (model tiny, world sizes 1 and 2, engines ddp, zero1, ds2, fp32) runs once for the
-module through `zero-train profile`'s command, each cell's ranks forked from the preloaded forkserver
-rather than started by a launcher (no interpreter start per rank). A second
-profile, tests/cli/test_profile.py's (fp16 at 1 rank through the deepspeed launcher: ddp, and a ds1
-cell whose train script dies through the profile's own --train-script hook), writes the failed record that
-the report must list with its error; that file's test reads the same run. Bad input (no directory, no
-records, corrupt or off-schema records, an unwritable --out) must exit 2 with one `error:` line and leave
-no output behind.
+One real matrix (model tiny, world sizes 1 and 2, engines ddp, zero1, ds2, fp32) runs once for the module
+through `zero-train profile`'s command, each cell's ranks forked from the preloaded forkserver. A second,
+tests/cli/test_profile.py's (fp16 at 1 rank, deepspeed launcher: ddp, and a ds1 cell whose train script dies
+through --train-script), writes the failed record the report lists with its error (bad input: test_build.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import pathlib
@@ -24,15 +18,22 @@ import subprocess
 import sys
 
 import pytest
-import torch
+from report_reference import (
+    cell_name,
+    cell_other_drift,
+    comm_paper_unit,
+    deepspeed_zero2_bytes,
+    our_peak,
+    paper_fp32_bytes,
+    peak_minus_other,
+    table_row,
+)
 
 from zero_train.memory.record import (
     CATEGORIES,
     MODEL_STATE_CATEGORIES,
-    error_record,
     load_record,
     load_records,
-    write_record,
 )
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -52,21 +53,6 @@ def run_cli(*argv: str, timeout: float = 300, env: dict | None = None) -> subpro
         [sys.executable, "-m", "zero_train.cli.main", *argv], capture_output=True, text=True, timeout=timeout,
         env=env,
     )  # fmt: skip
-
-
-def report_cli(*argv: str) -> subprocess.CompletedProcess:
-    """`zero-train report ARGV` in this process: the console script's main and run_cli (exit code, `error:`
-    lines), without a fresh interpreter's imports; the `report` fixture runs the real command once."""
-    from zero_train.cli.main import main
-
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with (
-        contextlib.redirect_stdout(stdout),
-        contextlib.redirect_stderr(stderr),
-        pytest.raises(SystemExit) as end,
-    ):
-        main(["report", *argv])
-    return subprocess.CompletedProcess(argv, end.value.code, stdout.getvalue(), stderr.getvalue())
 
 
 def run_failing_fp16_profile(root: pathlib.Path) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
@@ -159,35 +145,6 @@ def test_profile_records_every_cell_and_survives_a_failing_one(fp16_profile):
     assert "FAILED" in proc.stdout and "ds1-w1-fp16" in proc.stdout
 
 
-def cell_name(record: dict) -> str:
-    return f"{record['engine']}-w{record['world_size']}-{record['precision']}"
-
-
-def paper_fp32_bytes(num_params: int, world_size: int, stage: int) -> float:
-    """The ZeRO paper's model states, pure fp32 Adam: params 4 + grads 4 + moments 8 bytes, sharded by stage."""
-    params, grads, moments = 4 * num_params, 4 * num_params, 8 * num_params
-    if stage >= 1:
-        moments /= world_size
-    if stage >= 2:
-        grads /= world_size
-    if stage >= 3:
-        params /= world_size
-    return params + grads + moments
-
-
-def deepspeed_zero2_bytes(num_params: int, world_size: int) -> int:
-    """DeepSpeed's estimate_zero2_model_states_mem_needs (no offload): 2 Psi + 18 Psi / N."""
-    return 2 * num_params + int(18 * num_params / world_size)
-
-
-def comm_paper_unit(payload: dict, world_size: int) -> float:
-    weights = dict(all_reduce=2, reduce_scatter=1, all_gather=1, broadcast=1, reduce=1)
-    total = sum(payload.get(key, 0) * weight for key, weight in weights.items())
-    return total + (
-        payload.get("send_recv", 0) * world_size / (2 * (world_size - 1)) if world_size > 1 else 0
-    )
-
-
 def test_every_record_appears_with_its_numbers(report):
     successful = [r for r in report["records"] if r["error"] is None]
     assert {cell_name(r) for r in successful} == set(report["cells"])
@@ -247,32 +204,6 @@ def test_ddp_and_zero1_model_states_match_the_paper(report):
         assert rank["categories"]["optimizer_states"] == expected
     states = [s for s in zero1["explanations"] if s.startswith("Adam states")]
     assert not any("whole-tensor" in s or "unexplained" in s for s in states)  # no gap left to explain
-
-
-def our_peak(cell: dict):
-    """Our peak model of a cell, computed here from tiny's shape, its counted activations and the cell's
-    settings."""
-    from zero_train.hf.models import model_config
-    from zero_train.memory.model import theory
-    from zero_train.memory.model.activations import count_activations
-    from zero_train.memory.model.peak import engine_peak
-
-    config = model_config("tiny")
-    counted = count_activations(config, micro_batch_size=2, block_size=32, dtype=torch.float32)
-    return engine_peak(
-        cell["engine"], theory.model_shape(config), cell["world_size"], precision="fp32", micro_batch_size=2,
-        block_size=32, ds_config=cell["ds_config"], backend="gloo", activation_count=counted,
-    )  # fmt: skip
-
-
-def peak_minus_other(cell: dict) -> int:
-    """The largest measured peak minus that rank's "other" between steps, over the ranks."""
-    return max(rank["peak_bytes"] - rank["other_between_steps"] for rank in cell["ranks"])
-
-
-def cell_other_drift(rank: dict) -> int:
-    """How much more "other" a rank held at the step boundary than between steps."""
-    return abs(rank["categories"]["other"] - rank["other_between_steps"])
 
 
 def test_peak_and_comm_ratios(report):
@@ -396,8 +327,8 @@ def test_cells_json_is_the_summary_cut_to_the_numbers_that_matter(report):
     ) + 3000  # with issue 37's counters
 
 
-def test_a_summary_renders_again_without_its_records_and_without_plots(report, tmp_path):
-    proc = report_cli(str(report["out"] / "summary.json"), "--out", str(tmp_path), "--no-plots")
+def test_a_summary_renders_again_without_its_records_and_without_plots(report, tmp_path, cli_main):
+    proc = cli_main("report", str(report["out"] / "summary.json"), "--out", str(tmp_path), "--no-plots")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells.json", "report.md", "summary.json"]
     without_images = re.sub(r"\n\n!\[[^\]]*\]\([^)]*\.png\)", "", report["markdown"])
@@ -406,13 +337,6 @@ def test_a_summary_renders_again_without_its_records_and_without_plots(report, t
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again.pop("files") == ["report.md", "summary.json", "cells.json"]
     assert again == {key: value for key, value in report["summary"].items() if key != "files"}
-
-
-def table_row(markdown: str, section: str, cell: str) -> list[str]:
-    """The cells of `cell`'s row in the table under the `## section` heading."""
-    body = markdown.split(f"## {section}")[1].split("\n## ")[0]
-    line = next(line for line in body.splitlines() if line.startswith(f"| {cell} |"))
-    return [part.strip() for part in line.strip("|").split("|")]
 
 
 def test_markdown_tables_show_the_summary_numbers(report):
@@ -434,124 +358,6 @@ def test_markdown_tables_show_the_summary_numbers(report):
         categories = table_row(markdown, "Per-rank memory by category (MB)", name)
         assert categories[1] == str(cell["reported_rank"]) and len(categories) == 2 + len(CATEGORIES) + 4
         assert f"### {name} (" in markdown
-
-
-def assert_usage_error(proc: subprocess.CompletedProcess, fragment: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-def failed_profile(directory: pathlib.Path) -> pathlib.Path:
-    """A profile directory holding one valid record: a failed cell (no ranks needed)."""
-    record = error_record("exit code 1: boom", engine="ddp", zero_stage=0, model="tiny", num_params=640768,
-                          precision="fp32", world_size=2)  # fmt: skip
-    write_record(record, directory / "cells" / "ddp-w2-fp32.json")
-    return directory
-
-
-@pytest.mark.tier("quick")
-def test_missing_directory(tmp_path):
-    proc = report_cli(str(tmp_path / "nowhere"))
-    assert_usage_error(proc, "is not a directory of run records")
-    assert not (tmp_path / "nowhere").exists()
-
-
-@pytest.mark.tier("quick")
-def test_a_json_file_that_is_no_report_summary(tmp_path):
-    (tmp_path / "summary.json").write_text('{"schema": "zero_train.run_record/1"}')
-    proc = report_cli(str(tmp_path / "summary.json"))
-    assert_usage_error(proc, "is not a report's summary.json")
-    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
-    older = {"schema": "zero_train.report_summary/1", "source": "runs/x", "cells": [{"cell": "ddp-w1-fp32"}]}
-    (tmp_path / "summary.json").write_text(json.dumps(older))
-    proc = report_cli(str(tmp_path / "summary.json"))
-    assert_usage_error(proc, "was written by an older `zero-train report` (its cells lack allocator_bytes")
-    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
-
-
-@pytest.mark.tier("quick")
-def test_directory_without_records(tmp_path):
-    proc = report_cli(str(tmp_path))
-    assert_usage_error(proc, "no run records")
-    assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    "content, fragment",
-    [("{not json", "is unreadable or not JSON"), ('{"schema": "something else"}', "missing key 'engine'")],
-)
-@pytest.mark.tier("quick")
-def test_corrupt_or_off_schema_record(tmp_path, content, fragment):
-    failed_profile(tmp_path)
-    (tmp_path / "cells" / "zz-broken.json").write_text(content)
-    proc = report_cli(str(tmp_path))
-    assert_usage_error(proc, fragment)
-    assert not (tmp_path / "report").exists()
-
-
-@pytest.mark.tier("quick")
-def test_unwritable_out(tmp_path):
-    failed_profile(tmp_path / "profile")
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    proc = report_cli(str(tmp_path / "profile"), "--out", str(blocker / "report"))
-    assert_usage_error(proc, "cannot be created")
-    assert blocker.read_text() == "not a directory"
-    proc = report_cli(str(tmp_path / "profile"), "--out", str(blocker))
-    assert_usage_error(proc, "is a file")
-    proc = report_cli(str(tmp_path / "profile"), "--out", "/proc/zero-train-report")
-    assert_usage_error(proc, "is not writable")
-    proc = report_cli(str(tmp_path / "profile"), "--out", str(tmp_path))
-    assert_usage_error(proc, "would contain the run records")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "profile"]
-    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["cells"]
-
-
-@pytest.mark.tier("quick")
-def test_only_failed_cells_still_make_a_report(tmp_path):
-    failed_profile(tmp_path)
-    proc = report_cli(str(tmp_path), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["cells"] == [] and summary["failed"][0]["error"] == "exit code 1: boom"
-    assert "| ddp-w2-fp32 | exit code 1: boom |" in (tmp_path / "out" / "report.md").read_text()
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cells.json", "report.md", "summary.json"]
-    assert json.loads((tmp_path / "out" / "cells.json").read_text())["failed"] == summary["failed"]
-
-
-@pytest.mark.tier("quick")
-def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
-    from zero_train.report import build, plots
-
-    def broken_plots(rows, out):
-        (out / "half.png").write_bytes(PNG_MAGIC)
-        raise RuntimeError("plotting failed")
-
-    monkeypatch.setattr(plots, "write_plots", broken_plots)
-    failed_profile(tmp_path / "profile")
-    with pytest.raises(RuntimeError, match="plotting failed"):
-        build.write_report(tmp_path / "profile", tmp_path / "new" / "report")
-    assert not (tmp_path / "new").exists()
-    (tmp_path / "kept").mkdir()
-    (tmp_path / "kept" / "notes.txt").write_text("mine")
-    with pytest.raises(RuntimeError, match="plotting failed"):
-        build.write_report(tmp_path / "profile", tmp_path / "kept")
-    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["notes.txt"]
-
-
-@pytest.mark.tier("quick")
-def test_our_model_keeps_torch_zero_masters_whole():
-    from zero_train.memory.model.peak import engine_categories
-    from zero_train.memory.model.theory import ModelShape
-
-    shape = ModelShape(num_params=1_000_000)
-    bf16 = engine_categories("torch-zero", shape, 4, precision="bf16", micro_batch_size=1, block_size=1)
-    assert bf16["master_params"] == 4_000_000  # whole on every rank (zero_train.engines.torch_zero)
-    assert bf16["optimizer_states"] == 8_000_000 / 4  # only Adam's moments are sharded
-    fp32 = engine_categories("torch-zero", shape, 4, precision="fp32", micro_batch_size=1, block_size=1)
-    assert fp32["master_params"] == 0
 
 
 def test_cells_carry_host_syncs_collectives_and_overlap_per_step(report):
