@@ -137,9 +137,14 @@ def interleaved(cells: list[Cell], repeats: list[int]) -> list[tuple[int, Cell]]
 
 def cell_ds_config(cell: Cell, args: argparse.Namespace, hidden_size: int | None) -> dict:
     """The DeepSpeed config of the cell (profile's generator: every engine and the peer read the same)."""
-    return cell_config(cell.engine_spec.name, args.world_size, precision=cell.precision,
-                       micro_batch_size=args.micro_batch_size, grad_accum=args.grad_accum,
-                       hidden_size=hidden_size)  # fmt: skip
+    return cell_config(
+        cell.engine_spec.name,
+        args.world_size,
+        precision=cell.precision,
+        micro_batch_size=args.micro_batch_size,
+        grad_accum=args.grad_accum,
+        hidden_size=hidden_size,
+    )
 
 
 def steps_of(cell: Cell, args: argparse.Namespace) -> tuple[int, int]:
@@ -161,13 +166,20 @@ def run_config(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Pa
     return RunConfig(
         model=ModelConfig(model=args.model, gradient_checkpointing=args.gradient_checkpointing),
         data=DataConfig(dataset=args.dataset, block_size=args.block_size),
-        training=TrainingConfig(max_steps=steps_of(cell, args)[0], micro_batch_size=args.micro_batch_size,
-                                grad_accum=args.grad_accum),
+        training=TrainingConfig(
+            max_steps=steps_of(cell, args)[0],
+            micro_batch_size=args.micro_batch_size,
+            grad_accum=args.grad_accum,
+        ),
         engine=EngineConfig(engine=cell.engine_spec.name, deepspeed_config=str(paths["config"])),
         evaluation=EvalConfig() if cell.is_peer else EvalConfig(eval_batches=1),  # the peer does not evaluate
-        output=OutputConfig(memory_report=str(paths["record"]), metrics_file=str(paths["metrics"]), progress=False,
-                            counted_steps=min(OutputConfig().counted_steps, steps_of(cell, args)[1])),
-    )  # fmt: skip  # syncs are counted in the warm-up steps only: counting slows the steps it counts
+        output=OutputConfig(
+            memory_report=str(paths["record"]),
+            metrics_file=str(paths["metrics"]),
+            progress=False,
+            counted_steps=min(OutputConfig().counted_steps, steps_of(cell, args)[1]),
+        ),
+    )  #  # syncs are counted in the warm-up steps only: counting slows the steps it counts
 
 
 def run_argv(cell: Cell, args: argparse.Namespace, paths: dict[str, pathlib.Path]) -> list[str]:

@@ -62,10 +62,14 @@ def run_all(
     launches = 0
     while pending:
         plan = [
-            dict(name=f"{cell.name}-r{repeat}", peer=cell.is_peer, argv=run_argv(cell, args, paths),
-                 done=str(done_path(paths)))
+            dict(
+                name=f"{cell.name}-r{repeat}",
+                peer=cell.is_peer,
+                argv=run_argv(cell, args, paths),
+                done=str(done_path(paths)),
+            )
             for repeat, cell, paths in pending
-        ]  # fmt: skip
+        ]
         plan_path, log_path = (
             out / f"plan-{label}{launches}.json",
             out / "logs" / f"launch-{label}{launches}.log",

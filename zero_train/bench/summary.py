@@ -94,9 +94,13 @@ def target_ratios(samples: list[dict], cells: dict[str, dict], precisions: list[
     rows = []
     for name, numerator, denominator, what, comparison in TARGETS:
         row = dict(
-            name=name, numerator=numerator, denominator=denominator, what=what, target=comparison,
+            name=name,
+            numerator=numerator,
+            denominator=denominator,
+            what=what,
+            target=comparison,
             by_precision={},
-        )  # fmt: skip
+        )
         for precision in precisions:
             if what == "wire":  # the same bytes in every repeat: one value
                 values = _wire_ratio(cells, numerator, denominator, precision)

@@ -248,8 +248,16 @@ def export_checkpoint(
         tokens = load_tokenizer(tokenizer_spec)
         generation = ckpt / MODEL_DIR / GENERATION_FILE
         generation_text = generation.read_text(encoding="utf-8") if generation.is_file() else None
-    return export_model(weights, config, tokens, out_dir, dtype=dtype, force=force, verify=True,
-                        generation_config=generation_text)  # fmt: skip
+    return export_model(
+        weights,
+        config,
+        tokens,
+        out_dir,
+        dtype=dtype,
+        force=force,
+        verify=True,
+        generation_config=generation_text,
+    )
 
 
 def own_tokenizer(ckpt: pathlib.Path, run: dict) -> str | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
+import tempfile
 
 import torch
 
@@ -64,8 +65,15 @@ def export_adapter(model, adapters: dict[str, torch.Tensor], tokenizer, out_dir,
     return out
 
 
-def export_lora_checkpoint(ckpt_dir, out_dir, *, tokenizer=None, merge: bool = False,
-                           dtype: torch.dtype | None = None, force: bool = False) -> pathlib.Path:  # fmt: skip
+def export_lora_checkpoint(
+    ckpt_dir,
+    out_dir,
+    *,
+    tokenizer=None,
+    merge: bool = False,
+    dtype: torch.dtype | None = None,
+    force: bool = False,
+) -> pathlib.Path:
     """Export a LoRA run's checkpoint: its adapter folder, or (`merge`) the base with the adapters merged.
 
     Args:
@@ -108,8 +116,6 @@ def export_lora_checkpoint(ckpt_dir, out_dir, *, tokenizer=None, merge: bool = F
 
 def _copy_adapter(model_dir: pathlib.Path) -> pathlib.Path:
     """The checkpoint's adapter files copied aside (read under the rotation lock, used after it)."""
-    import tempfile
-
     staged = pathlib.Path(tempfile.mkdtemp(prefix="zt-adapter-"))
     for name in (ADAPTER_CONFIG, ADAPTER_FILE):
         if not (model_dir / name).is_file():

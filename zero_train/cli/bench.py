@@ -78,14 +78,22 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"at most this many runs per bf16 cell (default --repeats; {EMULATED_BF16['repeats']} where the CPU emulates bf16)",
     )
-    add("--bf16-warmup", type=int, default=None,
-        help=f"warm-up steps of a bf16 run (default --warmup; {EMULATED_BF16['warmup']} where the CPU emulates bf16)")  # fmt: skip
+    add(
+        "--bf16-warmup",
+        type=int,
+        default=None,
+        help=f"warm-up steps of a bf16 run (default --warmup; {EMULATED_BF16['warmup']} where the CPU emulates bf16)",
+    )
     add("--micro-batch-size", type=positive_int, default=None)
     add("--block-size", type=positive_int, default=None)
     add("--world-size", type=positive_int, default=2)
     add("--grad-accum", type=positive_int, default=None, help="micro-batches per optimizer step (default 1)")
-    add("--gradient-checkpointing", action="store_true", default=None,
-        help="activation checkpointing in every run")  # fmt: skip
+    add(
+        "--gradient-checkpointing",
+        action="store_true",
+        default=None,
+        help="activation checkpointing in every run",
+    )
     add("--dataset", default=None, help="passed to the training scripts (default: theirs)")
     add(
         "--launcher",

@@ -33,8 +33,12 @@ def calibrate_command_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "calibrate", help=COMMANDS["calibrate"], description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--world-sizes", type=_world_sizes, default=(2, 4),
-                        help="gloo ranks to time the collectives at (default 2,4)")  # fmt: skip
+    parser.add_argument(
+        "--world-sizes",
+        type=_world_sizes,
+        default=(2, 4),
+        help="gloo ranks to time the collectives at (default 2,4)",
+    )
     parser.add_argument(
         "-o", "--output", default="machine.json", help="the JSON to write (default machine.json)"
     )
@@ -57,9 +61,11 @@ def calibrate_command(args: argparse.Namespace) -> int:
     for precision, rates in machine.matmul_by_size.items():
         sizes = ", ".join(f"{n}: {rate * 1e3:.0f}" for n, rate in rates.items())
         print(f"matmul {precision} GFLOPS by size: {sizes}")
-    print(f"attention GFLOPS: {', '.join(f'{p} {r * 1e3:.0f}' for p, r in machine.attention_tflops.items())}; "
-          f"elementwise {machine.memory_gbps:.1f} GB/s (bf16 x{machine.memory_scale.get('bf16', 1):.2f}); "
-          f"AdamW {machine.optimizer_gbps:.1f} GB/s")  # fmt: skip
+    print(
+        f"attention GFLOPS: {', '.join(f'{p} {r * 1e3:.0f}' for p, r in machine.attention_tflops.items())}; "
+        f"elementwise {machine.memory_gbps:.1f} GB/s (bf16 x{machine.memory_scale.get('bf16', 1):.2f}); "
+        f"AdamW {machine.optimizer_gbps:.1f} GB/s"
+    )
     for op, sizes in machine.measured.items():
         fits = "; ".join(
             f"{n} ranks {m.latency_s * 1e6:.0f} us + {m.payload_gbps:.2f} GB/s" for n, m in sizes.items()

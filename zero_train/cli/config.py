@@ -122,9 +122,12 @@ def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
     _add_comm_and_fp16_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--model", help="a preset or an HF config folder: bucket sizes from its hidden size")
-    out.add_argument("--hf-auto", action="store_true",
-                     help='for the HF Trainer: "auto" where it fills values, its own lr scheduler (no scheduler '
-                     "block unless --scheduler/--warmup-steps/--max-steps), ZeRO-3 weights gathered on save")  # fmt: skip
+    out.add_argument(
+        "--hf-auto",
+        action="store_true",
+        help='for the HF Trainer: "auto" where it fills values, its own lr scheduler (no scheduler '
+        "block unless --scheduler/--warmup-steps/--max-steps), ZeRO-3 weights gathered on save",
+    )
     out.add_argument("-o", "--output", help="write the JSON here (default stdout)")
     _add_accelerate_flags(parser)
 

@@ -29,8 +29,18 @@ from zero_train.cli.commands import COMMANDS
 from zero_train.runtime.device import launched_device_type
 from zero_train.runtime.extensions import built_ops, extensions_dir, ninja_on_path, would_rebuild
 
-PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "peft", "datasets", "tokenizers",
-            "safetensors", "huggingface_hub", "ninja")  # fmt: skip
+PACKAGES = (
+    "torch",
+    "deepspeed",
+    "transformers",
+    "accelerate",
+    "peft",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "huggingface_hub",
+    "ninja",
+)
 ENV_PREFIXES = ("ZT_", "DS_", "NCCL_", "HF_", "TRANSFORMERS_", "CUDA_", "OMP_", "TORCH_", "ACCELERATE_")
 REPORT_CPU_FLAGS = (
     "avx",
@@ -91,10 +101,13 @@ def torch_report() -> dict:
 
     cuda = torch.cuda.is_available()
     gpus = [
-        dict(name=torch.cuda.get_device_name(i), capability=".".join(map(str, torch.cuda.get_device_capability(i))),
-             memory_gb=round(torch.cuda.get_device_properties(i).total_memory / GB, 1))
+        dict(
+            name=torch.cuda.get_device_name(i),
+            capability=".".join(map(str, torch.cuda.get_device_capability(i))),
+            memory_gb=round(torch.cuda.get_device_properties(i).total_memory / GB, 1),
+        )
         for i in range(torch.cuda.device_count() if cuda else 0)
-    ]  # fmt: skip
+    ]
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda and dist.is_nccl_available() else None
     if cuda:
         bf16 = "native" if torch.cuda.is_bf16_supported(including_emulation=False) else "emulated"
@@ -153,11 +166,15 @@ def deepspeed_ops_report() -> dict:
     ninja on PATH, or how many build steps their first load would run)."""
     ninja = ninja_on_path()
     jit = {
-        name: ("up to date" if not (steps := would_rebuild(folder, ninja)) else f"would rebuild ({len(steps)} steps)")
+        name: (
+            "up to date"
+            if not (steps := would_rebuild(folder, ninja))
+            else f"would rebuild ({len(steps)} steps)"
+        )
         if ninja
         else "no ninja on PATH"
         for name, folder in built_ops().items()
-    }  # fmt: skip
+    }
     return dict(
         prebuilt=_prebuilt_ops(),
         extensions_dir=str(extensions_dir()),

@@ -83,23 +83,47 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         help="default: the config's, else bf16",
     )
     add = parser.add_argument
-    add("--gpu-memory", type=flag_type("gpu_memory_gb", positive_float),
-        help="device memory per rank in GB: say which fit (after the GPU margin)")  # fmt: skip
-    add("--gpu-margin", type=flag_type("gpu_memory_gb", non_negative_float), metavar="GB",
+    add(
+        "--gpu-memory",
+        type=flag_type("gpu_memory_gb", positive_float),
+        help="device memory per rank in GB: say which fit (after the GPU margin)",
+    )
+    add(
+        "--gpu-margin",
+        type=flag_type("gpu_memory_gb", non_negative_float),
+        metavar="GB",
         help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: rules from "
-        "published measurements, by world size, NCCL's settings and each set-up's churned bytes: docs/gpu.md)")  # fmt: skip
-    add("--host-memory", type=flag_type("host_memory_gb", positive_float),
-        help="host memory per node in GB (needed with offload)")  # fmt: skip
-    add("--gpus-per-node", type=flag_type("gpus_per_node", positive_int),
-        help="ranks per node (default: min(world size, 8))")  # fmt: skip
+        "published measurements, by world size, NCCL's settings and each set-up's churned bytes: docs/gpu.md)",
+    )
+    add(
+        "--host-memory",
+        type=flag_type("host_memory_gb", positive_float),
+        help="host memory per node in GB (needed with offload)",
+    )
+    add(
+        "--gpus-per-node",
+        type=flag_type("gpus_per_node", positive_int),
+        help="ranks per node (default: min(world size, 8))",
+    )
     micro_batch_size = default_for("micro_batch_size", "estimate")
-    add("--micro-batch-size", type=flag_type("micro_batch_size", positive_int), default=micro_batch_size,
-        help=f"for activations (default {micro_batch_size})")  # fmt: skip
-    add("--block-size", type=flag_type("block_size", positive_int),
-        help="tokens per sample (default: the model's context, at most 4096)")  # fmt: skip
+    add(
+        "--micro-batch-size",
+        type=flag_type("micro_batch_size", positive_int),
+        default=micro_batch_size,
+        help=f"for activations (default {micro_batch_size})",
+    )
+    add(
+        "--block-size",
+        type=flag_type("block_size", positive_int),
+        help="tokens per sample (default: the model's context, at most 4096)",
+    )
     grad_accum = default_for("grad_accum", "estimate")
-    add("--grad-accum", type=flag_type("grad_accum", positive_int), default=grad_accum,
-        help=f"micro-batches per optimizer step (default {grad_accum})")  # fmt: skip
+    add(
+        "--grad-accum",
+        type=flag_type("grad_accum", positive_int),
+        default=grad_accum,
+        help=f"micro-batches per optimizer step (default {grad_accum})",
+    )
     parser.add_argument(
         "--gradient-checkpointing",
         action="store_true",
@@ -203,19 +227,32 @@ def build_estimate(args: argparse.Namespace) -> dict:
         raise UsageError("--lora-r needs --model (which modules get adapters), not --params")
     try:
         result = estimate_setup(
-            model, world_size=args.world_size, precision=precision, micro_batch_size=args.micro_batch_size,
-            block_size=block_size, grad_accum=args.grad_accum, gradient_checkpointing=args.gradient_checkpointing,
-            ds_config=ds_config, load_dtype=args.load_dtype, device=args.device, gpus_per_node=args.gpus_per_node,
+            model,
+            world_size=args.world_size,
+            precision=precision,
+            micro_batch_size=args.micro_batch_size,
+            block_size=block_size,
+            grad_accum=args.grad_accum,
+            gradient_checkpointing=args.gradient_checkpointing,
+            ds_config=ds_config,
+            load_dtype=args.load_dtype,
+            device=args.device,
+            gpus_per_node=args.gpus_per_node,
             gpu_memory_bytes=args.gpu_memory * GB if args.gpu_memory else None,
             gpu_margin_bytes=args.gpu_margin * GB if args.gpu_margin is not None else None,
-            host_memory_bytes=args.host_memory * GB if args.host_memory else None, engines=args.engines,
+            host_memory_bytes=args.host_memory * GB if args.host_memory else None,
+            engines=args.engines,
             lora=lora,
-        ).as_dict()  # fmt: skip
+        ).as_dict()
     except ValueError as err:
         raise UsageError(str(err)) from err
     for row in result["stages"]:
-        row.update(ours_bytes=row["device_peak_bytes"], ours_peak_phase=row["device_peak_phase"],
-                   ours_phases=row["device_phases"], ours_categories=row["boundary"])  # fmt: skip
+        row.update(
+            ours_bytes=row["device_peak_bytes"],
+            ours_peak_phase=row["device_peak_phase"],
+            ours_phases=row["device_phases"],
+            ours_categories=row["boundary"],
+        )
     add_step_times(result, args, model, ds_config)
     return result
 
@@ -274,9 +311,11 @@ def _print_table(result: dict, *, explain: bool = False) -> None:
             f"{_gb(row['deepspeed_host_per_node_bytes'], unit):>12}"
         )
         print(line + ("" if row["fits"] is None else f"  {_fits_word(row)}"))
-    print("ours = predicted allocated peak on the device; DeepSpeed = its estimator per GPU (with the set-up's "
-          "offload); host/node = host bytes of one node's ranks (ours, DeepSpeed's); each phase's total, and the "
-          "peak phase's terms:")  # fmt: skip
+    print(
+        "ours = predicted allocated peak on the device; DeepSpeed = its estimator per GPU (with the set-up's "
+        "offload); host/node = host bytes of one node's ranks (ours, DeepSpeed's); each phase's total, and the "
+        "peak phase's terms:"
+    )
     for row in result["stages"]:
         print(_phase_line(row, unit))
     _print_host(result, unit)
@@ -308,15 +347,19 @@ def _print_verdict(result: dict) -> None:
 
     capacity = result["gpu_memory_bytes"]
     if capacity is None:
-        print("give --gpu-memory GB to see which stages fit (after the GPU margin: CUDA context, NCCL buffers, "
-              "allocator slack)")  # fmt: skip
+        print(
+            "give --gpu-memory GB to see which stages fit (after the GPU margin: CUDA context, NCCL buffers, "
+            "allocator slack)"
+        )
         return
     if result["gpu_margin"]:
         print(margin_line(result["gpu_margin"], capacity))
     usable = result["usable_gpu_bytes"]
     if result["recommended_stage"] is None:
-        print(f"nothing fits in {_gb(usable)} GB usable of {_gb(capacity)} GB: add ranks, offload, "
-              "checkpointing, or shrink the micro-batch")  # fmt: skip
+        print(
+            f"nothing fits in {_gb(usable)} GB usable of {_gb(capacity)} GB: add ranks, offload, "
+            "checkpointing, or shrink the micro-batch"
+        )
     else:
         row = next(row for row in result["stages"] if row["fits"])
         print(

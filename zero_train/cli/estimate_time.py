@@ -41,14 +41,19 @@ def add_step_times(result: dict, args: argparse.Namespace, model, ds_config: dic
     for row in result["stages"]:
         moved = bool(row["host_per_rank"])
         setup = StepSetup(
-            engine=row["engine"], world_size=result["world_size"], gpus_per_node=result["gpus_per_node"],
-            micro_batch_size=result["micro_batch_size"], block_size=result["block_size"] or 1,
-            grad_accum=result["grad_accum"], gradient_checkpointing=result["gradient_checkpointing"],
-            precision=result["precision"], offload_optimizer=moved and result["offload"]["optimizer"] != "none",
+            engine=row["engine"],
+            world_size=result["world_size"],
+            gpus_per_node=result["gpus_per_node"],
+            micro_batch_size=result["micro_batch_size"],
+            block_size=result["block_size"] or 1,
+            grad_accum=result["grad_accum"],
+            gradient_checkpointing=result["gradient_checkpointing"],
+            precision=result["precision"],
+            offload_optimizer=moved and result["offload"]["optimizer"] != "none",
             offload_param=moved and result["offload"]["param"] != "none",
             bucket_elements=int(zero.get("reduce_bucket_size") or DEFAULT_BUCKET),
             overlap_comm=zero.get("overlap_comm"),
-        )  # fmt: skip
+        )
         row["time"] = step_time(shape, count, setup, machine).as_dict()
     return note
 
@@ -69,8 +74,10 @@ def print_times(result: dict, *, explain: bool, names) -> None:
         time = row["time"]
         top = sorted(time["terms"].items(), key=lambda item: -item[1])[:3]
         words = ", ".join(f"{name} {_seconds(value)}" for name, value in top)
-        print(f"{names(row):<14} {_seconds(time['seconds']):>9} {time['tokens_per_s']:>12,.0f} "
-              f"{time['mfu']:>5.0%}  {words}")  # fmt: skip
+        print(
+            f"{names(row):<14} {_seconds(time['seconds']):>9} {time['tokens_per_s']:>12,.0f} "
+            f"{time['mfu']:>5.0%}  {words}"
+        )
     if not explain:
         print("(--explain: every term; docs/steptime.md: the model and its error against measured runs)")
         return

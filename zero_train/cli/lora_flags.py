@@ -10,12 +10,19 @@ from zero_train.runtime.parser import non_negative_int
 
 def add_lora_flags(parser: argparse.ArgumentParser) -> None:
     """Register --lora-r and --lora-target-modules (the memory needs no alpha or dropout)."""
-    parser.add_argument("--lora-r", type=non_negative_int, default=0, metavar="R",
-                        help="LoRA adapters of rank R on a frozen base, as train.py --lora-r (default 0: "
-                        "full fine-tuning)")  # fmt: skip
-    parser.add_argument("--lora-target-modules", metavar="NAMES",
-                        help="comma-separated modules (or all-linear) that get adapters (default: peft's "
-                        "choice for the architecture)")  # fmt: skip
+    parser.add_argument(
+        "--lora-r",
+        type=non_negative_int,
+        default=0,
+        metavar="R",
+        help="LoRA adapters of rank R on a frozen base, as train.py --lora-r (default 0: full fine-tuning)",
+    )
+    parser.add_argument(
+        "--lora-target-modules",
+        metavar="NAMES",
+        help="comma-separated modules (or all-linear) that get adapters (default: peft's "
+        "choice for the architecture)",
+    )
 
 
 def lora_spec(args: argparse.Namespace):

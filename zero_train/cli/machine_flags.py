@@ -16,19 +16,31 @@ DEFAULT_GPU = "h100-sxm"
 def add_machine_flags(parser: argparse.ArgumentParser) -> None:
     """Register the machine flags."""
     add = parser.add_argument
-    add("--gpu", choices=tuple(GPUS), metavar="NAME",
+    add(
+        "--gpu",
+        choices=tuple(GPUS),
+        metavar="NAME",
         help=f"GPU preset for the predicted step time: {', '.join(GPUS)} (datasheet figures; default {DEFAULT_GPU} "
-        "on --device cuda; docs/steptime.md)")  # fmt: skip
+        "on --device cuda; docs/steptime.md)",
+    )
     add(
         "--tflops",
         type=positive_float,
         metavar="TF",
         help="the GPU's dense BF16 peak instead of the preset's",
     )
-    add("--intra-node-gbps", type=positive_float, metavar="GB/s",
-        help="the link between one machine's GPUs, GB/s one direction, instead of the preset's (NVLink 4: 450)")  # fmt: skip
-    add("--inter-node-gbps", type=positive_float, metavar="Gb/s",
-        help="the network per GPU in Gb/s instead of the preset's (InfiniBand NDR: 400)")  # fmt: skip
+    add(
+        "--intra-node-gbps",
+        type=positive_float,
+        metavar="GB/s",
+        help="the link between one machine's GPUs, GB/s one direction, instead of the preset's (NVLink 4: 450)",
+    )
+    add(
+        "--inter-node-gbps",
+        type=positive_float,
+        metavar="Gb/s",
+        help="the network per GPU in Gb/s instead of the preset's (InfiniBand NDR: 400)",
+    )
     add("--machine", metavar="FILE", help="a machine measured by `zero-train calibrate` (instead of --gpu)")
 
 

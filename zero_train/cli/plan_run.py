@@ -32,8 +32,16 @@ NODE_RANK = ShellVariable("$NODE_RANK")
 """This node's index (0 .. nodes - 1), set on each node before its torchrun / accelerate line."""
 MASTER_ADDR = ShellVariable("$MASTER_ADDR")
 """Node 0's address, set on every node when --master-addr did not give it."""
-EXPLICIT = ("model", "load_dtype", "block_size", "max_steps", "micro_batch_size", "grad_accum", "engine",
-            "deepspeed_config")  # fmt: skip
+EXPLICIT = (
+    "model",
+    "load_dtype",
+    "block_size",
+    "max_steps",
+    "micro_batch_size",
+    "grad_accum",
+    "engine",
+    "deepspeed_config",
+)
 """Train flags printed even at train.py's defaults: the plan's lines must not change meaning with them."""
 HOSTFILE = "hostfile"
 """The file DeepSpeed's launcher reads on several nodes: one `HOST slots=GPUS` line per node (docs/launch.md)."""
@@ -76,11 +84,12 @@ def train_config(
     return RunConfig(
         model=ModelConfig(model=model, gradient_checkpointing=setup.checkpointing, load_dtype=load_dtype),
         data=DataConfig(block_size=block_size),
-        training=TrainingConfig(micro_batch_size=candidate.micro_batch_size, grad_accum=candidate.grad_accum,
-                                **steps),
+        training=TrainingConfig(
+            micro_batch_size=candidate.micro_batch_size, grad_accum=candidate.grad_accum, **steps
+        ),
         engine=EngineConfig(engine=setup.engine, deepspeed_config=json_path),
         lora=lora or LoraConfig(),
-    )  # fmt: skip
+    )
 
 
 def launches(cluster: Cluster, *, accelerate_yaml: str | None) -> dict[str, Launch]:
@@ -90,9 +99,11 @@ def launches(cluster: Cluster, *, accelerate_yaml: str | None) -> dict[str, Laun
     several = cluster.several
     address = (cluster.master_addr or MASTER_ADDR) if several else None
     common = dict(
-        nproc_per_node=cluster.gpus_per_node, nnodes=cluster.nodes, master_addr=address,
+        nproc_per_node=cluster.gpus_per_node,
+        nnodes=cluster.nodes,
+        master_addr=address,
         master_port=cluster.master_port,
-    )  # fmt: skip
+    )
     result = {
         "deepspeed": Launch(launcher="deepspeed", hostfile=HOSTFILE if several else None, **common),
         "torchrun": Launch(launcher="torchrun", node_rank=NODE_RANK if several else None, **common),
@@ -139,10 +150,14 @@ def sbatch_script(config: RunConfig, cluster: Cluster, *, gpus: bool, job_name: 
     """A SLURM batch script: one task per node, each running torchrun with SLURM's node index; node 0 (the job's
     first host) is the rendezvous. `gpus`: ask SLURM for the GPUs (False: CPU ranks)."""
     several = cluster.several
-    launch = Launch(launcher="torchrun", nproc_per_node=cluster.gpus_per_node, nnodes=cluster.nodes,
-                    node_rank=ShellVariable("$SLURM_NODEID") if several else None,
-                    master_addr=MASTER_ADDR if several else None,
-                    master_port=cluster.master_port)  # fmt: skip
+    launch = Launch(
+        launcher="torchrun",
+        nproc_per_node=cluster.gpus_per_node,
+        nnodes=cluster.nodes,
+        node_rank=ShellVariable("$SLURM_NODEID") if several else None,
+        master_addr=MASTER_ADDR if several else None,
+        master_port=cluster.master_port,
+    )
     command = "exec " + shell_text(launch_command(launch, run_argv(config, explicit=EXPLICIT), local=False))
     directives = [f"--job-name={job_name}", f"--nodes={cluster.nodes}", "--ntasks-per-node=1"]
     if gpus:

@@ -92,14 +92,18 @@ def profile_command_parser(subparsers) -> argparse.ArgumentParser:
         help="a script taking train.py's flags (default: python -m zero_train.train)",
     )
     parser.add_argument(
-        "--launch", choices=("each", "once"), default="each",
+        "--launch",
+        choices=("each", "once"),
+        default="each",
         help="each (default): a launch per cell; once: one launch per world size trains its cells in turn (the "
         "ranks start once; each cell's peak is compared with its own 'other')",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--timeout", type=positive_float, default=900,
+        "--timeout",
+        type=positive_float,
+        default=900,
         help="seconds per cell (default 900; --launch once: without a cell finishing)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(func=profile_command)
     return parser
@@ -137,16 +141,30 @@ def prepare_cell(
     hidden_size = meta.pop("hidden_size", None)
     cell_meta = dict(meta, engine=engine, zero_stage=engine_spec(engine).stage, world_size=world_size)
     try:
-        config = cell_config(engine, world_size, precision=args.precision, micro_batch_size=args.micro_batch_size,
-                             grad_accum=args.grad_accum, hidden_size=hidden_size)  # fmt: skip
+        config = cell_config(
+            engine,
+            world_size,
+            precision=args.precision,
+            micro_batch_size=args.micro_batch_size,
+            grad_accum=args.grad_accum,
+            hidden_size=hidden_size,
+        )
     except UsageError as err:  # e.g. a precision this stage cannot take: the cell fails, the matrix goes on
         record = error_record(f"config: {err}", **cell_meta)
         write_record(record, record_path)
         return dict(record=record)
     write_config(config, config_path)
     argv = run_argv(cell_run_config(engine, args, config_path, record_path))
-    return dict(name=name, engine=engine, argv=argv, config=config, cell_meta=cell_meta, record_path=record_path,
-                log=out / "logs" / f"{name}.log", done=out / "logs" / f"{name}.done.json")  # fmt: skip
+    return dict(
+        name=name,
+        engine=engine,
+        argv=argv,
+        config=config,
+        cell_meta=cell_meta,
+        record_path=record_path,
+        log=out / "logs" / f"{name}.log",
+        done=out / "logs" / f"{name}.done.json",
+    )
 
 
 def finish_cell(cell: dict, error: str | None, meta: dict) -> dict:
@@ -177,14 +195,26 @@ def run_cells_once(
     pending, launches = [cell for cell in cells if "record" not in cell], 0
     while pending:
         plan_path = out / "configs" / f"plan-w{world_size}-{launches}.json"
-        plan_path.write_text(json.dumps(dict(runs=[dict(name=c["name"], peer=False, argv=c["argv"], done=str(c["done"]))
-                                                   for c in pending]), indent=1))  # fmt: skip
+        plan_path.write_text(
+            json.dumps(
+                dict(
+                    runs=[
+                        dict(name=c["name"], peer=False, argv=c["argv"], done=str(c["done"])) for c in pending
+                    ]
+                ),
+                indent=1,
+            )
+        )
         for cell in pending:
             cell["done"].unlink(missing_ok=True)
         launch = Launch(launcher=args.launcher, nproc_per_node=world_size, master_port=free_port())
         log = out / "logs" / f"launch-w{world_size}-{launches}.log"
-        code = run_logged(launch_command(launch, ["--plan", str(plan_path)], module=WORKER_MODULE), log,
-                          timeout=args.timeout, done_files=[c["done"] for c in pending])  # fmt: skip
+        code = run_logged(
+            launch_command(launch, ["--plan", str(plan_path)], module=WORKER_MODULE),
+            log,
+            timeout=args.timeout,
+            done_files=[c["done"] for c in pending],
+        )
         launches += 1
         for cell in [c for c in pending if c["done"].exists()]:
             records[cell["engine"]] = finish_cell(cell, None, meta)
@@ -210,8 +240,13 @@ def launch_cell(
 
 
 def _cell_name(engine: str, world_size: int, args: argparse.Namespace) -> str:
-    return cell_name(engine, world_size, args.precision, grad_accum=args.grad_accum,
-                     checkpointing=args.gradient_checkpointing) + (f"-lora{args.lora_r}" if args.lora_r else "")  # fmt: skip
+    return cell_name(
+        engine,
+        world_size,
+        args.precision,
+        grad_accum=args.grad_accum,
+        checkpointing=args.gradient_checkpointing,
+    ) + (f"-lora{args.lora_r}" if args.lora_r else "")
 
 
 def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_path) -> RunConfig:
@@ -221,11 +256,12 @@ def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_p
         model=ModelConfig(model=args.model, gradient_checkpointing=args.gradient_checkpointing),
         lora=LoraConfig(r=args.lora_r, target_modules=args.lora_target_modules),
         data=DataConfig(dataset=args.dataset, block_size=args.block_size),
-        training=TrainingConfig(max_steps=args.steps, micro_batch_size=args.micro_batch_size,
-                                grad_accum=args.grad_accum),
+        training=TrainingConfig(
+            max_steps=args.steps, micro_batch_size=args.micro_batch_size, grad_accum=args.grad_accum
+        ),
         engine=EngineConfig(engine=engine, deepspeed_config=str(config_path)),
         output=OutputConfig(memory_report=str(record_path)),
-    )  # fmt: skip
+    )
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -256,9 +292,13 @@ def _model_meta(args: argparse.Namespace) -> dict:
 
 
 def _summary_line(record: dict) -> str:
-    name = cell_name(record["engine"], record["world_size"], record["precision"],
-                     grad_accum=record.get("grad_accum") or 1,
-                     checkpointing=bool(record.get("gradient_checkpointing")))  # fmt: skip
+    name = cell_name(
+        record["engine"],
+        record["world_size"],
+        record["precision"],
+        grad_accum=record.get("grad_accum") or 1,
+        checkpointing=bool(record.get("gradient_checkpointing")),
+    )
     if record["error"]:
         return f"  {name:<24} FAILED  {record['error']}"
     rank0 = record["ranks"][0]

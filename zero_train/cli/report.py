@@ -26,9 +26,10 @@ def report_command_parser(subparsers) -> argparse.ArgumentParser:
         "number) and cells.json (the numbers that matter per cell, a few KB each).",
     )
     parser.add_argument(
-        "directory", metavar="DIR",
+        "directory",
+        metavar="DIR",
         help="a `zero-train profile --out` directory, or a report's summary.json (rendered again without the records)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--out",
         default=None,

@@ -132,10 +132,22 @@ def deepspeed_known_keys() -> frozenset[str]:
 
 
 TOP_LEVEL_COMMON = (
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "steps_per_print", "wall_clock_breakdown",
-    "zero_allow_untested_optimizer", "activation_checkpointing", "flops_profiler", "communication_data_type",
-)  # fmt: skip
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "optimizer",
+    "scheduler",
+    "fp16",
+    "bf16",
+    "zero_optimization",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "zero_allow_untested_optimizer",
+    "activation_checkpointing",
+    "flops_profiler",
+    "communication_data_type",
+)
 
 
 def _check_top_level_keys(cfg: dict, report: CheckReport) -> None:

@@ -129,9 +129,12 @@ class DeepSpeedEngine:
         client_optimizer = None if "optimizer" in ds_config else build_optimizer(params, settings)
         import_muon_uncompiled(ds_config)
         self.ds_engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=client_optimizer, config=ds_config,
+            model=model,
+            model_parameters=params,
+            optimizer=client_optimizer,
+            config=ds_config,
             lr_scheduler=client_lr_scheduler(settings),  # an HF Trainer schedule, as the Trainer passes it
-        )  # fmt: skip
+        )
         self.model = self.ds_engine.module
         self.lora = is_lora(self.model)  # its checkpoints leave the frozen base out (the --model rebuilds it)
         self.micro_steps = 0

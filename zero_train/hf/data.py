@@ -153,8 +153,10 @@ def first_bad_json_line(files: list[str]) -> str | None:
                 json.loads(row) if row.strip() else None
             except json.JSONDecodeError as err:
                 line = number or err.lineno
-                return (f"dataset {name!r} line {line}: not JSON ({err.msg}, column {err.colno}); fix or remove "
-                        "the line")  # fmt: skip
+                return (
+                    f"dataset {name!r} line {line}: not JSON ({err.msg}, column {err.colno}); fix or remove "
+                    "the line"
+                )
     return None
 
 

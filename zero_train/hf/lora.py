@@ -14,6 +14,7 @@ v_proj), else "all-linear" (every linear layer of the attention and the MLP, the
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from dataclasses import dataclass
 
@@ -185,8 +186,6 @@ def from_peft_state_dict(model: torch.nn.Module, saved: dict[str, torch.Tensor])
 
 def adapter_config_json(model: torch.nn.Module) -> str:
     """adapter_config.json of a peft model, as PeftModel.save_pretrained writes it (inference_mode true)."""
-    import json
-
     config = model.peft_config[ADAPTER_NAME].to_dict()
     config = {key: sorted(value) if isinstance(value, set) else value for key, value in config.items()}
     config["inference_mode"] = True

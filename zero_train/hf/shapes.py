@@ -70,16 +70,20 @@ def config_from_file(path: str | pathlib.Path) -> transformers.PretrainedConfig:
     try:
         settings = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"cannot read {str(path)!r} as a config.json: {type(exc).__name__}; "
-                         "pass the config.json of a causal LM (or its folder)") from exc  # fmt: skip
+        raise UsageError(
+            f"cannot read {str(path)!r} as a config.json: {type(exc).__name__}; "
+            "pass the config.json of a causal LM (or its folder)"
+        ) from exc
     if not isinstance(settings, dict) or not isinstance(settings.get("model_type"), str):
         raise UsageError(
             f"{str(path)!r} has no model_type; pass the config.json of a causal LM (or its folder)"
         )
     model_type = settings.pop("model_type")
     if model_type not in transformers.CONFIG_MAPPING:
-        raise UsageError(f"{str(path)!r}: model_type {model_type!r} is unknown to transformers "
-                         f"{transformers.__version__}; pass a causal LM's config.json")  # fmt: skip
+        raise UsageError(
+            f"{str(path)!r}: model_type {model_type!r} is unknown to transformers "
+            f"{transformers.__version__}; pass a causal LM's config.json"
+        )
     check_config_keys(settings, model_type, str(path))
     with config_errors_as_usage(f"{str(path)!r} is not a valid {model_type} config"):
         config = transformers.AutoConfig.for_model(model_type, **settings)

@@ -48,9 +48,21 @@ class Streams:
     """The first held-out blocks (every rank the same), packed: columns "input_ids" (+ "labels")."""
 
 
-def prepare_streams(spec, tokenizer, *, block_size: int, seed: int, rank: int, world_size: int,
-                    eval_blocks: int, column: str | None = None, config_name: str | None = None,
-                    chat: bool = False, state: dict | None = None, process_group=None) -> Streams:  # fmt: skip
+def prepare_streams(
+    spec,
+    tokenizer,
+    *,
+    block_size: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    eval_blocks: int,
+    column: str | None = None,
+    config_name: str | None = None,
+    chat: bool = False,
+    state: dict | None = None,
+    process_group=None,
+) -> Streams:
     """Open the streams and read each one's first block, on every rank; a UsageError on any rank (a missing
     column, an unreadable file, a rank whose share has no block) is raised on every rank.
 
@@ -121,8 +133,14 @@ class RankStream:
 
     def resumed(self, state: dict) -> RankStream:
         """The same stream, continuing from a position state() returned."""
-        return RankStream(self.dataset, self.encode, block_size=self.block_size, spec=self.spec, state=state,
-                          endless=self.endless)  # fmt: skip
+        return RankStream(
+            self.dataset,
+            self.encode,
+            block_size=self.block_size,
+            spec=self.spec,
+            state=state,
+            endless=self.endless,
+        )
 
     def next_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         """The next micro_batch_size blocks as LongTensors [micro_batch_size, block_size]."""

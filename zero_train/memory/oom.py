@@ -61,8 +61,10 @@ class Explanation:
     def detail(self) -> str:
         """The line after "rank N ran out of memory ": where, the largest term, the change."""
         had = f"{_gb(self.had_bytes)} it had ({self.limit_kind})"
-        text = (f"in {self.phase}: {TERM_WORDS.get(self.term, self.term)} {_gb(self.term_bytes)} of the {had}, "
-                f"the largest term of our estimate ({_gb(self.predicted_bytes)} per rank)")  # fmt: skip
+        text = (
+            f"in {self.phase}: {TERM_WORDS.get(self.term, self.term)} {_gb(self.term_bytes)} of the {had}, "
+            f"the largest term of our estimate ({_gb(self.predicted_bytes)} per rank)"
+        )
         if self.predicted_bytes <= self.had_bytes:
             text += f"; our estimate fits, so it missed: searched below {MISSED_FRACTION:.0%} of it"
         if self.change is None:
@@ -120,11 +122,16 @@ def explain(record: dict) -> Explanation:
     counts.request = request
     found = _cheapest(request, setup, run, counts)
     return Explanation(
-        rank=record["rank"], phase=phase_words(record.get("phase"), run["grad_accum"]), had_bytes=had,
-        limit_kind=record["limit"]["kind"], predicted_bytes=current.device_peak_bytes, term=term,
-        term_bytes=terms[term], change=_change_words(found, run) if found else None,
+        rank=record["rank"],
+        phase=phase_words(record.get("phase"), run["grad_accum"]),
+        had_bytes=had,
+        limit_kind=record["limit"]["kind"],
+        predicted_bytes=current.device_peak_bytes,
+        term=term,
+        term_bytes=terms[term],
+        change=_change_words(found, run) if found else None,
         change_bytes=found.device_bytes if found else None,
-    )  # fmt: skip
+    )
 
 
 def _request(run: dict, record: dict):
@@ -135,17 +142,31 @@ def _request(run: dict, record: dict):
 
     config = model_config(run["model"], vocab_size=run.get("vocab_size"))
     lora = run.get("lora")
-    spec = None if not lora else LoraSpec(r=lora["r"], alpha=lora.get("alpha", 8.0),
-                                          target_modules=tuple(lora["target_modules"]) if lora.get("target_modules") else None)  # fmt: skip
+    spec = (
+        None
+        if not lora
+        else LoraSpec(
+            r=lora["r"],
+            alpha=lora.get("alpha", 8.0),
+            target_modules=tuple(lora["target_modules"]) if lora.get("target_modules") else None,
+        )
+    )
     world = run["world_size"]
     gpu_memory = record["limit"]["bytes"] if run["device"] == "cuda" else max(available_bytes(record), 1)
     return PlanRequest(
-        shape=model_shape(config, spec), config=config, nodes=1, gpus_per_node=world,
-        gpu_memory_gb=gpu_memory / GB, host_memory_gb=max(run.get("host_memory_bytes", 0), gpu_memory * world) / GB,
-        global_batch_size=run["micro_batch_size"] * run["grad_accum"] * world, block_size=run["block_size"],
-        precision=run["precision"], load_dtype=run.get("load_dtype", "fp32"),
-        backend="nccl" if run["device"] == "cuda" else "gloo", lora=spec,
-    )  # fmt: skip
+        shape=model_shape(config, spec),
+        config=config,
+        nodes=1,
+        gpus_per_node=world,
+        gpu_memory_gb=gpu_memory / GB,
+        host_memory_gb=max(run.get("host_memory_bytes", 0), gpu_memory * world) / GB,
+        global_batch_size=run["micro_batch_size"] * run["grad_accum"] * world,
+        block_size=run["block_size"],
+        precision=run["precision"],
+        load_dtype=run.get("load_dtype", "fp32"),
+        backend="nccl" if run["device"] == "cuda" else "gloo",
+        lora=spec,
+    )
 
 
 def _estimate(request, setup, run: dict, counts):
@@ -155,12 +176,24 @@ def _estimate(request, setup, run: dict, counts):
 
     ds_config = run.get("ds_config")
     return estimate_engine(
-        setup.engine, request.shape, counts.get(run["micro_batch_size"], setup.checkpointing), request.world_size,
-        per_node=request.gpus_per_node, usable_gpu_bytes=None, host_memory_bytes=None, deepspeed_peer=False,
-        settings=OffloadSettings.from_config(ds_config), device=run["device"], precision=run["precision"],
-        micro_batch_size=run["micro_batch_size"], block_size=run["block_size"], grad_accum=run["grad_accum"],
-        gradient_checkpointing=setup.checkpointing, ds_config=ds_config, load_dtype=request.load_dtype,
-    )  # fmt: skip
+        setup.engine,
+        request.shape,
+        counts.get(run["micro_batch_size"], setup.checkpointing),
+        request.world_size,
+        per_node=request.gpus_per_node,
+        usable_gpu_bytes=None,
+        host_memory_bytes=None,
+        deepspeed_peer=False,
+        settings=OffloadSettings.from_config(ds_config),
+        device=run["device"],
+        precision=run["precision"],
+        micro_batch_size=run["micro_batch_size"],
+        block_size=run["block_size"],
+        grad_accum=run["grad_accum"],
+        gradient_checkpointing=setup.checkpointing,
+        ds_config=ds_config,
+        load_dtype=request.load_dtype,
+    )
 
 
 def _phase_terms(estimate, phase: str) -> dict[str, int]:
@@ -215,8 +248,10 @@ def closeness(record: dict) -> str:
         peak = max(peak, record.get("peak_rss_bytes", 0))  # the kernel's high-water mark, not a sample
     peak -= limit.get("start_used_bytes", 0)
     had = available_bytes(record)
-    return (f"rank {record['rank']} finished: the run reached {_gb(peak)} of the {_gb(had)} it had "
-            f"({limit['kind']}, {peak / had:.0%} of it; our estimate {_gb(predicted_peak(record))})")  # fmt: skip
+    return (
+        f"rank {record['rank']} finished: the run reached {_gb(peak)} of the {_gb(had)} it had "
+        f"({limit['kind']}, {peak / had:.0%} of it; our estimate {_gb(predicted_peak(record))})"
+    )
 
 
 def predicted_peak(record: dict) -> int:

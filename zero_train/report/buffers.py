@@ -98,9 +98,10 @@ def _deepspeed_words(row: dict) -> tuple[str, int]:
     if not zero.get("contiguous_gradients", True):
         return "no contiguous reduce bucket (contiguous_gradients is false)", 0
     default_note = (
-        "" if bucket == DEFAULT_REDUCE_BUCKET_SIZE else
-        f"; DeepSpeed's default 5e8 would hold {units.mb(DEFAULT_REDUCE_BUCKET_SIZE * element_size)}"
-    )  # fmt: skip
+        ""
+        if bucket == DEFAULT_REDUCE_BUCKET_SIZE
+        else f"; DeepSpeed's default 5e8 would hold {units.mb(DEFAULT_REDUCE_BUCKET_SIZE * element_size)}"
+    )
     words = (
         f"DeepSpeed's reduce bucket: zero_optimization.reduce_bucket_size = {bucket:,} elements x "
         f"{element_size} bytes = {units.mb(bucket * element_size)}{default_note}"

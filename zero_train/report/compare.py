@@ -140,8 +140,10 @@ def _meta(record: dict) -> dict:
     keys = ("engine", "zero_stage", "world_size", "precision", "model", "num_params", "micro_batch_size")
     row = dict(cell=cell_name(record), **{key: record.get(key) for key in keys})
     row.update(block_size=record.get("block_size"), steps=record.get("steps"), error=record.get("error"))
-    row.update(grad_accum=record.get("grad_accum") or 1,
-               gradient_checkpointing=bool(record.get("gradient_checkpointing")))  # fmt: skip
+    row.update(
+        grad_accum=record.get("grad_accum") or 1,
+        gradient_checkpointing=bool(record.get("gradient_checkpointing")),
+    )
     row.update(
         tokens_per_s=record.get("tokens_per_s"),
         device=record.get("device"),
@@ -201,8 +203,11 @@ def _model_states(record: dict, measured: int, ours: dict | None, largest_layer:
     paper = theory.paper_bytes(
         num_params, world_size, stage, precision=record["precision"], trainable=trainable
     )
-    deepspeed = None if trainable else deepspeed_estimate(num_params, world_size, stage,
-                                                          largest_layer_params=largest_layer)  # fmt: skip
+    deepspeed = (
+        None
+        if trainable
+        else deepspeed_estimate(num_params, world_size, stage, largest_layer_params=largest_layer)
+    )
     ours_states = None if ours is None else sum(ours[name] for name in MODEL_STATE_CATEGORIES)
     return dict(
         measured=measured,

@@ -54,14 +54,20 @@ def _ours_sentence(row: dict) -> str:
     phase = ours["peak_phase"]
     verdict = "within" if peak["within_goal"] else "OUTSIDE"
     whole_tensors = whole_tensor_sharded(row["engine"])
-    whose = "" if ours["rank"] == row["reported_rank"] or not whole_tensors else (
-        f" (for rank {ours['rank']}, which whole-tensor sharding gives the highest peak)"
-    )  # fmt: skip
+    whose = (
+        ""
+        if ours["rank"] == row["reported_rank"] or not whole_tensors
+        else (f" (for rank {ours['rank']}, which whole-tensor sharding gives the highest peak)")
+    )
     baseline = peak.get("baseline")
-    baseline_words = "" if baseline is None else (
-        f"; {units.mb(baseline)} of it was there before the model was built (ours + that: "
-        f"{units.ratio_text(peak.get('ours_plus_baseline_ratio'))} x the whole peak)"
-    )  # fmt: skip
+    baseline_words = (
+        ""
+        if baseline is None
+        else (
+            f"; {units.mb(baseline)} of it was there before the model was built (ours + that: "
+            f"{units.ratio_text(peak.get('ours_plus_baseline_ratio'))} x the whole peak)"
+        )
+    )
     return (
         f"our model{whose} peaks at {OUR_PHASE_WORDS[phase]}: {units.mb(ours['peak_bytes'])} = "
         f"{_terms(ours['phases'][phase])}; against the measured peak minus other, {units.mb(peak['ours_without_other'])} "

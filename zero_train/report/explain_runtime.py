@@ -107,9 +107,11 @@ def _comm_cause(row: dict, facts: ModelFacts | None, psi: dict[str, float]) -> s
         and zero.get("use_multi_rank_bucket_allreduce", True)
     ):
         gather = ", plus the all-gather of the updated parameters (1 Psi)" if psi.get("all_gather") else ""
-        return ("DeepSpeed 0.19's ZeRO-1/2 all-reduces its gradient buckets (zero_optimization."
-                "use_multi_rank_bucket_allreduce, default true) instead of reduce-scattering them: 2 Psi instead of "
-                f"1{gather}")  # fmt: skip
+        return (
+            "DeepSpeed 0.19's ZeRO-1/2 all-reduces its gradient buckets (zero_optimization."
+            "use_multi_rank_bucket_allreduce, default true) instead of reduce-scattering them: 2 Psi instead of "
+            f"1{gather}"
+        )
     if spec is not None and builds_under_zero_init(spec) and 0 < psi.get("all_gather", 0) < 1.5:
         live = int(zero.get("stage3_max_live_parameters", 1e9))
         return (

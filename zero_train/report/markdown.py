@@ -86,10 +86,16 @@ def _category_section(cells: list[dict]) -> str:
         categories = [_mb(cell["categories"][name]) for name in CATEGORIES]
         per_param = cell["bytes_per_param"]
         rows.append(
-            [cell["cell"], str(cell["reported_rank"]), *categories,
-             _mb(cell["allocator_bytes"]), _mb(cell["peak_bytes"]),
-             f"{per_param['model_states']:.2f}", f"{per_param['peak']:.2f}"]
-        )  # fmt: skip
+            [
+                cell["cell"],
+                str(cell["reported_rank"]),
+                *categories,
+                _mb(cell["allocator_bytes"]),
+                _mb(cell["peak_bytes"]),
+                f"{per_param['model_states']:.2f}",
+                f"{per_param['peak']:.2f}",
+            ]
+        )
     return (
         "## Per-rank memory by category (MB)\n\n"
         "The reported rank of each cell is the one with the highest peak. total = the training footprint "
@@ -106,17 +112,33 @@ def _spread(cell: dict) -> str:
 
 
 def _states_section(cells: list[dict]) -> str:
-    header = ["cell", "measured B/param", "ranks", "paper", "paper ÷ meas.", "DeepSpeed est.", "DS ÷ meas.",
-              "ours", "ours ÷ meas."]  # fmt: skip
+    header = [
+        "cell",
+        "measured B/param",
+        "ranks",
+        "paper",
+        "paper ÷ meas.",
+        "DeepSpeed est.",
+        "DS ÷ meas.",
+        "ours",
+        "ours ÷ meas.",
+    ]
     rows = []
     for cell in cells:
         states, psi = cell["model_states"], cell["num_params"]
-        rows.append([
-            cell["cell"], units.per_param(states["measured"], psi), _spread(cell),
-            units.per_param(states["paper"], psi), units.ratio_text(states["paper_ratio"]),
-            units.per_param(states["deepspeed"], psi), units.ratio_text(states["deepspeed_ratio"]),
-            units.per_param(states["ours"], psi), units.ratio_text(states["ours_ratio"]),
-        ])  # fmt: skip
+        rows.append(
+            [
+                cell["cell"],
+                units.per_param(states["measured"], psi),
+                _spread(cell),
+                units.per_param(states["paper"], psi),
+                units.ratio_text(states["paper_ratio"]),
+                units.per_param(states["deepspeed"], psi),
+                units.ratio_text(states["deepspeed_ratio"]),
+                units.per_param(states["ours"], psi),
+                units.ratio_text(states["ours_ratio"]),
+            ]
+        )
     return (
         "## Model states: measured vs theory\n\n"
         'Bytes per parameter on the reported rank ("ranks": the range over all ranks). Ratios are '
@@ -140,18 +162,37 @@ def _phase_name(peak: dict) -> str:
 
 
 def _peak_section(cells: list[dict]) -> str:
-    header = ["cell", "peak MB", "other MB", "baseline MB", "ours ÷ (peak − other)", f"within {PEAK_GOAL:.0%}",
-              "(ours + baseline) ÷ peak", "old: ours+other ÷ peak", "paper+other ÷ peak", "DS+other ÷ peak",
-              "peak phase: ours / measured"]  # fmt: skip
+    header = [
+        "cell",
+        "peak MB",
+        "other MB",
+        "baseline MB",
+        "ours ÷ (peak − other)",
+        f"within {PEAK_GOAL:.0%}",
+        "(ours + baseline) ÷ peak",
+        "old: ours+other ÷ peak",
+        "paper+other ÷ peak",
+        "DS+other ÷ peak",
+        "peak phase: ours / measured",
+    ]
     rows = []
     for cell in cells:
         peak = cell["peak"]
-        rows.append([
-            cell["cell"], _mb(peak["measured"]), _mb(peak["other"]), _mb_or_na(peak.get("baseline")),
-            units.ratio_text(peak["ratio_without_other"]), _goal_mark(peak),
-            units.ratio_text(peak.get("ours_plus_baseline_ratio")), units.ratio_text(peak["ours_ratio"]),
-            units.ratio_text(peak["paper_ratio"]), units.ratio_text(peak["deepspeed_ratio"]), _phase_name(peak),
-        ])  # fmt: skip
+        rows.append(
+            [
+                cell["cell"],
+                _mb(peak["measured"]),
+                _mb(peak["other"]),
+                _mb_or_na(peak.get("baseline")),
+                units.ratio_text(peak["ratio_without_other"]),
+                _goal_mark(peak),
+                units.ratio_text(peak.get("ours_plus_baseline_ratio")),
+                units.ratio_text(peak["ours_ratio"]),
+                units.ratio_text(peak["paper_ratio"]),
+                units.ratio_text(peak["deepspeed_ratio"]),
+                _phase_name(peak),
+            ]
+        )
     within = [c for c in cells if c["peak"]["within_goal"]]
     with_other = [c for c in cells if c["peak"].get("within_goal_with_other")]
     return (
@@ -192,8 +233,15 @@ def _mb_or_na(value: float | None) -> str:
 
 
 def _comm_section(cells: list[dict]) -> str:
-    header = ["cell", "collectives (payload MB)", "measured (Psi)", "paper (Psi)", "measured ÷ paper",
-              "sent MB (est.)", "ideal ring sends MB"]  # fmt: skip
+    header = [
+        "cell",
+        "collectives (payload MB)",
+        "measured (Psi)",
+        "paper (Psi)",
+        "measured ÷ paper",
+        "sent MB (est.)",
+        "ideal ring sends MB",
+    ]
     rows = []
     for cell in cells:
         comm = cell["comm"]
@@ -201,11 +249,17 @@ def _comm_section(cells: list[dict]) -> str:
             rows.append([cell["cell"], "not measured", *["n/a"] * 5])
             continue
         used = ", ".join(f"{key} {_mb(value)}" for key, value in comm["payload"].items())
-        rows.append([
-            cell["cell"], used or "none", f"{comm['measured_volume'] / comm['psi_bytes']:.2f}",
-            f"{comm['paper_volume'] / comm['psi_bytes']:.0f}", units.ratio_text(comm["ratio"]),
-            _mb(comm["sent_bytes"]), _mb(comm["paper_sent_bytes"]),
-        ])  # fmt: skip
+        rows.append(
+            [
+                cell["cell"],
+                used or "none",
+                f"{comm['measured_volume'] / comm['psi_bytes']:.2f}",
+                f"{comm['paper_volume'] / comm['psi_bytes']:.0f}",
+                units.ratio_text(comm["ratio"]),
+                _mb(comm["sent_bytes"]),
+                _mb(comm["paper_sent_bytes"]),
+            ]
+        )
     return (
         "## Communication per step\n\n"
         "Payload = bytes the reported rank handed to collectives in the last step (CommLedger); measured (Psi) "
@@ -226,8 +280,16 @@ def _most(ranks: list[dict], field: str, key: str):
 
 
 def _syncs_section(cells: list[dict]) -> str:
-    header = ["cell", "host syncs: engine", "loop, logged step", "loop, other step", "collective calls: engine",
-              "loop", "engine MB", "reduction overlapping backward"]  # fmt: skip
+    header = [
+        "cell",
+        "host syncs: engine",
+        "loop, logged step",
+        "loop, other step",
+        "collective calls: engine",
+        "loop",
+        "engine MB",
+        "reduction overlapping backward",
+    ]
     rows = []
     for cell in cells:
         ranks = cell["ranks"]
@@ -238,12 +300,18 @@ def _syncs_section(cells: list[dict]) -> str:
             (r.get("collectives_per_step") or {}).get("bytes", {}).get("engine", 0) for r in ranks
         )
         share = _most(ranks, "overlap", "share")
-        rows.append([
-            cell["cell"], *(_count(_most(ranks, "host_syncs_per_step", key)) for key in ("engine", "loop", "loop_unlogged")),
-            *(_count(_most(ranks, "collectives_per_step", key)) for key in ("engine", "loop")),
-            _mb(engine_bytes),
-            "no reduction" if share is None else f"{share:.0%}",
-        ])  # fmt: skip
+        rows.append(
+            [
+                cell["cell"],
+                *(
+                    _count(_most(ranks, "host_syncs_per_step", key))
+                    for key in ("engine", "loop", "loop_unlogged")
+                ),
+                *(_count(_most(ranks, "collectives_per_step", key)) for key in ("engine", "loop")),
+                _mb(engine_bytes),
+                "no reduction" if share is None else f"{share:.0%}",
+            ]
+        )
     return (
         "## Host syncs and collectives per step\n\n"
         "What a GPU run pays beyond arithmetic, counted over the run's first steps (--counted-steps) on the worst "
@@ -259,8 +327,10 @@ def _count(value) -> str:
 
 
 def _explanations_section(cells: list[dict]) -> str:
-    parts = ["## Gap explanations\n\nGenerated from the categories; whatever no rule accounts for is "
-             "called unexplained, with its size."]  # fmt: skip
+    parts = [
+        "## Gap explanations\n\nGenerated from the categories; whatever no rule accounts for is "
+        "called unexplained, with its size."
+    ]
     for cell in cells:
         label = engine_label(cell["engine"])
         bullets = "\n".join(f"- {sentence}" for sentence in cell["explanations"] + cell["notes"])

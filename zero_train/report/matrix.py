@@ -32,23 +32,67 @@ OFFLOAD_SUFFIX = "-offload"
 MICRO_BATCH_SIZE = 2
 BLOCK_SIZE = 128
 ARCHITECTURES: dict[str, dict] = {
-    "gpt2": dict(model_type="gpt2", n_layer=4, n_embd=256, n_head=4, n_positions=256,
-                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-    "llama": dict(model_type="llama", num_hidden_layers=4, hidden_size=256, intermediate_size=704,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=False),
-    "qwen2": dict(model_type="qwen2", num_hidden_layers=3, hidden_size=320, intermediate_size=896,
-                  num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=256,
-                  tie_word_embeddings=True),
-    "gpt2-3x192": dict(model_type="gpt2", n_layer=3, n_embd=192, n_head=6, n_positions=256,
-                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-    "qwen2-3x192": dict(model_type="qwen2", num_hidden_layers=3, hidden_size=192, intermediate_size=544,
-                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
-                        tie_word_embeddings=False),
-    "qwen2.5-0.5b-shape": dict(model_type="qwen2", num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
-                               num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=256,
-                               tie_word_embeddings=True),
-}  # fmt: skip
+    "gpt2": dict(
+        model_type="gpt2",
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        n_positions=256,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),
+    "llama": dict(
+        model_type="llama",
+        num_hidden_layers=4,
+        hidden_size=256,
+        intermediate_size=704,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    ),
+    "qwen2": dict(
+        model_type="qwen2",
+        num_hidden_layers=3,
+        hidden_size=320,
+        intermediate_size=896,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    ),
+    "gpt2-3x192": dict(
+        model_type="gpt2",
+        n_layer=3,
+        n_embd=192,
+        n_head=6,
+        n_positions=256,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),
+    "qwen2-3x192": dict(
+        model_type="qwen2",
+        num_hidden_layers=3,
+        hidden_size=192,
+        intermediate_size=544,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-0.5b-shape": dict(
+        model_type="qwen2",
+        num_hidden_layers=24,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    ),
+}
 """Small shapes of three architectures (vocabulary: the offline tokenizer's 8192): 5.3M, 7.2M, 6.0M
 parameters; none is the shape the model was checked on. The wide design's (`wide_design`) are two more shapes
 no earlier cell used, GPT-2 (tied, 3 x 192) and Qwen2 (biases, GQA 6/2, untied, 3 x 192), and Qwen2.5-0.5B's
@@ -181,20 +225,41 @@ def wide_design() -> list[MatrixCell]:
     ranks, fp32, plain: 5). bf16 cells of our ZeRO-2/3 come last (their bf16 gradient accumulation dtype is
     being changed: the others measure first)."""
     engines = [spec.name for spec in ENGINES if spec.peak_model]
-    variants = dict(plain={}, ckpt=dict(gradient_checkpointing=True), ga4=dict(grad_accum=4),
-                    lora8=dict(lora_r=LORA_R))  # fmt: skip
+    variants = dict(
+        plain={}, ckpt=dict(gradient_checkpointing=True), ga4=dict(grad_accum=4), lora8=dict(lora_r=LORA_R)
+    )
     cells = [
-        MatrixCell(**dict(dict(architecture=arch, engine=engine, world_size=world_size, precision=precision,
-                               grad_accum=1, gradient_checkpointing=False), **variants[variant]))
-        for arch in WIDE_ARCHITECTURES for precision in ("fp32", "bf16") for world_size in (1, 2, 4)
-        for engine in engines for variant in WIDE_VARIANTS
-    ]  # fmt: skip
+        MatrixCell(
+            **dict(
+                dict(
+                    architecture=arch,
+                    engine=engine,
+                    world_size=world_size,
+                    precision=precision,
+                    grad_accum=1,
+                    gradient_checkpointing=False,
+                ),
+                **variants[variant],
+            )
+        )
+        for arch in WIDE_ARCHITECTURES
+        for precision in ("fp32", "bf16")
+        for world_size in (1, 2, 4)
+        for engine in engines
+        for variant in WIDE_VARIANTS
+    ]
     late = [c for c in cells if c.precision == "bf16" and c.engine in _OURS_SHARDING_GRADIENTS]
     large = [
-        MatrixCell(architecture=LARGE_ARCHITECTURE, engine=engine, world_size=2, precision="fp32", grad_accum=1,
-                   gradient_checkpointing=False)
+        MatrixCell(
+            architecture=LARGE_ARCHITECTURE,
+            engine=engine,
+            world_size=2,
+            precision="fp32",
+            grad_accum=1,
+            gradient_checkpointing=False,
+        )
         for engine in LARGE_ENGINES
-    ]  # fmt: skip
+    ]
     return [c for c in cells if c not in late] + large + late
 
 
@@ -211,15 +276,19 @@ def missing_term(row: dict) -> str:
     diffs = {name: measured.get(name, 0) - ours.get(name, 0) for name in STATE_AND_ACTIVATION}
     name = max(diffs, key=lambda key: abs(diffs[key]))
     if gap and abs(diffs[name]) >= abs(gap) / 2:
-        return (f"{name}: ours {ours.get(name, 0) / 1e6:.1f} MB, measured {measured.get(name, 0) / 1e6:.1f} MB "
-                f"at the step boundary")  # fmt: skip
+        return (
+            f"{name}: ours {ours.get(name, 0) / 1e6:.1f} MB, measured {measured.get(name, 0) / 1e6:.1f} MB "
+            f"at the step boundary"
+        )
     phase = "step" if peak["measured_phase"] == "step" else peak["ours_phase"]
     terms = row["ours_peak"]["phases"].get(phase, {})
     transient = {key: value for key, value in terms.items() if key not in STATE_AND_ACTIVATION} or terms
     largest = max(transient, key=lambda key: transient[key]) if transient else "none"
     side = "above" if gap > 0 else "below"
-    return (f"measured {peak['measured_phase']} peak {abs(gap) / 1e6:.1f} MB {side} ours ({peak['ours_phase']}), "
-            f"whose largest transient term is {largest} ({transient.get(largest, 0) / 1e6:.1f} MB)")  # fmt: skip
+    return (
+        f"measured {peak['measured_phase']} peak {abs(gap) / 1e6:.1f} MB {side} ours ({peak['ours_phase']}), "
+        f"whose largest transient term is {largest} ({transient.get(largest, 0) / 1e6:.1f} MB)"
+    )
 
 
 def distribution(values: list[float]) -> dict:

@@ -57,22 +57,56 @@ def render_lora(rows: list[dict], reference: dict[str, int]) -> str:
         twin_name, twin = row["full_twin_cell"], row.get("full_twin") or {}
         full = measured_full.get(twin_name, reference.get(twin_name))
         lora = row["peak"]["measured_without_other"]
-        peaks.append([row["matrix_cell"], _mb(full), _mb(lora), _saved(full, lora),
-                      _mb(twin.get("peak_bytes")), _mb(row["peak"]["ours_without_other"]),
-                      _saved(twin.get("peak_bytes"), row["peak"]["ours_without_other"])])  # fmt: skip
+        peaks.append(
+            [
+                row["matrix_cell"],
+                _mb(full),
+                _mb(lora),
+                _saved(full, lora),
+                _mb(twin.get("peak_bytes")),
+                _mb(row["peak"]["ours_without_other"]),
+                _saved(twin.get("peak_bytes"), row["peak"]["ours_without_other"]),
+            ]
+        )
         ours_full, ours_lora = twin.get("categories") or {}, row.get("ours_categories") or {}
         measured = row.get("categories") or {}
         for name in CATEGORIES:
-            categories.append([row["matrix_cell"], name, _mb(ours_full.get(name)), _mb(ours_lora.get(name)),
-                               _mb(measured.get(name)), _saved(ours_full.get(name), ours_lora.get(name))])  # fmt: skip
-    return "\n".join([
-        "## LoRA beside full fine-tuning (MB per rank)\n",
-        "Each LoRA cell (r 8, peft's default targets, base frozen) beside its full fine-tuning twin (the same "
-        "engine, architecture, ranks, precision, accumulation, checkpointing). Peak = measured peak minus "
-        "measured other; the twin's measured peak is from this run or the reference matrix.\n",
-        table(["LoRA cell", "full: measured", "LoRA: measured", "saved (measured)", "full: ours", "LoRA: ours",
-               "saved (ours)"], peaks) + "\n",  # fmt: skip
-        "### By category, at the step boundary (the probe's categories; ours for both, measured for LoRA)\n",
-        table(["LoRA cell", "category", "full: ours", "LoRA: ours", "LoRA: measured", "saved (ours)"],
-              categories),  # fmt: skip
-    ]) + "\n"  # fmt: skip
+            categories.append(
+                [
+                    row["matrix_cell"],
+                    name,
+                    _mb(ours_full.get(name)),
+                    _mb(ours_lora.get(name)),
+                    _mb(measured.get(name)),
+                    _saved(ours_full.get(name), ours_lora.get(name)),
+                ]
+            )
+    return (
+        "\n".join(
+            [
+                "## LoRA beside full fine-tuning (MB per rank)\n",
+                "Each LoRA cell (r 8, peft's default targets, base frozen) beside its full fine-tuning twin (the same "
+                "engine, architecture, ranks, precision, accumulation, checkpointing). Peak = measured peak minus "
+                "measured other; the twin's measured peak is from this run or the reference matrix.\n",
+                table(
+                    [
+                        "LoRA cell",
+                        "full: measured",
+                        "LoRA: measured",
+                        "saved (measured)",
+                        "full: ours",
+                        "LoRA: ours",
+                        "saved (ours)",
+                    ],
+                    peaks,
+                )
+                + "\n",
+                "### By category, at the step boundary (the probe's categories; ours for both, measured for LoRA)\n",
+                table(
+                    ["LoRA cell", "category", "full: ours", "LoRA: ours", "LoRA: measured", "saved (ours)"],
+                    categories,
+                ),
+            ]
+        )
+        + "\n"
+    )

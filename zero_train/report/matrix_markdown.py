@@ -27,12 +27,18 @@ def _cell_row(row: dict, goal: float) -> list[str]:
     ratio = peak["ratio_without_other"]
     phases = peak["phases"]
     return [
-        row["matrix_cell"], _mb(peak["measured"]), _mb(peak["other"]), _mb(peak.get("baseline")),
-        _mb(peak["measured_without_other"]), _mb(peak["ours_without_other"]), _ratio(ratio),
+        row["matrix_cell"],
+        _mb(peak["measured"]),
+        _mb(peak["other"]),
+        _mb(peak.get("baseline")),
+        _mb(peak["measured_without_other"]),
+        _mb(peak["ours_without_other"]),
+        _ratio(ratio),
         "yes" if abs(ratio - 1) <= goal else "**no**",
         f"{peak['ours_phase']} / {peak['measured_phase']}",
-        units.ratio_text(phases["forward"]["ratio"]), units.ratio_text(phases["step"]["ratio"]),
-    ]  # fmt: skip
+        units.ratio_text(phases["forward"]["ratio"]),
+        units.ratio_text(phases["step"]["ratio"]),
+    ]
 
 
 def render_matrix(summary: dict, rows: list[dict], goal: float) -> str:
@@ -60,10 +66,23 @@ def render_matrix(summary: dict, rows: list[dict], goal: float) -> str:
         row for row in rows if not row.get("error") and abs(row["peak"]["ratio_without_other"] - 1) > goal
     ]
     lines.append(f"## Cells outside {goal:.0%} ({len(misses)}), with the term that misses\n")
-    lines += [f"- {row['matrix_cell']}: {_ratio(row['peak']['ratio_without_other'])}; {missing_term(row)}"
-              for row in misses]  # fmt: skip
+    lines += [
+        f"- {row['matrix_cell']}: {_ratio(row['peak']['ratio_without_other'])}; {missing_term(row)}"
+        for row in misses
+    ]
     lines.append("\n## Cells (MB per rank)\n")
-    header = ["cell", "peak", "other", "baseline", "peak − other", "ours", "ours ÷ (peak − other)",
-              f"within {goal:.0%}", "peak phase: ours / measured", "fwd+bwd ours ÷ meas.", "step ours ÷ meas."]  # fmt: skip
+    header = [
+        "cell",
+        "peak",
+        "other",
+        "baseline",
+        "peak − other",
+        "ours",
+        "ours ÷ (peak − other)",
+        f"within {goal:.0%}",
+        "peak phase: ours / measured",
+        "fwd+bwd ours ÷ meas.",
+        "step ours ÷ meas.",
+    ]
     lines.append(table(header, [_cell_row(row, goal) for row in rows]))
     return "\n".join(lines) + "\n"

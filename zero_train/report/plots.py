@@ -27,9 +27,14 @@ from zero_train.report.models import model_facts
 from zero_train.report.summary import groups_of
 
 CATEGORY_COLORS = {
-    "params": "#4c72b0", "grads": "#dd8452", "master_params": "#937860", "optimizer_states": "#55a868",
-    "comm_buffers": "#c44e52", "activations": "#8172b3", "other": "#d9d9d9",
-}  # fmt: skip
+    "params": "#4c72b0",
+    "grads": "#dd8452",
+    "master_params": "#937860",
+    "optimizer_states": "#55a868",
+    "comm_buffers": "#c44e52",
+    "activations": "#8172b3",
+    "other": "#d9d9d9",
+}
 STAGE_COLORS = {0: "#4c72b0", 1: "#55a868", 2: "#dd8452", 3: "#c44e52"}
 DPI = 110
 
@@ -60,11 +65,27 @@ def plot_categories(rows: list[dict], path: pathlib.Path, title: str) -> None:
         bottoms = [0.0] * len(cells)
         for category in CATEGORIES:
             heights = [cell["categories"][category] / 1e6 for cell in cells]
-            axis.bar(positions, heights, bottom=bottoms, color=CATEGORY_COLORS[category], label=category,
-                     hatch="//" if category == "other" else None, edgecolor="white", linewidth=0.5)  # fmt: skip
+            axis.bar(
+                positions,
+                heights,
+                bottom=bottoms,
+                color=CATEGORY_COLORS[category],
+                label=category,
+                hatch="//" if category == "other" else None,
+                edgecolor="white",
+                linewidth=0.5,
+            )
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-        axis.scatter(positions, [c["peak_bytes"] / 1e6 for c in cells], marker="_", s=900, color="black",
-                     linewidths=2, label="peak", zorder=3)  # fmt: skip
+        axis.scatter(
+            positions,
+            [c["peak_bytes"] / 1e6 for c in cells],
+            marker="_",
+            s=900,
+            color="black",
+            linewidths=2,
+            label="peak",
+            zorder=3,
+        )
         axis.set_xticks(list(positions), [cell["engine"] for cell in cells], rotation=30)
         axis.set_title(units.ranks(world_size))
         axis.grid(axis="y", alpha=0.3)
@@ -87,8 +108,14 @@ def _theory_curves(axis, rows: list[dict], x_values: list[int], largest_layer: i
         estimates = [
             deepspeed_estimate(num_params, n, stage, largest_layer_params=largest_layer) for n in x_values
         ]
-        axis.plot(x_values, [e / num_params for e in estimates], color=STAGE_COLORS[stage], linestyle="--",
-                  linewidth=1.2, label=f"DeepSpeed estimator, stage {stage}")  # fmt: skip
+        axis.plot(
+            x_values,
+            [e / num_params for e in estimates],
+            color=STAGE_COLORS[stage],
+            linestyle="--",
+            linewidth=1.2,
+            label=f"DeepSpeed estimator, stage {stage}",
+        )
 
 
 def _measured_points(axis, rows: list[dict], value) -> None:
@@ -96,15 +123,27 @@ def _measured_points(axis, rows: list[dict], value) -> None:
     for index, engine in enumerate(engines):
         cells = sorted((r for r in rows if r["engine"] == engine), key=lambda r: r["world_size"])
         offset = 1 + 0.03 * (index - (len(engines) - 1) / 2)  # a small multiplicative jitter on the log axis
-        axis.scatter([c["world_size"] * offset for c in cells], [value(c) for c in cells], zorder=3, s=36,
-                     marker=_marker(engine), color=STAGE_COLORS.get(cells[0]["zero_stage"], "k"),
-                     edgecolor="black", linewidth=0.5, label=f"measured {engine}")  # fmt: skip
+        axis.scatter(
+            [c["world_size"] * offset for c in cells],
+            [value(c) for c in cells],
+            zorder=3,
+            s=36,
+            marker=_marker(engine),
+            color=STAGE_COLORS.get(cells[0]["zero_stage"], "k"),
+            edgecolor="black",
+            linewidth=0.5,
+            label=f"measured {engine}",
+        )
 
 
 def _ours_curves(axis, rows: list[dict], x_values: list[int], facts) -> None:
     first = rows[0]
-    settings = dict(precision=first["precision"], micro_batch_size=first["micro_batch_size"],
-                    block_size=first["block_size"], backend=backend_for(first.get("device")))  # fmt: skip
+    settings = dict(
+        precision=first["precision"],
+        micro_batch_size=first["micro_batch_size"],
+        block_size=first["block_size"],
+        backend=backend_for(first.get("device")),
+    )
     for engine in _engines(rows):
         spec = modelled_engine(engine)
         if spec is None:
@@ -114,8 +153,14 @@ def _ours_curves(axis, rows: list[dict], x_values: list[int], facts) -> None:
             engine_peak(engine, facts.shape, n, ds_config=config, **settings).peak_bytes / first["num_params"]
             for n in x_values
         ]
-        axis.plot(x_values, values, color=STAGE_COLORS[spec.stage], linewidth=1,
-                  linestyle=(0, (1 + _engines(rows).index(engine), 1)), label=f"ours, {engine}")  # fmt: skip
+        axis.plot(
+            x_values,
+            values,
+            color=STAGE_COLORS[spec.stage],
+            linewidth=1,
+            linestyle=(0, (1 + _engines(rows).index(engine), 1)),
+            label=f"ours, {engine}",
+        )
 
 
 def plot_bytes_per_param(rows: list[dict], path: pathlib.Path, title: str) -> None:

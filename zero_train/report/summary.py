@@ -30,11 +30,31 @@ from zero_train.report.compare import PEAK_GOAL, engine_index
 SCHEMA = "zero_train.report_summary/1"
 CELLS_SCHEMA = "zero_train.report_cells/1"
 CELL_KEYS = (
-    "cell", "engine", "zero_stage", "world_size", "precision", "model", "num_params", "micro_batch_size",
-    "block_size", "grad_accum", "gradient_checkpointing", "steps", "device", "lora", "ds_config",
-    "reported_rank", "categories", "allocator_bytes", "peak_bytes", "baseline_bytes", "model_states",
-    "footprint", "peak", "cuda",
-)  # fmt: skip
+    "cell",
+    "engine",
+    "zero_stage",
+    "world_size",
+    "precision",
+    "model",
+    "num_params",
+    "micro_batch_size",
+    "block_size",
+    "grad_accum",
+    "gradient_checkpointing",
+    "steps",
+    "device",
+    "lora",
+    "ds_config",
+    "reported_rank",
+    "categories",
+    "allocator_bytes",
+    "peak_bytes",
+    "baseline_bytes",
+    "model_states",
+    "footprint",
+    "peak",
+    "cuda",
+)
 RANK_KEYS = (
     "rank",
     "categories",

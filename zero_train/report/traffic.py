@@ -65,9 +65,17 @@ def comm_comparison(record: dict, payload: dict | None) -> dict:
     psi_bytes = record["num_params"] * element_bytes(record["precision"])
     paper = paper_volume_bytes(record["zero_stage"], record["num_params"], element_bytes(record["precision"]))
     if payload is None:
-        return dict(payload=None, volume=None, measured_volume=None, paper_volume=paper, ratio=None,
-                    psi_bytes=psi_bytes, gloo_emulated_reduce_scatter=False, sent_bytes=None,
-                    paper_sent_bytes=None)  # fmt: skip
+        return dict(
+            payload=None,
+            volume=None,
+            measured_volume=None,
+            paper_volume=paper,
+            ratio=None,
+            psi_bytes=psi_bytes,
+            gloo_emulated_reduce_scatter=False,
+            sent_bytes=None,
+            paper_sent_bytes=None,
+        )
     used = {key: value for key, value in payload.items() if key in COLLECTIVE_KEYS and value}
     volume = paper_unit_bytes(used, record["world_size"])
     measured = sum(volume.values())

@@ -45,13 +45,36 @@ _Tensor = torch.Tensor
 
 # reading a value of (the first tensor argument): a sync when that tensor is on the device
 _READS = {
-    _Tensor.item, _Tensor.tolist, _Tensor.__bool__, _Tensor.__float__, _Tensor.__int__, _Tensor.__index__,
-    _Tensor.__complex__, _Tensor.__format__, _Tensor.__repr__, _Tensor.numpy, _Tensor.__array__,
-    _Tensor.__contains__, _Tensor.__reduce_ex__, _Tensor.is_nonzero, torch.is_nonzero, _Tensor.nonzero,
-    torch.nonzero, _Tensor.argwhere, torch.argwhere, _Tensor.masked_select, torch.masked_select,
-    _Tensor.unique, torch.unique, _Tensor.unique_consecutive, torch.unique_consecutive, _Tensor.equal,
-    torch.equal, _Tensor.allclose, torch.allclose,
-}  # fmt: skip
+    _Tensor.item,
+    _Tensor.tolist,
+    _Tensor.__bool__,
+    _Tensor.__float__,
+    _Tensor.__int__,
+    _Tensor.__index__,
+    _Tensor.__complex__,
+    _Tensor.__format__,
+    _Tensor.__repr__,
+    _Tensor.numpy,
+    _Tensor.__array__,
+    _Tensor.__contains__,
+    _Tensor.__reduce_ex__,
+    _Tensor.is_nonzero,
+    torch.is_nonzero,
+    _Tensor.nonzero,
+    torch.nonzero,
+    _Tensor.argwhere,
+    torch.argwhere,
+    _Tensor.masked_select,
+    torch.masked_select,
+    _Tensor.unique,
+    torch.unique,
+    _Tensor.unique_consecutive,
+    torch.unique_consecutive,
+    _Tensor.equal,
+    torch.equal,
+    _Tensor.allclose,
+    torch.allclose,
+}
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}  # host data copied to `device`, blocking
 _BACKWARD = {_Tensor.backward, torch.autograd.backward}
 _TENSOR_BACKWARD = inspect.signature(_Tensor.backward)

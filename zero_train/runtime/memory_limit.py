@@ -68,11 +68,21 @@ def rank_limit(local_ranks: int, device: str = "cpu") -> dict:
         candidates.append(dict(kind="RLIMIT_DATA", bytes=int(soft), measure="VmData"))
     cgroup = _cgroup_limit()
     if cgroup is not None:
-        candidates.append(dict(kind=f"the cgroup's memory.max / {local_ranks} ranks",
-                               bytes=cgroup // max(local_ranks, 1), measure="VmRSS"))  # fmt: skip
+        candidates.append(
+            dict(
+                kind=f"the cgroup's memory.max / {local_ranks} ranks",
+                bytes=cgroup // max(local_ranks, 1),
+                measure="VmRSS",
+            )
+        )
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    candidates.append(dict(kind=f"the host's memory / {local_ranks} ranks", bytes=host // max(local_ranks, 1),
-                           measure="VmRSS"))  # fmt: skip
+    candidates.append(
+        dict(
+            kind=f"the host's memory / {local_ranks} ranks",
+            bytes=host // max(local_ranks, 1),
+            measure="VmRSS",
+        )
+    )
     return min(candidates, key=lambda limit: limit["bytes"])
 
 

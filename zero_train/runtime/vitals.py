@@ -80,10 +80,19 @@ class Heartbeat:
         used = memory_limit.used_bytes(limit["measure"]) if limit else 0
         self.peak_used = max(self.peak_used, used)
         status = memory_limit.proc_status()
-        return dict(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), rss_bytes=resident_bytes(),
-                    peak_rss_bytes=status.get("VmHWM", 0), used_bytes=used, peak_used_bytes=self.peak_used,
-                    oom_kills=self.oom_kills, estimate=os.environ.get(ESTIMATE_ENV), time=time.time(),
-                    **self.facts)  # fmt: skip
+        return dict(
+            rank=self.rank,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            rss_bytes=resident_bytes(),
+            peak_rss_bytes=status.get("VmHWM", 0),
+            used_bytes=used,
+            peak_used_bytes=self.peak_used,
+            oom_kills=self.oom_kills,
+            estimate=os.environ.get(ESTIMATE_ENV),
+            time=time.time(),
+            **self.facts,
+        )
 
     def write(self) -> None:
         """Replace the files with this rank's current record (atomically: a reader never sees half of one)."""
@@ -317,8 +326,18 @@ def launcher_report(run_dir: pathlib.Path) -> list[str]:
     return [describe_ended(rank, record) for rank, record in killed_ranks(run_dir)]
 
 
-def note_estimate(*, model: str, world_size: int, config: str | None, precision: str, micro_batch_size: int,
-                  grad_accum: int, block_size: int, gradient_checkpointing: bool, device: str) -> str:  # fmt: skip
+def note_estimate(
+    *,
+    model: str,
+    world_size: int,
+    config: str | None,
+    precision: str,
+    micro_batch_size: int,
+    grad_accum: int,
+    block_size: int,
+    gradient_checkpointing: bool,
+    device: str,
+) -> str:
     """Keep (in ZT_ESTIMATE, which the heartbeat writes) and return the `zero-train estimate` command that
     answers for this run: the per-rank memory of every ZeRO stage at its model, world, batch and block."""
     words = ["zero-train estimate", f"--model {model}", f"--world-size {world_size}"]

@@ -48,9 +48,13 @@ PRELOAD = ("torch", "torch.distributed", "transformers", "zero_train.train.loop"
 # server. transformers' model classes (modeling_gpt2 pulls in torch._dynamo), datasets (zero_train.hf.data),
 # peft, DeepSpeed and its muon module (torch._inductor), which every deepspeed.initialize imports.
 CPU_PRELOAD = (
-    "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama", "zero_train.hf.data",
-    "peft", "zero_train.engines.deepspeed_engine", "deepspeed.runtime.zero.muon.muon_optimizer",
-)  # fmt: skip
+    "transformers.models.gpt2.modeling_gpt2",
+    "transformers.models.llama.modeling_llama",
+    "zero_train.hf.data",
+    "peft",
+    "zero_train.engines.deepspeed_engine",
+    "deepspeed.runtime.zero.muon.muon_optimizer",
+)
 _context = None
 
 

@@ -160,8 +160,9 @@ def measure_collectives(world_size: int) -> dict[str, dict]:
 
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    mp.start_processes(_rank_main, args=(world_size, free_port(), results), nprocs=world_size,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(
+        _rank_main, args=(world_size, free_port(), results), nprocs=world_size, start_method="spawn"
+    )
     return results.get()
 
 
@@ -187,17 +188,34 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
             measured.setdefault(op, {})[world] = Measured(**fit)
     by_size["fp16"] = by_size["bf16"]
     reference = measured.get("all_reduce", {})
-    link = (Link(bus_gbps=next(iter(reference.values())).payload_gbps, latency_s=next(iter(reference.values())).latency_s)
-            if reference else Link(bus_gbps=1.0, latency_s=1e-4))  # fmt: skip
+    link = (
+        Link(
+            bus_gbps=next(iter(reference.values())).payload_gbps,
+            latency_s=next(iter(reference.values())).latency_s,
+        )
+        if reference
+        else Link(bus_gbps=1.0, latency_s=1e-4)
+    )
     return Machine(
-        name=name, device="cpu", peak_tflops={p: max(rates.values()) for p, rates in by_size.items()},
+        name=name,
+        device="cpu",
+        peak_tflops={p: max(rates.values()) for p, rates in by_size.items()},
         matmul_tflops={p: rates[max(rates)] for p, rates in by_size.items()},
         matmul_by_size={p: {n: r for n, r in rates.items()} for p, rates in by_size.items()},
-        attention_tflops={**attention, "fp16": attention["bf16"]}, memory_gbps=memory["fp32"],
-        memory_scale={p: memory[p] / memory["fp32"] for p in memory} | {"fp16": memory["bf16"] / memory["fp32"]},
-        optimizer_gbps=optimizer, intra=link, inter=link, host_gbps=memory["fp32"],
-        cpu_adam_params_per_s=optimizer * 1e9 / constants.OPTIMIZER_BYTES_PER_PARAM["fp32"], overlap=0.0,
-        shared=True, measured=measured,
-        sources={"all": f"zero-train calibrate: one thread x {cores} cores, torch {torch.__version__}, gloo, "
-                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"},
-    )  # fmt: skip
+        attention_tflops={**attention, "fp16": attention["bf16"]},
+        memory_gbps=memory["fp32"],
+        memory_scale={p: memory[p] / memory["fp32"] for p in memory}
+        | {"fp16": memory["bf16"] / memory["fp32"]},
+        optimizer_gbps=optimizer,
+        intra=link,
+        inter=link,
+        host_gbps=memory["fp32"],
+        cpu_adam_params_per_s=optimizer * 1e9 / constants.OPTIMIZER_BYTES_PER_PARAM["fp32"],
+        overlap=0.0,
+        shared=True,
+        measured=measured,
+        sources={
+            "all": f"zero-train calibrate: one thread x {cores} cores, torch {torch.__version__}, gloo, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        },
+    )

@@ -123,8 +123,10 @@ def _measured(machine: Machine, op: str, world_size: int) -> Measured | None:
         return found
     kind = "all_gather" if op == "p2p_ring" else op
     scale = ring_factor(kind, nearest) / ring_factor(kind, world_size)
-    return Measured(latency_s=found.latency_s * ring_hops(kind, world_size) / max(1, ring_hops(kind, nearest)),
-                    payload_gbps=found.payload_gbps * scale)  # fmt: skip
+    return Measured(
+        latency_s=found.latency_s * ring_hops(kind, world_size) / max(1, ring_hops(kind, nearest)),
+        payload_gbps=found.payload_gbps * scale,
+    )
 
 
 def engine_calls(spec: EngineSpec, setup: CommSetup, machine: Machine) -> list[CommCall]:

@@ -9,10 +9,14 @@ the engines' fixed choices are.
 from __future__ import annotations
 
 MATMUL_EFFICIENCY = {
-    "h100-sxm": 0.637, "h100-pcie": 0.637, "h200": 0.637,
-    "a100-80": 0.697, "a100-40": 0.697,
-    "l40s": 0.637, "rtx-4090": 0.637,
-}  # fmt: skip
+    "h100-sxm": 0.637,
+    "h100-pcie": 0.637,
+    "h200": 0.637,
+    "a100-80": 0.697,
+    "a100-40": 0.697,
+    "l40s": 0.637,
+    "rtx-4090": 0.637,
+}
 """Fraction of a GPU's dense peak that a training step's matmuls reach (FSDP's communication interference and
 kernel gaps included). FITTED on one published run per GPU and judged on the others (docs/steptime.md, "Against
 published GPU runs"): H100 SXM on MosaicML's MPT-7B at 2,048 tokens, 8 GPUs (0.637); A100 80GB on torchtitan's

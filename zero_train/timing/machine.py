@@ -143,8 +143,11 @@ def preset_machine(
     """
     if gpu not in GPUS:
         raise ValueError(f"unknown --gpu {gpu!r}; choose one of {', '.join(GPUS)}")
-    for flag, value in (("--tflops", tflops), ("--intra-node-gbps", intra_node_gbps),
-                        ("--inter-node-gbps", inter_node_gbps)):  # fmt: skip
+    for flag, value in (
+        ("--tflops", tflops),
+        ("--intra-node-gbps", intra_node_gbps),
+        ("--inter-node-gbps", inter_node_gbps),
+    ):
         if value is not None and not value > 0:
             raise ValueError(f"{flag} {value:g} must be positive")
     preset = GPUS[gpu]
@@ -154,19 +157,33 @@ def preset_machine(
     inter = inter_node_gbps / 8 if inter_node_gbps else LINKS[preset.inter_link].gbps
     host = LINKS[preset.host_link].gbps
     return Machine(
-        name=gpu, device="cuda", peak_tflops=peak,
+        name=gpu,
+        device="cuda",
+        peak_tflops=peak,
         matmul_tflops={p: rate * constants.MATMUL_EFFICIENCY[gpu] for p, rate in peak.items()},
         attention_tflops={p: rate * constants.ATTENTION_EFFICIENCY for p, rate in peak.items()},
         memory_gbps=preset.memory_gbps * constants.MEMORY_EFFICIENCY,
         optimizer_gbps=preset.memory_gbps * constants.MEMORY_EFFICIENCY,
         intra=Link(bus_gbps=intra * constants.LINK_EFFICIENCY, latency_s=constants.LAUNCH_LATENCY_S["intra"]),
         inter=Link(bus_gbps=inter * constants.LINK_EFFICIENCY, latency_s=constants.LAUNCH_LATENCY_S["inter"]),
-        host_gbps=host * constants.PCIE_EFFICIENCY, cpu_adam_params_per_s=constants.CPU_ADAM_PARAMS_PER_S,
-        sources={"gpu": preset.source, "intra": LINKS[preset.intra_link].source,
-                 "inter": LINKS[preset.inter_link].source, "host": LINKS[preset.host_link].source,
-                 "overrides": ", ".join(f"{k} {v:g}" for k, v in (("tflops", tflops), ("intra GB/s", intra_node_gbps),
-                                                                  ("inter Gb/s", inter_node_gbps)) if v)},
-    )  # fmt: skip
+        host_gbps=host * constants.PCIE_EFFICIENCY,
+        cpu_adam_params_per_s=constants.CPU_ADAM_PARAMS_PER_S,
+        sources={
+            "gpu": preset.source,
+            "intra": LINKS[preset.intra_link].source,
+            "inter": LINKS[preset.inter_link].source,
+            "host": LINKS[preset.host_link].source,
+            "overrides": ", ".join(
+                f"{k} {v:g}"
+                for k, v in (
+                    ("tflops", tflops),
+                    ("intra GB/s", intra_node_gbps),
+                    ("inter Gb/s", inter_node_gbps),
+                )
+                if v
+            ),
+        },
+    )
 
 
 def load_machine(path: str | pathlib.Path) -> Machine:

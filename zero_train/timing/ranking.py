@@ -50,13 +50,19 @@ def step_setup(request: PlanRequest, candidate: Candidate) -> StepSetup:
         "zero_optimization", {}
     )
     return StepSetup(
-        engine=setup.engine, world_size=request.world_size, gpus_per_node=request.gpus_per_node,
-        micro_batch_size=candidate.micro_batch_size, block_size=request.block_size,
-        grad_accum=candidate.grad_accum, gradient_checkpointing=setup.checkpointing, precision=request.precision,
-        offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,
+        engine=setup.engine,
+        world_size=request.world_size,
+        gpus_per_node=request.gpus_per_node,
+        micro_batch_size=candidate.micro_batch_size,
+        block_size=request.block_size,
+        grad_accum=candidate.grad_accum,
+        gradient_checkpointing=setup.checkpointing,
+        precision=request.precision,
+        offload_optimizer=setup.offload_optimizer,
+        offload_param=setup.offload_param,
         bucket_elements=int(zero.get("reduce_bucket_size") or DEFAULT_BUCKET),
         overlap_comm=zero.get("overlap_comm"),
-    )  # fmt: skip
+    )
 
 
 def rank_plan(
@@ -75,8 +81,10 @@ def rank_plan(
             (fitting if candidate.fits else rejected).append(candidate)
     if not fitting:
         last = rejected[-1] if rejected else None
-        raise ValueError(f"no set-up fits: even {last.setup.name} needs {last.reason}; "
-                         "use more GPUs, more memory, or a shorter --block-size")  # fmt: skip
+        raise ValueError(
+            f"no set-up fits: even {last.setup.name} needs {last.reason}; "
+            "use more GPUs, more memory, or a shorter --block-size"
+        )
     ranked = []
     for candidate in fitting:
         count = counts.get(candidate.micro_batch_size, candidate.setup.checkpointing)

@@ -90,9 +90,16 @@ class StepTime:
 
     def as_dict(self) -> dict:
         """JSON-ready, with seconds, tokens/s and MFU."""
-        return dict(terms=self.terms, hidden=self.hidden, comm=self.comm, seconds=self.seconds,
-                    tokens_per_s=self.tokens_per_s, mfu=self.mfu, tokens_per_step=self.tokens_per_step,
-                    model_flops=self.model_flops)  # fmt: skip
+        return dict(
+            terms=self.terms,
+            hidden=self.hidden,
+            comm=self.comm,
+            seconds=self.seconds,
+            tokens_per_s=self.tokens_per_s,
+            mfu=self.mfu,
+            tokens_per_step=self.tokens_per_step,
+            model_flops=self.model_flops,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,11 +118,20 @@ class Compute:
         """From an ActivationCount; without one (a bare parameter count), 2N FLOPs per token forward and
         4N backward (Kaplan et al. 2020's 6N), nothing else."""
         if count is None or not count.forward_flops:
-            return cls(forward_flops=2.0 * shape.num_params * tokens, backward_flops=4.0 * shape.num_params * tokens,
-                       recompute_flops=0.0, attention_flops=0.0, memory_bytes=0.0)  # fmt: skip
-        return cls(forward_flops=count.forward_flops, backward_flops=count.backward_flops,
-                   recompute_flops=count.recompute_flops, attention_flops=count.attention_flops,
-                   memory_bytes=count.memory_bytes)  # fmt: skip
+            return cls(
+                forward_flops=2.0 * shape.num_params * tokens,
+                backward_flops=4.0 * shape.num_params * tokens,
+                recompute_flops=0.0,
+                attention_flops=0.0,
+                memory_bytes=0.0,
+            )
+        return cls(
+            forward_flops=count.forward_flops,
+            backward_flops=count.backward_flops,
+            recompute_flops=count.recompute_flops,
+            attention_flops=count.attention_flops,
+            memory_bytes=count.memory_bytes,
+        )
 
 
 def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> StepTime:
@@ -142,17 +158,28 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     terms, seconds = _compute_terms(work, setup, machine, share, size)
     forward_s, backward_s = seconds
     comm_setup = CommSetup(
-        world_size=setup.world_size, gpus_per_node=setup.gpus_per_node, precision=setup.precision,
-        num_params=shape.num_params, trainable_params=shape.trainable_params,
-        num_tensors=len(shape.trained_numels) or 1, units=shape.num_layers + 2, bucket_elements=setup.bucket_elements,
-    )  # fmt: skip
+        world_size=setup.world_size,
+        gpus_per_node=setup.gpus_per_node,
+        precision=setup.precision,
+        num_params=shape.num_params,
+        trainable_params=shape.trainable_params,
+        num_tensors=len(shape.trained_numels) or 1,
+        units=shape.num_layers + 2,
+        bucket_elements=setup.bucket_elements,
+    )
     calls = engine_calls(spec, comm_setup, machine)
     exposed, hidden, comm = _overlap(calls, setup, machine, forward_s, backward_s)
     terms.update(exposed)
     terms.update(_optimizer_terms(shape, spec.sharding, setup, machine, share, ranks_on_node))
     model_flops = setup.grad_accum * (work.forward_flops + work.backward_flops - work.recompute_flops)
-    return StepTime(terms=terms, hidden=hidden, comm=comm, tokens_per_step=setup.tokens_per_step,
-                    model_flops=model_flops, peak_flops=machine.peak_tflops[setup.precision] * 1e12 * share)  # fmt: skip
+    return StepTime(
+        terms=terms,
+        hidden=hidden,
+        comm=comm,
+        tokens_per_step=setup.tokens_per_step,
+        model_flops=model_flops,
+        peak_flops=machine.peak_tflops[setup.precision] * 1e12 * share,
+    )
 
 
 def _compute_terms(work: Compute, setup: StepSetup, machine: Machine, share: float, size: float):
@@ -233,8 +260,9 @@ def _add(table: dict[str, float], key: str, value: float) -> None:
     table[key] = table.get(key, 0.0) + value
 
 
-def _optimizer_terms(shape: ModelShape, sharding: str, setup: StepSetup, machine: Machine, share: float,
-                     ranks_on_node: int) -> dict[str, float]:  # fmt: skip
+def _optimizer_terms(
+    shape: ModelShape, sharding: str, setup: StepSetup, machine: Machine, share: float, ranks_on_node: int
+) -> dict[str, float]:
     """The optimizer step over the rank's shard, on the device or offloaded to the host."""
     shard = shape.trainable_params / (1 if sharding == "replicated" else setup.world_size)
     if not setup.offload_optimizer:

@@ -142,7 +142,7 @@ HF_REFUSED = {
     "--validation_file": "the held-out split is taken from --dataset (--eval-batches sets its size)",
     "--max_train_samples": "use --max-steps",
     "--per_gpu_train_batch_size": "use --per_device_train_batch_size (--micro-batch-size)",
-}  # fmt: skip
+}
 """HF TrainingArguments (and run_clm) spellings train.py has no meaning for -> what to use instead."""
 
 

@@ -42,14 +42,22 @@ class RunCheckpoints:
     """
 
     def __init__(
-        self, config: CheckpointConfig, plan: RunPlan, dist_info, *, max_steps: int, run_info: dict,
+        self,
+        config: CheckpointConfig,
+        plan: RunPlan,
+        dist_info,
+        *,
+        max_steps: int,
+        run_info: dict,
         data_position=lambda: None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.config, self.plan, self.dist_info, self.settings = config, plan, dist_info, plan.settings
         self.max_steps, self.data_position = max_steps, data_position
         # local paths absolute: export and resume work from any directory
-        self.run_info = {key: absolute_if_local(value) if key in ("model", "tokenizer", "dataset") else value
-                         for key, value in run_info.items()}  # fmt: skip
+        self.run_info = {
+            key: absolute_if_local(value) if key in ("model", "tokenizer", "dataset") else value
+            for key, value in run_info.items()
+        }
         self.log = get_logger(dist_info.rank)
         self.latest = None  # the folder of this run's last complete checkpoint
         self.estimated_bytes: int | None = None

@@ -14,8 +14,17 @@ from typing import Any
 from zero_train.runtime.errors import UsageError
 
 
-def flag(default: Any, *, parse=None, choices=None, names: tuple[str, ...] = (), metavar: str | None = None,
-         negated: str | None = None, describe=None, switches: dict[str, Any] | None = None) -> Any:  # fmt: skip
+def flag(
+    default: Any,
+    *,
+    parse=None,
+    choices=None,
+    names: tuple[str, ...] = (),
+    metavar: str | None = None,
+    negated: str | None = None,
+    describe=None,
+    switches: dict[str, Any] | None = None,
+) -> Any:
     """A field that is a flag of train.py.
 
     Args:
@@ -30,9 +39,18 @@ def flag(default: Any, *, parse=None, choices=None, names: tuple[str, ...] = (),
         switches: further spellings that each set one value, taking an optional true/false as the HF Trainer's
             bool arguments do (`--bf16` / `--bf16 true` is `--precision bf16`).
     """
-    return field(default=default, metadata=dict(parse=parse, choices=choices, names=names, metavar=metavar,
-                                                negated=negated, describe=describe,
-                                                switches=switches or {}))  # fmt: skip
+    return field(
+        default=default,
+        metadata=dict(
+            parse=parse,
+            choices=choices,
+            names=names,
+            metavar=metavar,
+            negated=negated,
+            describe=describe,
+            switches=switches or {},
+        ),
+    )
 
 
 def check_part(part) -> None:

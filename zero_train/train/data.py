@@ -28,8 +28,17 @@ class RunData:
         self.dist_info, self.micro_batch_size, self.seed = dist_info, micro_batch_size, seed
 
     @classmethod
-    def prepare(cls, config: DataConfig, tokenizer, *, seed: int, dist_info, micro_batch_size: int,
-                eval_blocks: int, process_group=None) -> RunData:  # fmt: skip
+    def prepare(
+        cls,
+        config: DataConfig,
+        tokenizer,
+        *,
+        seed: int,
+        dist_info,
+        micro_batch_size: int,
+        eval_blocks: int,
+        process_group=None,
+    ) -> RunData:
         """Load and pack (rank 0 first, the others read its cache), or open the streams (every rank).
 
         Args:
@@ -46,11 +55,24 @@ class RunData:
             from zero_train.hf.streaming import prepare_streams
 
             streams = prepare_streams(
-                config.dataset, tokenizer, block_size=config.block_size, seed=seed, rank=dist_info.rank,
-                world_size=dist_info.world_size, eval_blocks=eval_blocks, process_group=process_group, **options,
-            )  # fmt: skip
-            return cls(train=None, validation=streams.validation, stream=streams.train, dist_info=dist_info,
-                       micro_batch_size=micro_batch_size, seed=seed)  # fmt: skip
+                config.dataset,
+                tokenizer,
+                block_size=config.block_size,
+                seed=seed,
+                rank=dist_info.rank,
+                world_size=dist_info.world_size,
+                eval_blocks=eval_blocks,
+                process_group=process_group,
+                **options,
+            )
+            return cls(
+                train=None,
+                validation=streams.validation,
+                stream=streams.train,
+                dist_info=dist_info,
+                micro_batch_size=micro_batch_size,
+                seed=seed,
+            )
         from zero_train.hf.data import prepare_datasets
         from zero_train.hf.packing import steps_per_epoch
 
@@ -73,8 +95,14 @@ class RunData:
                 f"than one global micro-batch ({micro_batch_size} x {dist_info.world_size} ranks); use more data, "
                 "a smaller --block-size or --micro-batch-size"
             )
-        return cls(train=packed["train"], validation=packed["validation"], stream=None, dist_info=dist_info,
-                   micro_batch_size=micro_batch_size, seed=seed)  # fmt: skip
+        return cls(
+            train=packed["train"],
+            validation=packed["validation"],
+            stream=None,
+            dist_info=dist_info,
+            micro_batch_size=micro_batch_size,
+            seed=seed,
+        )
 
     def epoch_steps(self, *, grad_accum: int) -> int | None:
         """Optimizer steps in one pass, as the HF Trainer counts them (at least 1); None for a stream."""

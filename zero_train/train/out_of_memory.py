@@ -28,12 +28,21 @@ def note_run(config: RunConfig, plan: RunPlan, dist_info) -> None:
     limit = memory_limit.rank_limit(local_ranks, dist_info.device.type)
     limit["start_used_bytes"] = memory_limit.used_bytes(limit["measure"])
     settings = plan.settings
-    run = dict(model=config.model.model, vocab_size=None if plan.pretrained else plan.model_config.vocab_size,
-               engine=plan.engine.name, world_size=dist_info.world_size, ds_config=plan.ds_config,
-               precision=settings.precision, micro_batch_size=settings.micro_batch_size,
-               grad_accum=settings.grad_accum, block_size=config.data.block_size,
-               checkpointing=config.model.gradient_checkpointing, lora=config.lora.recorded(),
-               device=dist_info.device.type, load_dtype=config.model.load_dtype)  # fmt: skip
+    run = dict(
+        model=config.model.model,
+        vocab_size=None if plan.pretrained else plan.model_config.vocab_size,
+        engine=plan.engine.name,
+        world_size=dist_info.world_size,
+        ds_config=plan.ds_config,
+        precision=settings.precision,
+        micro_batch_size=settings.micro_batch_size,
+        grad_accum=settings.grad_accum,
+        block_size=config.data.block_size,
+        checkpointing=config.model.gradient_checkpointing,
+        lora=config.lora.recorded(),
+        device=dist_info.device.type,
+        load_dtype=config.model.load_dtype,
+    )
     vitals.ensure_heartbeat(dist_info.rank)
     if config.output.output_dir:
         vitals.keep_in(pathlib.Path(config.output.output_dir) / "vitals", dist_info.rank)

@@ -66,9 +66,15 @@ def run_schedule(settings, *, config: RunConfig, cfg: dict, pretrained: bool, ma
     if warmup > max_steps:
         raise UsageError(f"--warmup-steps {warmup} exceeds the run's {max_steps} steps; lower it")
     return dataclasses.replace(
-        settings, scheduler=kind, warmup_steps=warmup, total_steps=max_steps if kind != "constant" else None,
-        warmup_type="linear", warmup_min_lr=0.0, warmup_min_ratio=0.0, min_lr_ratio=0.0,
-    )  # fmt: skip
+        settings,
+        scheduler=kind,
+        warmup_steps=warmup,
+        total_steps=max_steps if kind != "constant" else None,
+        warmup_type="linear",
+        warmup_min_lr=0.0,
+        warmup_min_ratio=0.0,
+        min_lr_ratio=0.0,
+    )
 
 
 def resumed_schedule(settings, *, saved: dict, step: int, ckpt: pathlib.Path):
@@ -88,8 +94,12 @@ def resumed_schedule(settings, *, saved: dict, step: int, ckpt: pathlib.Path):
             f"{old_total}, or start from an export with --lr-scheduler-type"
         )
     replan = saved.get("replan_from")
-    before = dataclasses.replace(settings, total_steps=old_total, warmup_steps=saved.get("warmup_steps", 0),
-                                 replan_from=tuple(replan) if replan else None)  # fmt: skip
+    before = dataclasses.replace(
+        settings,
+        total_steps=old_total,
+        warmup_steps=saved.get("warmup_steps", 0),
+        replan_from=tuple(replan) if replan else None,
+    )
     reached = hf_lambda(before, step)
     if reached <= 0:
         raise UsageError(
@@ -120,18 +130,28 @@ def settings_line(config: RunConfig, cfg: dict, settings, *, source: str, pretra
     parts = [
         f"optimizer {settings.optimizer}: lr {settings.lr:g} ({lr_from})",
         f"weight decay {settings.weight_decay:g} ("
-        + origin("--weight-decay", optimizer.weight_decay, "optimizer.params.weight_decay") + ")",
-        f"grad clip {settings.grad_clip:g} (" + origin("--max_grad_norm", optimizer.grad_clip, "gradient_clipping") + ")",
+        + origin("--weight-decay", optimizer.weight_decay, "optimizer.params.weight_decay")
+        + ")",
+        f"grad clip {settings.grad_clip:g} ("
+        + origin("--max_grad_norm", optimizer.grad_clip, "gradient_clipping")
+        + ")",
         f"schedule {describe_schedule(settings)} ({schedule_origin(config, cfg, source=source, default=default)})",
-    ]  # fmt: skip
+    ]
     return " | ".join(parts)
 
 
 def schedule_origin(config: RunConfig, cfg: dict, *, source: str, default: str) -> str:
     """Where the schedule came from: the flags, the config's scheduler block, or a default."""
     optimizer = config.optimizer
-    flags = [name for name, value in (("--lr-scheduler-type", optimizer.lr_scheduler_type),
-             ("--warmup-steps", optimizer.warmup_steps), ("--warmup-ratio", optimizer.warmup_ratio)) if value is not None]  # fmt: skip
+    flags = [
+        name
+        for name, value in (
+            ("--lr-scheduler-type", optimizer.lr_scheduler_type),
+            ("--warmup-steps", optimizer.warmup_steps),
+            ("--warmup-ratio", optimizer.warmup_ratio),
+        )
+        if value is not None
+    ]
     if "scheduler" in cfg and not source.startswith("generated"):
         flags.insert(0, f"config {source}")
     return ", ".join(flags) if flags else default
@@ -145,9 +165,14 @@ def describe_schedule(settings) -> str:
     warmup = f"warmup {settings.warmup_steps}"
     if kind in ("warmup_linear", "warmup_cosine", "warmup_constant"):
         warmup = f"DeepSpeed's {warmup} ({settings.warmup_type}, at least 2)"
-    shape = {"linear": "linear decay to 0", "cosine": "cosine decay to 0", "constant_with_warmup": "constant",
-             "warmup_linear": "linear decay (WarmupDecayLR)", "warmup_cosine": "cosine decay (WarmupCosineLR)",
-             "warmup_constant": "constant (WarmupLR)"}[kind]  # fmt: skip
+    shape = {
+        "linear": "linear decay to 0",
+        "cosine": "cosine decay to 0",
+        "constant_with_warmup": "constant",
+        "warmup_linear": "linear decay (WarmupDecayLR)",
+        "warmup_cosine": "cosine decay (WarmupCosineLR)",
+        "warmup_constant": "constant (WarmupLR)",
+    }[kind]
     horizon = f" at step {settings.total_steps}" if settings.total_steps is not None else ""
     replanned = f", re-planned from step {settings.replan_from[0]}" if settings.replan_from else ""
     return f"{shape}{horizon}, {warmup}{replanned}"

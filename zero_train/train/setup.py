@@ -246,10 +246,17 @@ def with_max_steps(plan: RunPlan, config: RunConfig, max_steps: int | None) -> R
     """The plan of a run of `max_steps` (None: known once the data is, a provisional DEFAULT_MAX_STEPS horizon
     until then): the schedule's horizon and warmup default follow it, a resume re-plans it (or refuses)."""
     horizon = max_steps or DEFAULT_MAX_STEPS
-    settings = _settings(config, plan.raw_config, world_size=plan.world_size, model_config=plan.model_config,
-                         pretrained=plan.pretrained, max_steps=horizon)  # fmt: skip
-    settings = run_schedule(settings, config=config, cfg=plan.raw_config, pretrained=plan.pretrained,
-                            max_steps=horizon)  # fmt: skip
+    settings = _settings(
+        config,
+        plan.raw_config,
+        world_size=plan.world_size,
+        model_config=plan.model_config,
+        pretrained=plan.pretrained,
+        max_steps=horizon,
+    )
+    settings = run_schedule(
+        settings, config=config, cfg=plan.raw_config, pretrained=plan.pretrained, max_steps=horizon
+    )
     ckpt = plan.resume_checkpoint
     if ckpt is not None and max_steps is not None:
         from zero_train.checkpoint.resume import read_run_info
@@ -267,7 +274,7 @@ def with_max_steps(plan: RunPlan, config: RunConfig, max_steps: int | None) -> R
         max_steps=max_steps,
         settings_line=settings_line(
             config, plan.raw_config, settings, source=plan.config_source, pretrained=plan.pretrained
-        ),  # fmt: skip
+        ),
     )
 
 
@@ -285,8 +292,9 @@ def default_config(stage: int, *, warmup_steps: int | None = None, scheduler: bo
     warmup_min_ratio 1.0); without, no scheduler block (the run's --lr-scheduler-type: train.schedule)."""
     if not scheduler:
         return generate_config(ConfigRequest(stage=stage, hf_auto=True))
-    request = ConfigRequest(stage=stage, hf_auto=True, scheduler="warmup_cosine",
-                            warmup_steps=0 if warmup_steps == 0 else None)  # fmt: skip
+    request = ConfigRequest(
+        stage=stage, hf_auto=True, scheduler="warmup_cosine", warmup_steps=0 if warmup_steps == 0 else None
+    )
     return generate_config(request)
 
 

@@ -200,8 +200,15 @@ class TrackioTracker(_ScalarTracker):
         import trackio
 
         self.trackio = trackio
-        self.run = trackio.init(project=PROJECT, name=name, config=hparams, resume="allow" if start_step else "never",
-                                embed=False, auto_log_cpu=False, auto_log_gpu=False)  # fmt: skip
+        self.run = trackio.init(
+            project=PROJECT,
+            name=name,
+            config=hparams,
+            resume="allow" if start_step else "never",
+            embed=False,
+            auto_log_cpu=False,
+            auto_log_gpu=False,
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)

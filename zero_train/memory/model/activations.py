@@ -26,6 +26,7 @@ attention kernel's workspace), and allocator rounding; those stay in the measure
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import warnings
 from dataclasses import dataclass
@@ -111,10 +112,18 @@ def count_activations(
     """
     key = (config.to_json_string(), micro_batch_size, block_size, dtype, gradient_checkpointing, lora)
     if key not in _CACHE:
-        settings = dict(micro_batch_size=micro_batch_size, block_size=block_size, dtype=dtype,
-                        gradient_checkpointing=gradient_checkpointing, lora=lora)  # fmt: skip
-        fields = stored("activations", list(key), lambda: (_by_layers(config, **settings)
-                                                            or _count_fake(config, **settings)).as_dict())  # fmt: skip
+        settings = dict(
+            micro_batch_size=micro_batch_size,
+            block_size=block_size,
+            dtype=dtype,
+            gradient_checkpointing=gradient_checkpointing,
+            lora=lora,
+        )
+        fields = stored(
+            "activations",
+            list(key),
+            lambda: (_by_layers(config, **settings) or _count_fake(config, **settings)).as_dict(),
+        )
         _CACHE[key] = ActivationCount(**fields)
     return _CACHE[key]
 
@@ -157,8 +166,6 @@ def _by_layers(config, **settings) -> ActivationCount | None:
     and without checkpointing). None for shallow models and for configs whose layers differ (per-layer
     `layer_types`, sliding windows on some layers only), or when the largest block differs between the two.
     """
-    import copy
-
     layers = getattr(config, "num_hidden_layers", 0) or 0
     if layers <= 2 or len(set(getattr(config, "layer_types", None) or ["same"])) > 1:
         return None
@@ -190,8 +197,6 @@ def build_for_counting(config, *, dtype: torch.dtype, lora=None, gradient_checkp
     `lora` wrapped by peft as train.py wraps it: after checkpointing is on, so that peft makes the
     embeddings' output require grad (PeftModel's _prepare_model_for_gradient_checkpointing) as in training."""
     # built as training builds it (its loss named: no transformers warning at the first loss)
-    import copy
-
     from zero_train.hf.models import build_model
 
     if lora is not None:
@@ -209,8 +214,6 @@ def _with_adapters(config, lora, *, dtype: torch.dtype, gradient_checkpointing: 
     2.13) and fails: the model is wrapped on the meta device (outside any fake mode), then every tensor is
     made again on the current one, each tied tensor once.
     """
-    import copy
-
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from zero_train.hf.lora import apply_lora

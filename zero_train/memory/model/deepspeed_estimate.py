@@ -73,9 +73,13 @@ def deepspeed_model_states(
         )
     else:
         cpu_bytes, gpu_bytes, _ = estimate_zero3_model_states_mem_needs(
-            num_params, largest_layer_params, cpu_offload=cpu_offload,
-            cpu_offload_params=offload_param != "none", zero_init=True, **nodes,
-        )  # fmt: skip
+            num_params,
+            largest_layer_params,
+            cpu_offload=cpu_offload,
+            cpu_offload_params=offload_param != "none",
+            zero_init=True,
+            **nodes,
+        )
     return DeepSpeedEstimate(gpu_bytes=int(gpu_bytes), host_per_node_bytes=int(cpu_bytes))
 
 

@@ -76,8 +76,9 @@ def partition_of(shape: ModelShape, world_size: int, rank: int) -> Partition:
     if stop - 1 > first:
         pieces.append(min(offsets[stop], high) - max(offsets[stop - 1], low))
         pieces.extend(numels[first + 1 : stop - 1])  # the tensors wholly inside the slice
-    return Partition(rank=rank, elements=size, touched=offsets[stop] - offsets[first],
-                     largest_piece=max(max(pieces), 0))  # fmt: skip
+    return Partition(
+        rank=rank, elements=size, touched=offsets[stop] - offsets[first], largest_piece=max(max(pieces), 0)
+    )
 
 
 @functools.lru_cache(maxsize=16)

@@ -129,6 +129,8 @@ def margin_line(terms: dict[str, int], gpu_memory_bytes: float) -> str:
         if "set_by_user" not in terms
         else ""
     )
-    return (f"GPU margin {total / GB:.3g} GB ({words or 'none'}{slack}; rules from published measurements, NOT "
-            f"measured on this hardware: docs/gpu.md; --gpu-margin GB sets your own): "
-            f"{(gpu_memory_bytes - total) / GB:.3g} of {gpu_memory_bytes / GB:g} GB usable per GPU")  # fmt: skip
+    return (
+        f"GPU margin {total / GB:.3g} GB ({words or 'none'}{slack}; rules from published measurements, NOT "
+        f"measured on this hardware: docs/gpu.md; --gpu-margin GB sets your own): "
+        f"{(gpu_memory_bytes - total) / GB:.3g} of {gpu_memory_bytes / GB:g} GB usable per GPU"
+    )

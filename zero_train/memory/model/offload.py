@@ -250,12 +250,18 @@ def rank_inputs(stage: int, run: Run, part: Partition) -> OffloadInputs:
     persistent = sum(n for n in run.shape.param_numels if n < run.deepspeed.persistence_threshold)
     gather = run.element_bytes * run.trained if run.backend == "gloo" and run.world_size > 1 else 0
     return OffloadInputs(
-        stage=stage, partition=part.elements, touched=part.touched, largest_tensor=run.largest_tensor,
-        persistent=persistent, element_bytes=run.element_bytes, grad_accum=run.grad_accum,
-        sub_group_size=run.deepspeed.sub_group_size, gather_bytes=gather,
+        stage=stage,
+        partition=part.elements,
+        touched=part.touched,
+        largest_tensor=run.largest_tensor,
+        persistent=persistent,
+        element_bytes=run.element_bytes,
+        grad_accum=run.grad_accum,
+        sub_group_size=run.deepspeed.sub_group_size,
+        gather_bytes=gather,
         log_softmax_bytes=loss_backward_moments(run)[0],
         param_partition=-(-run.shape.num_params // run.world_size) if run.shape.frozen_base else None,
-    )  # fmt: skip
+    )
 
 
 def one_memory(phases: dict[str, dict[str, int]], host: dict[str, int]) -> dict[str, dict[str, int]]:
@@ -268,7 +274,7 @@ def host_boundary(
     boundary: dict[str, int], inputs: OffloadInputs, settings: OffloadSettings, *, one: bool
 ) -> dict[str, int]:
     """Categories at the step boundary with offload: the moved terms leave the device; on one memory (CPU
-    runs, where the probe measures the process) the host's terms come back under the probe's categories."""  # fmt: skip
+    runs, where the probe measures the process) the host's terms come back under the probe's categories."""
     result = dict(boundary)
     if settings.optimizer_device != "none":
         result.update(master_params=0, optimizer_states=0)

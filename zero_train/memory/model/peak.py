@@ -92,8 +92,10 @@ TERM_WORDS = {
     "reduce_scatter_buffer": "a unit's gradients on their way to the owners (our ZeRO-3)",
 }
 """Words for every term of a phase (report sentences, estimate notes)."""
-PHASE_MODELS = {model.__name__: model for model in (ddp_phases, zero1_phases, zero2_phases, zero3_phases,
-                                                    deepspeed_phases, fsdp2_phases)}  # fmt: skip
+PHASE_MODELS = {
+    model.__name__: model
+    for model in (ddp_phases, zero1_phases, zero2_phases, zero3_phases, deepspeed_phases, fsdp2_phases)
+}
 """The per-phase models an engine's `peak_model` (zero_train.registry) names."""
 
 
@@ -128,8 +130,15 @@ class PeakModel:
 
     def as_dict(self) -> dict:
         """JSON-ready: engine, rank, peak_phase, peak_bytes, phase_bytes, phases, boundary."""
-        return dict(engine=self.engine, rank=self.rank, peak_phase=self.peak_phase, peak_bytes=self.peak_bytes,
-                    phase_bytes=self.phase_bytes, phases=self.phases, boundary=self.boundary)  # fmt: skip
+        return dict(
+            engine=self.engine,
+            rank=self.rank,
+            peak_phase=self.peak_phase,
+            peak_bytes=self.peak_bytes,
+            phase_bytes=self.phase_bytes,
+            phases=self.phases,
+            boundary=self.boundary,
+        )
 
 
 def backend_for(device: str | None) -> str:
@@ -206,10 +215,14 @@ def _rank_models(
         else:
             parts = _deepspeed_ranks(run.shape, run.world_size, spec.stage, optimizer_offloaded)
         models = [
-            PeakModel(engine=engine, rank=part.rank, phases=phases_of(run, spec.stage, part),
-                      boundary=_state(deepspeed_boundary(run, spec.stage, part)))
+            PeakModel(
+                engine=engine,
+                rank=part.rank,
+                phases=phases_of(run, spec.stage, part),
+                boundary=_state(deepspeed_boundary(run, spec.stage, part)),
+            )
             for part in parts
-        ]  # fmt: skip
+        ]
         return list(zip(models, parts, strict=True)), alike
     if spec.sharding == "replicated":
         layout, shares = None, [Share(rank=0, owned=run.trained, largest=run.largest_tensor)]
@@ -275,12 +288,23 @@ def engine_peak(
         raise ValueError(f"unknown engine {engine!r} to the peak model; one of {known}")
     settings = DeepSpeedSettings.from_config(ds_config, spec.stage)
     if activation_count is not None:
-        activation_count = ActivationTerms(saved_bytes=activation_count.saved_bytes,
-                                           loss_bytes=activation_count.loss_bytes,
-                                           recompute_bytes=activation_count.recompute_bytes)  # fmt: skip
-    run = Run(shape=shape, world_size=world_size, precision=precision, micro_batch_size=micro_batch_size,
-              block_size=block_size, deepspeed=settings, backend=backend, grad_accum=grad_accum,
-              gradient_checkpointing=gradient_checkpointing, activation_count=activation_count)  # fmt: skip
+        activation_count = ActivationTerms(
+            saved_bytes=activation_count.saved_bytes,
+            loss_bytes=activation_count.loss_bytes,
+            recompute_bytes=activation_count.recompute_bytes,
+        )
+    run = Run(
+        shape=shape,
+        world_size=world_size,
+        precision=precision,
+        micro_batch_size=micro_batch_size,
+        block_size=block_size,
+        deepspeed=settings,
+        backend=backend,
+        grad_accum=grad_accum,
+        gradient_checkpointing=gradient_checkpointing,
+        activation_count=activation_count,
+    )
     settings_offload = offload.OffloadSettings.from_config(ds_config)
     moved = settings_offload.optimizer_device != "none"
     pairs, alike = _rank_models(spec, run, rank, optimizer_offloaded=moved)
@@ -288,8 +312,12 @@ def engine_peak(
         one = run.backend == "gloo" if host_in_phases is None else host_in_phases
         pairs = [(_offloaded(model, run, part, settings_offload, one=one), part) for model, part in pairs]
     model = max((model for model, _ in pairs), key=lambda m: (m.peak_bytes, -m.rank))
-    return PeakModel(engine=engine, rank=(rank or 0) if alike else model.rank, phases=model.phases,
-                     boundary=dict(model.boundary, activations=activations(run)))  # fmt: skip
+    return PeakModel(
+        engine=engine,
+        rank=(rank or 0) if alike else model.rank,
+        phases=model.phases,
+        boundary=dict(model.boundary, activations=activations(run)),
+    )
 
 
 def _offloaded(

@@ -67,10 +67,13 @@ class Setup:
         base = engine_spec(self.engine).label
         extras = [
             word
-            for flag, word in ((self.checkpointing, "checkpointing"), (self.offload_optimizer, "optimizer offload"),
-                               (self.offload_param, "parameter offload"))
+            for flag, word in (
+                (self.checkpointing, "checkpointing"),
+                (self.offload_optimizer, "optimizer offload"),
+                (self.offload_param, "parameter offload"),
+            )
             if flag
-        ]  # fmt: skip
+        ]
         return " + ".join([base, *extras])
 
 
@@ -93,8 +96,14 @@ def setup_order() -> list[Setup]:
                 )  # DeepSpeed's offload (what we model) needs ZeRO
                 if (moved != "none" and not offloads) or (moved == "param" and spec.stage != 3):
                     continue
-                order.append(Setup(engine=engine, checkpointing=checkpointing,
-                                   offload_optimizer=moved != "none", offload_param=moved == "param"))  # fmt: skip
+                order.append(
+                    Setup(
+                        engine=engine,
+                        checkpointing=checkpointing,
+                        offload_optimizer=moved != "none",
+                        offload_param=moved == "param",
+                    )
+                )
     return order
 
 
@@ -161,9 +170,15 @@ class PlanRequest:
         return self.gpu_memory_gb * GB * (1 - self.headroom) - sum(self.margin.values())
 
     def __post_init__(self):
-        limits.check(nodes=self.nodes, gpus_per_node=self.gpus_per_node, plan_world_size=self.world_size,
-                     gpu_memory_gb=self.gpu_memory_gb, host_memory_gb=self.host_memory_gb,
-                     global_batch_size=self.global_batch_size, block_size=self.block_size)  # fmt: skip
+        limits.check(
+            nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+            plan_world_size=self.world_size,
+            gpu_memory_gb=self.gpu_memory_gb,
+            host_memory_gb=self.host_memory_gb,
+            global_batch_size=self.global_batch_size,
+            block_size=self.block_size,
+        )
         if self.usable_bytes <= 0:
             raise ValueError(
                 f"the GPU margin ({sum(self.margin.values()) / GB:g} GB) and --headroom {self.headroom:g} leave "
@@ -206,13 +221,19 @@ def setup_config(
     """The DeepSpeed JSON of a set-up (zero_train.ds_config's generator, buckets from the model's width):
     what the plan writes, and what its estimate reads. hf_auto: the same memory, with "auto" for what the HF
     Trainer's arguments own (lr, betas, eps, weight decay, clipping) and no scheduler block (its own)."""
-    return generate_config(ConfigRequest(
-        stage=setup.stage, precision=request.precision,
-        offload_optimizer="cpu" if setup.offload_optimizer else "none",
-        offload_param="cpu" if setup.offload_param else "none",
-        micro_batch_size=micro_batch_size, grad_accum=grad_accum, world_size=request.world_size,
-        hidden_size=request.shape.hidden_size or None, hf_auto=hf_auto,
-    ))  # fmt: skip
+    return generate_config(
+        ConfigRequest(
+            stage=setup.stage,
+            precision=request.precision,
+            offload_optimizer="cpu" if setup.offload_optimizer else "none",
+            offload_param="cpu" if setup.offload_param else "none",
+            micro_batch_size=micro_batch_size,
+            grad_accum=grad_accum,
+            world_size=request.world_size,
+            hidden_size=request.shape.hidden_size or None,
+            hf_auto=hf_auto,
+        )
+    )
 
 
 class ActivationCounts:
@@ -229,10 +250,13 @@ class ActivationCounts:
         key = (micro_batch_size, checkpointing)
         if key not in self.counts:
             self.counts[key] = counted_activations(
-                self.request.config, precision=self.request.precision, micro_batch_size=micro_batch_size,
-                block_size=self.request.block_size, gradient_checkpointing=checkpointing,
+                self.request.config,
+                precision=self.request.precision,
+                micro_batch_size=micro_batch_size,
+                block_size=self.request.block_size,
+                gradient_checkpointing=checkpointing,
                 lora=self.request.lora,
-            )  # fmt: skip
+            )
         return self.counts[key]
 
 
@@ -242,21 +266,39 @@ def estimate_candidate(
     """The estimate of one set-up at one micro-batch (zero-train estimate's numbers for the same JSON)."""
     ds_config = setup_config(request, setup, micro_batch_size, grad_accum)
     return estimate_engine(
-        setup.engine, request.shape, counts.get(micro_batch_size, setup.checkpointing), request.world_size,
-        per_node=request.gpus_per_node, usable_gpu_bytes=None, host_memory_bytes=None, deepspeed_peer=False,
+        setup.engine,
+        request.shape,
+        counts.get(micro_batch_size, setup.checkpointing),
+        request.world_size,
+        per_node=request.gpus_per_node,
+        usable_gpu_bytes=None,
+        host_memory_bytes=None,
+        deepspeed_peer=False,
         settings=offload.OffloadSettings.from_config(ds_config),
-        device="cuda" if request.backend == "nccl" else "cpu", precision=request.precision,
-        micro_batch_size=micro_batch_size, block_size=request.block_size, grad_accum=grad_accum,
-        gradient_checkpointing=setup.checkpointing, ds_config=ds_config, load_dtype=request.load_dtype,
-    )  # fmt: skip
+        device="cuda" if request.backend == "nccl" else "cpu",
+        precision=request.precision,
+        micro_batch_size=micro_batch_size,
+        block_size=request.block_size,
+        grad_accum=grad_accum,
+        gradient_checkpointing=setup.checkpointing,
+        ds_config=ds_config,
+        load_dtype=request.load_dtype,
+    )
 
 
 def _candidate(request, setup, micro, per_rank, counts) -> Candidate:
     row = estimate_candidate(request, setup, micro, per_rank // micro, counts)
     terms = row.device_phases[row.device_peak_phase]
-    return Candidate(setup=setup, micro_batch_size=micro, grad_accum=per_rank // micro,
-                     device_bytes=row.device_peak_bytes, slack_bytes=request.slack_bytes(terms),
-                     peak_phase=row.device_peak_phase, host_bytes=row.host_per_node_bytes, terms=terms)  # fmt: skip
+    return Candidate(
+        setup=setup,
+        micro_batch_size=micro,
+        grad_accum=per_rank // micro,
+        device_bytes=row.device_peak_bytes,
+        slack_bytes=request.slack_bytes(terms),
+        peak_phase=row.device_peak_phase,
+        host_bytes=row.host_per_node_bytes,
+        terms=terms,
+    )
 
 
 def evaluate(request: PlanRequest, setup: Setup, counts: ActivationCounts | None = None) -> Candidate:
@@ -272,13 +314,17 @@ def evaluate(request: PlanRequest, setup: Setup, counts: ActivationCounts | None
     micros = _divisors(per_rank)
     smallest = _candidate(request, setup, micros[0], per_rank, counts)
     if smallest.host_bytes > request.host_memory_gb * GB:
-        smallest.reason = (f"host {smallest.host_bytes / GB:.1f} GB per machine > {request.host_memory_gb:g} GB "
-                           f"({request.gpus_per_node} ranks)")  # fmt: skip
+        smallest.reason = (
+            f"host {smallest.host_bytes / GB:.1f} GB per machine > {request.host_memory_gb:g} GB "
+            f"({request.gpus_per_node} ranks)"
+        )
         return smallest
     if smallest.device_bytes + smallest.slack_bytes > usable:
         slack = f" + {smallest.slack_bytes / GB:.1f} GB allocator slack" if smallest.slack_bytes else ""
-        smallest.reason = (f"{smallest.device_bytes / GB:.1f} GB per rank ({smallest.peak_phase}){slack} at "
-                           f"micro-batch 1 > {usable / GB:.1f} GB usable")  # fmt: skip
+        smallest.reason = (
+            f"{smallest.device_bytes / GB:.1f} GB per rank ({smallest.peak_phase}){slack} at "
+            f"micro-batch 1 > {usable / GB:.1f} GB usable"
+        )
         return smallest
     best, low, high = smallest, 1, len(micros) - 1  # micros[low - 1] fits; bisect in [low, high]
     while low <= high:
@@ -331,6 +377,8 @@ def make_plan(request: PlanRequest, *, keep: int = 5, engines: tuple[str, ...] |
             break
     if not fitting:
         last = rejected[-1]
-        raise ValueError(f"no set-up fits: even {last.setup.name} needs {last.reason}; "
-                         "use more GPUs, more memory, or a shorter --block-size")  # fmt: skip
+        raise ValueError(
+            f"no set-up fits: even {last.setup.name} needs {last.reason}; "
+            "use more GPUs, more memory, or a shorter --block-size"
+        )
     return Plan(request=request, fitting=fitting, rejected=rejected)

@@ -90,10 +90,15 @@ def sharder_layout(run: Run) -> SharderLayout:
         shares = (Share(rank=0, owned=size, largest=min(run.largest_tensor, size)),)
     copied, largest, receive = _buckets(run, tensors, size)
     return SharderLayout(
-        shares=shares, share_of=lambda rank: _flat_share(run, rank), alike=world_size == 1 or not numels,
-        partition_elements=size, padding_elements=size * world_size - psi, copied_bucket=copied,
-        largest_bucket=largest, receive_elements=receive,
-    )  # fmt: skip
+        shares=shares,
+        share_of=lambda rank: _flat_share(run, rank),
+        alike=world_size == 1 or not numels,
+        partition_elements=size,
+        padding_elements=size * world_size - psi,
+        copied_bucket=copied,
+        largest_bucket=largest,
+        receive_elements=receive,
+    )
 
 
 def _buckets(run: Run, numels: tuple[int, ...], size: int) -> tuple[int, int, int]:
@@ -114,8 +119,9 @@ def _buckets(run: Run, numels: tuple[int, ...], size: int) -> tuple[int, int, in
             first, last = start // size, (stop - 1) // size  # the ranks whose slice the bucket overlaps
             ends = (stop - start,) if first == last else ((first + 1) * size - start, stop - last * size)
             part = max(*ends, size if last - first >= 2 else 0)
-            need = collectives.ring_receive_elements_of(parts=world_size, nonempty=last - first + 1,
-                                                        total=stop - start, largest=part)  # fmt: skip
+            need = collectives.ring_receive_elements_of(
+                parts=world_size, nonempty=last - first + 1, total=stop - start, largest=part
+            )
             receive = max(receive, need)
     return copied, largest, receive
 
@@ -139,8 +145,9 @@ def whole_tensor_layout(run: Run) -> SharderLayout:
         distinct.setdefault((share.owned, share.largest), share)
     return SharderLayout(
         shares=tuple(sorted(distinct.values(), key=lambda share: share.rank)),
-        share_of=lambda rank: by_rank.get(rank, Share(rank=rank, owned=0, largest=0)), alike=world_size == 1,
-    )  # fmt: skip
+        share_of=lambda rank: by_rank.get(rank, Share(rank=rank, owned=0, largest=0)),
+        alike=world_size == 1,
+    )
 
 
 def _greedy(numels: tuple[int, ...], world_size: int) -> list[int]:
@@ -164,8 +171,13 @@ def zero1_comm_buffers(run: Run, layout: SharderLayout) -> int:
     """Our ZeRO-1's padding of its two flat buffers plus, on gloo (N > 1), the ring's receive buffer (the
     sharder's own accounting.zero1_buffers, on the layout's numbers)."""
     e, receive = run.element_bytes, layout.receive_elements
-    return accounting.BufferBytes(padding=layout.padding_elements * e, receive_elements=receive, receive=receive * e,
-                                  partition_elements=layout.partition_elements, flat_buffers=2).comm_buffers  # fmt: skip
+    return accounting.BufferBytes(
+        padding=layout.padding_elements * e,
+        receive_elements=receive,
+        receive=receive * e,
+        partition_elements=layout.partition_elements,
+        flat_buffers=2,
+    ).comm_buffers
 
 
 def zero2_buffers(run: Run, layout: SharderLayout) -> tuple[int, int]:
@@ -174,7 +186,11 @@ def zero2_buffers(run: Run, layout: SharderLayout) -> tuple[int, int]:
     numbers)."""
     e, receive = run.element_bytes, layout.receive_elements
     buffers = accounting.BufferBytes(
-        padding=layout.padding_elements * e, receive_elements=receive, receive=receive * e,
-        partition_elements=layout.partition_elements, flat_buffers=1, bucket=2 * layout.copied_bucket * e,
-    )  # fmt: skip
+        padding=layout.padding_elements * e,
+        receive_elements=receive,
+        receive=receive * e,
+        partition_elements=layout.partition_elements,
+        flat_buffers=1,
+        bucket=2 * layout.copied_bucket * e,
+    )
     return buffers.comm_buffers, layout.largest_bucket

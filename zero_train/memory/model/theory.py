@@ -20,7 +20,7 @@ Three answers to "how many bytes does one rank need at ZeRO stage s on N ranks":
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from zero_train.ds_config.keys import DEEPSPEED_BUCKET_ELEMENTS
 
@@ -157,8 +157,6 @@ def model_shape(config, lora=None) -> ModelShape:
         config: a transformers.PretrainedConfig (e.g. zero_train.hf.models.model_config("tiny")).
         lora: a zero_train.hf.lora.LoraSpec: the model with peft's adapters, only they trainable.
     """
-    from dataclasses import asdict
-
     from zero_train.memory.model.stored import stored
 
     fields = stored("shape", [config.to_json_string(), lora], lambda: asdict(_meta_shape(config, lora)))
