@@ -104,12 +104,8 @@ class LoraConfig:
         from zero_train.hf.lora import LoraSpec  # here: the config module stays free of torch
 
         names = target_module_names(self.target_modules) if self.target_modules is not None else None
-        return LoraSpec(
-            r=self.r,
-            alpha=self.alpha,
-            dropout=self.dropout,
-            target_modules=tuple(names) if names is not None else None,
-        )
+        targets = tuple(names) if names is not None else None
+        return LoraSpec(r=self.r, alpha=self.alpha, dropout=self.dropout, target_modules=targets)
 
 
 def target_module_names(text: str) -> list[str]:
