@@ -34,6 +34,7 @@ from zero_train.memory import measure
 from zero_train.runtime.dist import init_distributed
 from zero_train.runtime.errors import run_cli
 from zero_train.runtime.startup import collector_paused
+from zero_train.train.args import parse_args
 
 
 def settled_bytes(device) -> int:
@@ -55,7 +56,6 @@ def preload() -> None:
 
 def train_one(run: dict) -> None:
     """One run, exactly as its own launch would do it (python -m zero_train.train, or the Trainer peer)."""
-    from zero_train.train.args import parse_args
 
     config = parse_args(run["argv"])
     environment = dict(os.environ)

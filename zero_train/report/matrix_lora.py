@@ -7,7 +7,9 @@ from the same matrix run when it was run, else from a reference matrix (e.g. doc
 
 from __future__ import annotations
 
+from zero_train.report.compare import our_model, reported_rank
 from zero_train.report.markdown import table
+from zero_train.report.models import model_facts
 
 CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "comm_buffers", "activations")
 
@@ -15,8 +17,6 @@ CATEGORIES = ("params", "grads", "master_params", "optimizer_states", "comm_buff
 def full_twin_model(record: dict) -> dict | None:
     """Our model of the record's run without LoRA (same engine, model, batch, precision): {"peak_bytes",
     "categories"} of the rank the record reports, None when the model cannot be rebuilt."""
-    from zero_train.report.compare import our_model, reported_rank
-    from zero_train.report.models import model_facts
 
     full = dict(record, lora=None)
     lookup = model_facts(record.get("model"), None)

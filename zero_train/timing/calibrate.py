@@ -22,6 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from zero_train.runtime.ports import free_port
 from zero_train.timing import constants
 from zero_train.timing.machine import Link, Machine, Measured
 
@@ -155,8 +156,6 @@ def _cores() -> int:
 def measure_collectives(world_size: int) -> dict[str, dict]:
     """Every COMM_OPS fit at this world size (spawned gloo ranks on this machine)."""
     import torch.multiprocessing as mp
-
-    from zero_train.runtime.ports import free_port
 
     context = mp.get_context("spawn")
     results = context.SimpleQueue()

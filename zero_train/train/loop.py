@@ -24,7 +24,11 @@ from dataclasses import asdict
 
 import torch.distributed as dist
 
+from zero_train.checkpoint.atomic import on_rank0
+from zero_train.checkpoint.export import export_model
+from zero_train.checkpoint.export_lora import export_adapter
 from zero_train.comm.step_counters import StepCounters
+from zero_train.engines import build_engine
 from zero_train.memory.probe import MemoryProbe
 from zero_train.memory.record import write_record
 from zero_train.runtime import vitals
@@ -33,6 +37,7 @@ from zero_train.runtime.ports import free_port
 from zero_train.runtime.vitals import note_estimate
 from zero_train.train.checkpoints import RunCheckpoints
 from zero_train.train.config import RunConfig
+from zero_train.train.data import RunData
 from zero_train.train.eval import evaluate
 from zero_train.train.log import copied_to, get_logger
 from zero_train.train.metrics import format_eval_line, format_step_line, perplexity, progress_bar
@@ -101,7 +106,6 @@ class Trainer:
     """One run: data, engine, loop, evaluation, checkpoints, export and memory report."""
 
     def __init__(self, config: RunConfig, plan: RunPlan, dist_info) -> None:
-        from zero_train.train.data import RunData
 
         self.config, self.dist_info = config, dist_info
         self.training, self.output, self.evaluation = config.training, config.output, config.evaluation
@@ -163,7 +167,6 @@ class Trainer:
         return self.probe.phase(name) if self.probe is not None else contextlib.nullcontext()
 
     def _build_engine(self):
-        from zero_train.engines import build_engine
 
         with self._phase("engine_initialized"):
             engine = build_engine(
@@ -316,9 +319,6 @@ class Trainer:
         if not export_dir:
             return None
         vitals.note_phase("export")
-        from zero_train.checkpoint.atomic import on_rank0
-        from zero_train.checkpoint.export import export_model
-        from zero_train.checkpoint.export_lora import export_adapter
 
         state_dict = self.engine.full_state_dict()  # collective; the weights on rank 0, in CPU memory
         model, tokenizer = self.engine.model, self.plan.tokenizer

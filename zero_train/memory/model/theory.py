@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from zero_train.ds_config.keys import DEEPSPEED_BUCKET_ELEMENTS
+from zero_train.memory.model.stored import stored
 
 STAGES = (0, 1, 2, 3)
 GB = 1e9  # the paper's GB
@@ -157,7 +158,6 @@ def model_shape(config, lora=None) -> ModelShape:
         config: a transformers.PretrainedConfig (e.g. zero_train.hf.models.model_config("tiny")).
         lora: a zero_train.hf.lora.LoraSpec: the model with peft's adapters, only they trainable.
     """
-    from zero_train.memory.model.stored import stored
 
     fields = stored("shape", [config.to_json_string(), lora], lambda: asdict(_meta_shape(config, lora)))
     trainable = fields.get("trainable_numels")
