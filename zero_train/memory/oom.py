@@ -171,7 +171,7 @@ def _request(run: dict, record: dict):
 
 def _estimate(request, setup, run: dict, counts):
     """Our estimate of the run as it ran: its own DeepSpeed config, micro-batch and accumulation."""
-    from zero_train.memory.model.estimate import estimate_engine
+    from zero_train.memory.model.engine_estimate import estimate_engine
     from zero_train.memory.model.offload import OffloadSettings
 
     ds_config = run.get("ds_config")

@@ -10,7 +10,7 @@ before more (DDP, ZeRO-1/2 and FSDP2 keeping parameters gathered: 2 Psi; ZeRO-3 
 lower stages first among equals. For each, the largest micro-batch that divides the per-rank batch and fits
 is taken (fewer accumulation steps: less time per sample).
 
-A set-up fits when the estimate of that set-up (zero_train.memory.model.estimate.estimate_engine, the same
+A set-up fits when the estimate of that set-up (zero_train.memory.model.engine_estimate.estimate_engine, the same
 function `zero-train estimate` uses) fits: the activations counted on the model's real architecture (fake
 tensors, once per micro-batch size and checkpointing choice), the per-phase peak of the engine, DeepSpeed's
 offload buffers moved to the host) plus the caching allocator's slack for the bytes it churns is at most the
@@ -26,11 +26,8 @@ from dataclasses import dataclass, field
 
 from zero_train.ds_config.generate import ConfigRequest, generate_config
 from zero_train.memory.model import limits, offload
-from zero_train.memory.model.estimate import (
-    StageEstimate,
-    counted_activations,
-    estimate_engine,
-)
+from zero_train.memory.model.engine_estimate import StageEstimate, estimate_engine
+from zero_train.memory.model.estimate import counted_activations
 from zero_train.memory.model.gpu_terms import gpu_margin, transient
 from zero_train.memory.model.theory import ModelShape
 from zero_train.registry import DEEPSPEED, ENGINES, engine_spec
