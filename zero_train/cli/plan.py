@@ -23,23 +23,16 @@ import pathlib
 import sys
 
 from zero_train.cli.commands import COMMANDS
-from zero_train.cli.lora_flags import add_lora_flags, lora_spec
-from zero_train.cli.machine_flags import add_machine_flags, machine_from_args
-from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
-from zero_train.memory.model.limits import flag_type
+from zero_train.cli.lora_flags import lora_spec
+from zero_train.cli.machine_flags import machine_from_args
+from zero_train.cli.plan_flags import DEFAULT_STEP_TOKENS, FORMAT_SUFFIXES, add_plan_flags
 from zero_train.registry import DEEPSPEED, ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
-from zero_train.runtime.parser import non_negative_float, positive_float, positive_int
 
 GB = 1e9
-DEFAULT_STEP_TOKENS = 2**20
-"""Tokens per optimizer step when no --global-batch-size is given (about a million: GPT-3's 0.5-3.2M, Llama
-2's 4M for its largest runs)."""
 HF_TRAINER_ENGINES = tuple(spec.name for spec in ENGINES if spec.planned and spec.family == DEEPSPEED)
 """Set-ups a DeepSpeed JSON gives the HF Trainer (torch DDP and FSDP2 are its own options, not a JSON)."""
-FORMAT_SUFFIXES = {"deepspeed": (".json",), "accelerate": (".yaml", ".yml"), "slurm": (".sbatch", ".sh")}
-"""--format -> the suffixes -o may have (the JSON goes beside the YAML or the batch script)."""
 
 
 def plan_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -52,58 +45,7 @@ def plan_command_parser(subparsers) -> argparse.ArgumentParser:
         "published measurements, docs/gpu.md), rank them by predicted time to train --tokens (the step-time model: docs/steptime.md) "
         "and write the fastest.",
     )
-    add = parser.add_argument
-    add("--model", required=True, help="a preset, a shape preset (llama-3-8b, ...) or an HF config folder")
-    add("--nodes", type=flag_type("nodes", positive_int), default=1, help="machines (default 1)")
-    add(
-        "--gpus-per-node",
-        type=flag_type("gpus_per_node", positive_int),
-        required=True,
-        help="ranks per machine",
-    )
-    add("--gpu-memory", type=flag_type("gpu_memory_gb", positive_float), metavar="GB",
-        help="memory of one GPU (1e9 B; default: the --gpu preset's)")  # fmt: skip
-    add("--gpu-margin", type=flag_type("gpu_memory_gb", non_negative_float), metavar="GB",
-        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: rules from "
-        "published measurements, by world size, NCCL's settings and each set-up's churned bytes: docs/gpu.md)")  # fmt: skip
-    add("--host-memory", type=flag_type("host_memory_gb", positive_float), metavar="GB",
-        help="CPU memory of one machine (default: not checked)")  # fmt: skip
-    add("--global-batch-size", type=flag_type("global_batch_size", positive_int),
-        help=f"sequences per optimizer step (default: about {DEFAULT_STEP_TOKENS:,} tokens, a multiple of the ranks)")  # fmt: skip
-    add("--block-size", type=flag_type("block_size", positive_int),
-        help="tokens per sequence (default: the model's context, at most 4096)")  # fmt: skip
-    add("--tokens", type=positive_float, default=1e9, help="tokens to train: set-ups are ranked by the hours "
-        "this takes (default 1e9)")  # fmt: skip
-    add_machine_flags(parser)
-    add("--precision", choices=PRECISIONS, default=None,
-        help=f"default {default_for('precision', 'plan')}; with --device cpu, fp32 on a CPU that emulates bf16 "
-        "(no AVX512-BF16 / AMX-BF16: zero-train env)")  # fmt: skip
-    add("--load-dtype", choices=tuple(LOAD_DTYPES), default=default_for("load_dtype", "plan"),
-        help="the dtype each rank builds the model in on the host (train.py --load-dtype; bf16: half the host "
-        "memory; ZeRO-3 builds under zero.Init on the GPU)")  # fmt: skip
-    add("--headroom", type=float, default=0.0,
-        help="extra fraction of GPU memory kept free beyond the GPU margin, default 0")  # fmt: skip
-    add("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: CPU ranks with gloo (tests here)")
-    add("--format", choices=tuple(FORMAT_SUFFIXES), default="deepspeed",
-        help="deepspeed: the JSON; accelerate: its YAML + the JSON beside it; slurm: a batch script + the JSON")  # fmt: skip
-    add("--hf-auto", action="store_true",
-        help="for the HF Trainer: DeepSpeed set-ups only, \"auto\" for lr, betas, eps, weight decay and clipping "
-        "(its arguments), no scheduler block (its lr_scheduler_type); prints the TrainingArguments to pass")  # fmt: skip
-    add_lora_flags(parser)
-    add("-o", "--output", help="write the chosen set-up here (.json; .yaml with --format accelerate, .sbatch or .sh "
-        "with --format slurm) and print the commands that train it")  # fmt: skip
-    add(
-        "--max-steps", type=positive_int, help="optimizer steps the printed commands train (default: train's)"
-    )
-    add("--force", action="store_true", help="overwrite files -o would write that exist")
-    add("--master-addr", metavar="HOST", help="node 0's address, written into the commands (several nodes; "
-        "default: $MASTER_ADDR, set on each node)")  # fmt: skip
-    add(
-        "--master-port",
-        type=positive_int,
-        default=29500,
-        help="the rendezvous port on node 0 (default 29500)",
-    )
+    add_plan_flags(parser)
     parser.set_defaults(func=plan_command, startup=plan_imports)
     return parser
 
@@ -159,13 +101,21 @@ def request_from_args(args: argparse.Namespace):
     check_block_size(config, args.block_size)
     try:
         return PlanRequest(
-            shape=shape, config=config, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-            gpu_memory_gb=args.gpu_memory, host_memory_gb=args.host_memory,
-            global_batch_size=args.global_batch_size, block_size=args.block_size, precision=args.precision,
+            shape=shape,
+            config=config,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            gpu_memory_gb=args.gpu_memory,
+            host_memory_gb=args.host_memory,
+            global_batch_size=args.global_batch_size,
+            block_size=args.block_size,
+            precision=args.precision,
             load_dtype=args.load_dtype,
-            headroom=args.headroom, gpu_margin_gb=args.gpu_margin,
-            backend="gloo" if args.device == "cpu" else "nccl", lora=lora,
-        )  # fmt: skip
+            headroom=args.headroom,
+            gpu_margin_gb=args.gpu_margin,
+            backend="gloo" if args.device == "cpu" else "nccl",
+            lora=lora,
+        )
     except ValueError as err:
         raise UsageError(str(err)) from err
 
@@ -237,8 +187,11 @@ def render(plan, ranked, args: argparse.Namespace, machine_note: str) -> str:
         candidate, step = row.candidate, row.step
         mark = "->" if index == 0 else "  "
         why = f"  +{row.slower_by:.1%} ({row.why})" if index and step else ""
-        time = (f"{step.seconds:>7.2f}s {step.tokens_per_s:>10,.0f} {step.mfu:>5.0%} {row.hours:>8.2f}" if step
-                else f"{'-':>8} {'-':>10} {'-':>5} {'-':>8}")  # fmt: skip
+        time = (
+            f"{step.seconds:>7.2f}s {step.tokens_per_s:>10,.0f} {step.mfu:>5.0%} {row.hours:>8.2f}"
+            if step
+            else f"{'-':>8} {'-':>10} {'-':>5} {'-':>8}"
+        )
         lines.append(
             f"{mark}{candidate.setup.name:<{width}} {candidate.micro_batch_size:>5} x {candidate.grad_accum:<5} "
             f"{time} {candidate.device_bytes / GB:>7.1f} GB {candidate.slack_bytes / GB:>5.1f} GB "
@@ -299,8 +252,10 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.hf_auto:
         print(f"HF Trainer: {trainer_arguments(plan, args.output)}")
     if not paths:
-        print("run: nothing written; -o plan.json (--format accelerate: -o plan.yaml, --format slurm: "
-              "-o plan.sbatch) writes the config and prints the commands that train with it")  # fmt: skip
+        print(
+            "run: nothing written; -o plan.json (--format accelerate: -o plan.yaml, --format slurm: "
+            "-o plan.sbatch) writes the config and prints the commands that train with it"
+        )
         return 0
     write_plan(plan, args, paths)
     return 0
@@ -317,16 +272,31 @@ def write_plan(plan, args: argparse.Namespace, paths: list[pathlib.Path]) -> Non
     cfg, setup = chosen_config(plan, hf_auto=args.hf_auto), plan.chosen.setup
     json_path, main = str(paths[-1]), paths[0]
     write_config(cfg, json_path)
-    cluster = Cluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, master_addr=args.master_addr,
-                      master_port=args.master_port)  # fmt: skip
-    config = train_config(plan.chosen, model=args.model, block_size=args.block_size, json_path=json_path,
-                          load_dtype=args.load_dtype, max_steps=args.max_steps,
-                          lora=LoraConfig(r=args.lora_r, target_modules=args.lora_target_modules))  # fmt: skip
+    cluster = Cluster(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+    )
+    config = train_config(
+        plan.chosen,
+        model=args.model,
+        block_size=args.block_size,
+        json_path=json_path,
+        load_dtype=args.load_dtype,
+        max_steps=args.max_steps,
+        lora=LoraConfig(r=args.lora_r, target_modules=args.lora_target_modules),
+    )
     if args.format == "accelerate":
         text = accelerate_config_text(
-            cfg, json_path=json_path, engine=setup.family or setup.engine, num_processes=plan.request.world_size,
-            num_machines=args.nodes, main_process_ip=args.master_addr, main_process_port=args.master_port,
-        )  # fmt: skip
+            cfg,
+            json_path=json_path,
+            engine=setup.family or setup.engine,
+            num_processes=plan.request.world_size,
+            num_machines=args.nodes,
+            main_process_ip=args.master_addr,
+            main_process_port=args.master_port,
+        )
         main.write_text(text)
     if args.format == "slurm":
         main.write_text(sbatch_script(config, cluster, gpus=args.device == "cuda"))
