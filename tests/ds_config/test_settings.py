@@ -360,3 +360,21 @@ def test_warmup_zero_with_a_config_that_still_warms_up_warns():
         assert train_settings(constant, world_size=1, warmup_steps=0).scheduler == "constant"
     with pytest.warns(UserWarning, match="warmup_steps=3 is not used: the config has no scheduler section"):
         train_settings(constant, world_size=1, warmup_steps=3)
+
+
+def test_gradient_dtypes_default_to_fp32_and_follow_deepspeeds_keys():
+    from zero_train.ds_config.parse import gradient_dtypes, reduce_bucket_elements
+
+    bf16 = {"bf16": {"enabled": True}}
+    assert gradient_dtypes(bf16) == ("fp32", "fp32")  # DeepSpeed would keep bf16 for both
+    assert gradient_dtypes({**bf16, "data_types": {"grad_accum_dtype": "bfloat16"}}) == ("bf16", "bf16")
+    assert gradient_dtypes({**bf16, "communication_data_type": "bf16"}) == ("fp32", "bf16")
+    assert gradient_dtypes({"data_types": {"grad_accum_dtype": "torch.float16"}}) == ("fp16", "fp16")
+    for bad in ({"communication_data_type": "float32"}, {"data_types": {"grad_accum_dtype": "int8"}}):
+        with pytest.raises(UsageError, match="use one of fp32, bf16, fp16"):
+            gradient_dtypes(bad)
+    assert reduce_bucket_elements({}) is None
+    assert reduce_bucket_elements({"zero_optimization": {"reduce_bucket_size": "auto"}}) is None
+    assert reduce_bucket_elements({"zero_optimization": {"reduce_bucket_size": 5e7}}) == 50_000_000
+    with pytest.raises(UsageError, match="reduce_bucket_size is 0"):
+        reduce_bucket_elements({"zero_optimization": {"reduce_bucket_size": 0}})

@@ -165,7 +165,7 @@ def test_our_zero3_keeps_a_slice_of_the_frozen_base_and_states_of_the_adapters_o
     assert rest.get("master_params", 0) == (
         0 if precision == "fp32" else pytest.approx(4 * adapters / 2, rel=0.01)
     )
-    assert lora.phases["step"]["grads"] == pytest.approx(e * adapters / world_size, rel=0.01)
+    assert lora.phases["step"]["grads"] == pytest.approx(4 * adapters / world_size, rel=0.01)  # fp32 slices
     # no head, embedding or tied gradient (the base is frozen): whole gradients are a block's adapters at most
     end, start = lora.phases["backward_end"], lora.phases["backward_start"]
     assert not {"tied_gradient_copies", "pending_grads", "reduce_scatter_buffer"} & set(end)

@@ -1,7 +1,8 @@
 """The memory accuracy targets, measured through MemoryProbe on real engines (DDP, our ZeRO-1).
 
 - model-state bytes (params + grads + fp32 masters + Adam moments) per rank within 2% of the ZeRO
-  paper's formula, fp32 (4 + 4 + 8/N... for ZeRO-1) and bf16 (K = 12), at world sizes 1 and 3;
+  paper's formula, fp32 (4 + 4 + 8/N... for ZeRO-1) and bf16 (K = 12; our ZeRO-1 keeps its gradients in fp32 by
+  default, 2 Psi above the paper's 16-bit ones), at world sizes 1 and 3;
 - the attribution agrees with the allocator: the allocator growth from before the model to the last
   optimizer step is the attributed categories within 5% (so "other" holds no hidden model state);
 - the run record follows the schema and categories + other sum to allocator_bytes;
@@ -121,6 +122,8 @@ def test_model_states_within_2_percent_of_the_paper(records, name, precision):
     world_size, by_cell = records
     record = by_cell[(name, precision)]
     expected = paper_bytes(record["num_params"], world_size, STAGE_OF[name], precision=precision)
+    if name == "zero1" and precision != "fp32":
+        expected += 2 * record["num_params"]  # the paper's gradients are 16-bit (2 Psi), ours fp32 (4 Psi)
     for rank in record["ranks"]:
         measured = _model_states(rank["categories"])
         assert measured == pytest.approx(expected, rel=0.02), (rank["rank"], measured / record["num_params"])

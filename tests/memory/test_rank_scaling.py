@@ -192,7 +192,8 @@ def test_sharder_layout_is_the_sharders_own_layout_buffers_included(backend):
         random_shapes(30, seed=2), (*WORLD_SIZES, 97), (1, 5000, 10**6)
     ):
         run = Run(shape=shape, world_size=world_size, precision="fp32", micro_batch_size=1, block_size=1,
-                  deepspeed=DeepSpeedSettings(reduce_bucket_size=bucket), backend=backend)  # fmt: skip
+                  deepspeed=DeepSpeedSettings(reduce_bucket_size=bucket, reduce_bucket_given=bucket),
+                  backend=backend)  # fmt: skip
         ranks = range(world_size if shape.param_numels else 1)
         # our equal slices' phases read `owned` only (foreach / fused optimizers); torch-zero's whole tensors
         # also size AdamW's single-tensor temporaries by the largest tensor a rank updates

@@ -201,3 +201,24 @@ def test_norm_from_pieces_is_the_norm_from_whole_tensors():
         agree += bool(split == norms.global_norm(tensors))
         assert float(split) == pytest.approx(float(torch.linalg.vector_norm(flat.double())), rel=1e-7)
     assert agree == 300
+
+
+@pytest.mark.parametrize(
+    "numels",
+    [
+        [
+            38_597_376,
+            786_432,
+            *[2_362_368, 768, 589_824, 768, 768, 768, 2_359_296, 3_072] * 12,
+        ],  # GPT-2 small
+        [1_608_224, 32, 32, 3_072, 96, 1_024, 32, 32, 32, 4_096, 128, 4_096, 32],  # its 50k vocabulary: 97%
+        [10, 10, 10, 10],
+    ],
+)
+def test_the_default_bucket_cuts_any_model_in_at_least_four(numels):
+    from zero_train.sharding.partition import MIN_BUCKETS, bucket_groups, default_bucket_elements
+
+    size = default_bucket_elements(numels, 500_000_000)
+    assert len(bucket_groups(numels, size)) >= MIN_BUCKETS
+    assert size <= -(-sum(numels) // MIN_BUCKETS)
+    assert default_bucket_elements(numels, 1_000) <= 1_000  # DeepSpeed's cap (5e8) bounds it for huge models

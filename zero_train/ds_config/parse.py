@@ -81,6 +81,49 @@ def precision_of(cfg: dict) -> str:
     return "fp16" if fp16 else "bf16" if bf16 else "fp32"
 
 
+DTYPE_NAMES = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+}  # fmt: skip
+"""The spellings DeepSpeed's DtypeEnum accepts for data_types.grad_accum_dtype (runtime/config.py)."""
+
+
+def gradient_dtypes(cfg: dict) -> tuple[str, str]:
+    """(accumulation, communication) dtype names of our sharders' gradients: "fp32", "bf16" or "fp16".
+
+    fp32 unless the config says otherwise, whatever the model's precision: a bf16/fp16 run accumulates its
+    micro-batches and sums the ranks' gradients in fp32 (FSDP2's reduce_dtype, DeepSpeed's BF16_Optimizer; in
+    bf16 every add rounds to 8 bits of mantissa: docs/zero2.md#gradient-dtypes). `data_types.grad_accum_dtype`
+    picks the accumulation dtype and `communication_data_type` the one gradients travel in (default: the
+    accumulation dtype). DeepSpeed's own defaults are the model's dtype for both.
+    """
+    accum = section(cfg, "data_types").get("grad_accum_dtype")
+    accum = "fp32" if accum is None else _dtype_name("data_types.grad_accum_dtype", accum, DTYPE_NAMES)
+    comm = cfg.get("communication_data_type")
+    plain = {name: name for name in ("fp32", "bf16", "fp16")}  # DeepSpeed's get_communication_data_type
+    return accum, accum if comm is None else _dtype_name("communication_data_type", comm, plain)
+
+
+def _dtype_name(key: str, value, names: dict) -> str:
+    name = names.get(str(value).lower())
+    if name is None:
+        raise UsageError(f"{key} is {value!r}; use one of fp32, bf16, fp16")
+    return name
+
+
+def reduce_bucket_elements(cfg: dict) -> int | None:
+    """zero_optimization.reduce_bucket_size if the config sets it (None if absent or "auto")."""
+    value = section(cfg, "zero_optimization").get("reduce_bucket_size")
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
+        raise UsageError(
+            f"zero_optimization.reduce_bucket_size is {value!r}; set it to a positive number of elements (e.g. 5e7)"
+        )
+    return int(value)
+
+
 def optimizer_fields(cfg: dict) -> dict:
     """optimizer, lr, weight_decay, betas, eps, momentum from the optimizer section (torch defaults)."""
     block = section(cfg, "optimizer")

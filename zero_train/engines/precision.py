@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from zero_train.ds_config.parse import gradient_dtypes
 from zero_train.sharding.loss_scale import DynamicLossScaler
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -94,3 +95,9 @@ def make_loss_scaler(settings) -> DynamicLossScaler | None:
         hysteresis=settings.fp16_hysteresis,
         min_scale=settings.fp16_min_loss_scale,
     )
+
+
+def grad_dtypes(ds_config: dict) -> dict[str, torch.dtype]:
+    """The sharders' grad_dtype / reduce_dtype keywords from the config (fp32 unless it says otherwise)."""
+    accumulate, communicate = gradient_dtypes(ds_config)
+    return dict(grad_dtype=PRECISION_DTYPES[accumulate], reduce_dtype=PRECISION_DTYPES[communicate])

@@ -23,25 +23,25 @@ from zero_train.checkpoint.files import (
 )
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.ds_config.keys import deepspeed_default
+from zero_train.ds_config.parse import reduce_bucket_elements
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
-from zero_train.engines.precision import make_loss_scaler
-from zero_train.runtime.errors import UsageError
+from zero_train.engines.precision import grad_dtypes, make_loss_scaler
 from zero_train.sharding import Zero1Optimizer
+from zero_train.sharding.partition import default_bucket_elements
 from zero_train.sharding.sharded import ShardedOptimizer
 
 
-def reduce_bucket_size(ds_config: dict) -> int:
-    """zero_optimization.reduce_bucket_size of a resolved config (DeepSpeed's default when absent)."""
-    key = "zero_optimization.reduce_bucket_size"
-    value = (ds_config.get("zero_optimization") or {}).get("reduce_bucket_size", deepspeed_default(key))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
-        raise UsageError(
-            f"zero_optimization.reduce_bucket_size is {value!r}; set it to a positive number of elements "
-            "(e.g. 5e7) for --engine zero1 / zero2"
-        )
-    return int(value)
+def reduce_bucket_size(ds_config: dict, params) -> int:
+    """zero_optimization.reduce_bucket_size if the config sets it (the user's size wins), else a size that cuts
+    the trainable tensors into at least MIN_BUCKETS buckets, so that backward overlaps their reductions
+    (DeepSpeed's 5e8 default put any model under 500M parameters in one bucket, reduced after backward)."""
+    given = reduce_bucket_elements(ds_config)
+    if given is not None:
+        return given
+    cap = deepspeed_default("zero_optimization.reduce_bucket_size")
+    return default_bucket_elements([p.numel() for p in params if p.requires_grad], cap)
 
 
 class Zero1Engine(LocalEngine):
@@ -65,8 +65,9 @@ class Zero1Engine(LocalEngine):
 
     def _build_optimizer(self, params, optimizer_class, ds_config: dict, **kwargs) -> ShardedOptimizer:
         """Our ZeRO-1 over the model's parameters, reducing in buckets of the config's reduce_bucket_size."""
+        bucket = reduce_bucket_size(ds_config, params)
         return Zero1Optimizer(
-            params, optimizer_class, bucket_elements=reduce_bucket_size(ds_config), **kwargs
+            params, optimizer_class, bucket_elements=bucket, **grad_dtypes(ds_config), **kwargs
         )
 
     def _no_sync(self, boundary: bool):

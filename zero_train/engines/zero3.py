@@ -5,8 +5,8 @@
 The model is built on the meta device (sharding/zero3_init.py) and each rank materialises only its slices, with
 the values the unsharded build gives; from then on every parameter exists whole only while its unit is
 gathered (ZeRO paper, P_os+g+p: (4 + K) Psi / Nd bytes per rank in mixed precision, 16 Psi / Nd in fp32).
-The DeepSpeed config gives the optimizer, schedule, precision, clipping, accumulation and the dtype gradients
-travel in (communication_data_type), as for every engine; its ZeRO tuning keys (bucket sizes, stage3_*
+The DeepSpeed config gives the optimizer, schedule, precision, clipping, accumulation and the gradients' dtypes
+(data_types.grad_accum_dtype, communication_data_type; fp32 by default: engines/zero1.py grad_dtypes); its ZeRO tuning keys (bucket sizes, stage3_*
 thresholds) are DeepSpeed's and do not apply: a unit is the bucket.
 
 Checkpoints: model/ (full fp32 weights, written by rank 0 one tensor at a time) and one optimizer shard per
@@ -34,7 +34,7 @@ from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
-from zero_train.engines.precision import PRECISION_DTYPES, make_loss_scaler
+from zero_train.engines.precision import PRECISION_DTYPES, grad_dtypes, make_loss_scaler
 from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.zero3 import Zero3Model
@@ -58,7 +58,7 @@ class Zero3Engine(LocalEngine):
             process_group=self.process_group,
             device=dist_info.device,
             dtype=dtype,
-            reduce_dtype=reduce_dtype(ds_config, dtype),
+            **grad_dtypes(ds_config),
             values_of=build.values,
         )
         optimizer_class, kwargs = optimizer_spec(settings, dist_info.device)
@@ -79,15 +79,16 @@ class Zero3Engine(LocalEngine):
         scaler = self.optimizer.loss_scaler
         return None if scaler is None else float(scaler.loss_scale)
 
-    def _apply_step(self, lr: float) -> tuple[float | None, bool]:
-        """The gradients are reduce-scattered already: clip by the global norm (one all-reduce), update the slices."""
+    def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
+        """The gradients are reduce-scattered already: clip by the global norm (one all-reduce), update the slices.
+        The norm stays on the device (the loop reads it when it logs): the step reads nothing back (fp16 aside)."""
         max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else math.inf
         grad_norm = self.optimizer.clip_grad_norm_(max_norm)
         set_lr(self.optimizer, lr)
         self.optimizer.step()
-        skipped = bool(self.optimizer.last_step_skipped)
+        skipped = self.optimizer.last_step_skipped
         self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm), skipped
+        return grad_norm, skipped
 
     # ------------------------------------------------------------- weights
     def _named_tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -190,16 +191,6 @@ class Zero3Engine(LocalEngine):
             return {name: (states_there if name == "optimizer_states" else 0) for name in categories}
         categories["optimizer_states"] -= tensor_bytes(states) - states_there
         return categories
-
-
-def reduce_dtype(ds_config: dict, dtype: torch.dtype) -> torch.dtype:
-    """The config's communication_data_type (DeepSpeed's default: the model's dtype)."""
-    name = ds_config.get("communication_data_type")
-    if name is None:
-        return dtype
-    if name not in PRECISION_DTYPES:
-        raise UsageError(f"communication_data_type {name!r} is not one of {', '.join(PRECISION_DTYPES)}")
-    return PRECISION_DTYPES[name]
 
 
 def _buffers_to(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

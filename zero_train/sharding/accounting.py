@@ -133,6 +133,7 @@ def comm_bytes_per_step(
     *,
     active: Sequence[bool] | None = None,
     micro_steps: int = 1,
+    reduce_element_size: int | None = None,
 ) -> dict[str, int]:
     """Bytes `rank` sends per optimizer step (one accumulation boundary), by collective.
 
@@ -147,6 +148,7 @@ def comm_bytes_per_step(
         backend: "gloo" (our rings) or "nccl" (torch's collectives).
         active: whether each tensor is trainable now (frozen ones are not reduced; default all).
         micro_steps: reductions per step (ZeRO-2: the gradient accumulation steps).
+        reduce_element_size: bytes per gradient element on the wire (default: `element_size`).
 
     Returns:
         {"reduce", "all_gather", "all_reduce" (flags and norm), "broadcast", "total"}.
@@ -155,7 +157,9 @@ def comm_bytes_per_step(
     if world_size == 1:
         return dict(reduce=0, all_gather=0, all_reduce=0, broadcast=0, total=0)
     buckets = gradient_buckets(partition, None, active)
-    reduce = sum(b.size - b.lengths[rank] for b in buckets) * element_size * micro_steps
+    reduce = (
+        sum(b.size - b.lengths[rank] for b in buckets) * (reduce_element_size or element_size) * micro_steps
+    )
     if uses_p2p_backend(backend, world_size):
         gather = (partition.num_elements - partition.loads()[(rank + 1) % world_size]) * element_size
     else:

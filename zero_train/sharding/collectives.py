@@ -3,8 +3,8 @@
 Choice per backend: gloo's reduce_scatter_tensor is an all-reduce plus a copy underneath and its
 all_gather_into_tensor is slower still, while a ring of isend/irecv moves the same buffer fastest (timings:
 docs/zero1.md). So on gloo both the reduction and the all-gather are hand-written rings of point-to-point
-messages; on NCCL (and any other backend) torch's own collectives are used: one
-`reduce` per rank part (NCCL pipelines it), `all_gather_into_tensor` over equal slices.
+messages; on NCCL (and any other backend) torch's own collectives are used: one reduce-scatter per
+bucket (`reduce_scatter_parts`), `all_gather_into_tensor` over equal slices.
 
 The gloo reduction ring (`ring_schedule`): part r is summed along the ranks r+1, r+2, ..., r, always in
 that order, ((g[r+1] + g[r+2]) + ...) + g[r], the same on every run (deterministic), whatever the chunk
@@ -17,8 +17,14 @@ what DDP's ring all-reduce sends (the ZeRO paper's 2 Psi). accounting.py counts 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
+
+TORCH_COLLECTIVES_ENV = "ZT_TORCH_COLLECTIVES"
+"""Set to 1 to run torch's collectives (the path NCCL takes) on gloo too: how a CPU test exercises the NCCL
+branch (tests/sharding/test_nccl.py), and how gloo's own collectives are timed against our rings."""
 
 RECV_BUFFER_ELEMENTS = 1 << 22
 """Largest receive buffer of a gloo reduction ring (16 MB in fp32), so it costs O(1), not Psi/N."""
@@ -32,8 +38,9 @@ def group_rank_and_size(process_group=None) -> tuple[int, int]:
 
 
 def uses_p2p_rings(process_group=None) -> bool:
-    """True on gloo, whose reduce-scatter and all-gather are slower than our isend/irecv rings."""
-    return dist.get_backend(process_group) == "gloo"
+    """True on gloo, whose reduce-scatter and all-gather are slower than our isend/irecv rings (unless
+    $ZT_TORCH_COLLECTIVES=1 forces torch's collectives, the NCCL path)."""
+    return dist.get_backend(process_group) == "gloo" and os.environ.get(TORCH_COLLECTIVES_ENV) != "1"
 
 
 def backend_name(process_group=None) -> str:
@@ -158,8 +165,8 @@ def reduce_to_owners_(
 ):
     """Sum part r of `flat` (`starts[r]`, `lengths[r]`) over the ranks onto rank r (other parts: partial sums).
 
-    gloo: our ring (synchronous; overlap.py runs it on a communication thread). Other backends: one torch
-    `reduce` per non-empty part, to its owner.
+    gloo: our ring (synchronous; overlap.py runs it on a communication thread). Other backends: one
+    `reduce_scatter_parts` (one collective for the whole bucket).
 
     Returns:
         With async_op (not gloo): the works to wait on; else an empty list.
@@ -171,16 +178,30 @@ def reduce_to_owners_(
         assert not async_op, "the gloo ring is synchronous"
         ring_reduce_(flat, recv_buffer, process_group, starts, lengths)
         return []
-    works = []
-    for owner, (start, length) in enumerate(zip(starts, lengths, strict=True)):
-        if length:
-            part = flat[start : start + length]
-            works.append(
-                dist.reduce(
-                    part, dst=global_rank(owner, process_group), group=process_group, async_op=async_op
-                )
-            )
-    return works if async_op else []
+    work = reduce_scatter_parts(flat, process_group, starts=starts, lengths=lengths, async_op=async_op)
+    return [work] if async_op else []
+
+
+def reduce_scatter_parts(flat: torch.Tensor, process_group=None, *, starts, lengths, async_op=False):
+    """ONE collective per bucket: part r of `flat` summed over the ranks into place on rank r.
+
+    The parts are contiguous and in rank order (a bucket cut at the owners' boundaries), but unequal: only
+    the ranks whose slice the bucket overlaps have one. Equal parts that fill the bucket go to
+    `reduce_scatter_tensor` (NCCL's ReduceScatter, in place). Otherwise torch's `reduce_scatter` of the N
+    parts: NCCL runs unequal ones as one group of N ncclReduce calls (ProcessGroupNCCL::reduce_scatter), one
+    launch, each rank sending exactly its parts, as the old one-reduce-per-owner did in N launches. Padding
+    every part to the largest would make it a ReduceScatter too, but sends N x the largest part: for a bucket
+    inside one rank's slice, N times the bucket (docs/zero1.md#the-nccl-path).
+
+    Returns:
+        The work (with async_op), else None.
+    """
+    rank, _ = group_rank_and_size(process_group)
+    parts = [flat[start : start + length] for start, length in zip(starts, lengths, strict=True)]
+    if lengths[0] and all(length == lengths[0] for length in lengths):
+        whole = flat[starts[0] : starts[0] + lengths[0] * len(lengths)]
+        return dist.reduce_scatter_tensor(parts[rank], whole, group=process_group, async_op=async_op)
+    return dist.reduce_scatter(parts[rank], parts, group=process_group, async_op=async_op)
 
 
 def all_gather_(flat: torch.Tensor, process_group=None, *, lengths: list[int] | None = None) -> None:

@@ -16,6 +16,11 @@ instead of a copy and a divide (timings: docs/zero1.md, "Gradients into their sl
 A gradient that autograd accumulated in place (the slot is already `p.grad`: earlier micro-steps, or
 `zero_grad(set_to_none=False)`) is divided in place. Later micro-steps must not follow a boundary backward
 before the step (the slot would mix averaged and raw gradients): that raises.
+
+A buffer in another dtype than the parameters (fp32 for a bf16/fp16 model: the default of our engines,
+ds_config.parse.gradient_dtypes) cannot hold their `.grad`: each gradient is then added into its slot as
+the hook sees it (copied by the first micro-step) and released, so micro-batches add up in the buffer's
+dtype and autograd never accumulates in 16 bit.
 """
 
 from __future__ import annotations
@@ -37,20 +42,49 @@ class FlatGradients:
         queue: where the bucket reductions are launched.
     """
 
-    def __init__(self, segment: Segment, *, world_size: int, bucket_elements: int, queue: ReductionQueue):
+    def __init__(
+        self,
+        segment: Segment,
+        *,
+        world_size: int,
+        bucket_elements: int,
+        queue: ReductionQueue,
+        dtype: torch.dtype | None = None,
+    ):
         self.segment, self.world_size, self.queue = segment, world_size, queue
         self.bucket_elements = bucket_elements
         params, partition = segment.params, segment.partition
-        self.buffer = torch.zeros(partition.total_size, dtype=params[0].dtype, device=params[0].device)
+        dtype = dtype or params[0].dtype
+        self.views = dtype == params[0].dtype  # `.grad` is a view of its slot (else added into it, released)
+        self.buffer = torch.zeros(partition.total_size, dtype=dtype, device=params[0].device)
         self.slots: dict[int, torch.Tensor] = {}
+        self.averaged: set[int] = set()  # parameters whose slot holds grad / N this step
+        self.written: set[int] = set()  # parameters whose slot holds this step's gradient (views False)
         for param, offset in zip(params, partition.offsets, strict=True):
             slot = self.buffer[offset : offset + param.numel()].view_as(param)
             self.slots[id(param)] = slot
             if param.grad is not None:  # computed before the optimizer existed, or before it was unfrozen
-                slot.copy_(dense_grad(param))
-                param.grad = slot
-        self.averaged: set[int] = set()  # parameters whose slot holds grad / N this step
+                self._take(param)
         self.set_active(segment.active)
+
+    def _take(self, param: torch.Tensor) -> None:
+        """Put `param.grad` into its slot: as a view of it, or (another dtype) added to it and released."""
+        slot, key = self.slots[id(param)], id(param)
+        if self.views:
+            if dense_grad(param).data_ptr() != slot.data_ptr():
+                slot.copy_(param.grad)
+            param.grad = slot
+            return
+        if key in self.written:
+            slot.add_(dense_grad(param))
+        else:
+            slot.copy_(dense_grad(param))
+            self.written.add(key)
+        param.grad = None
+
+    def has_grad(self, param: torch.Tensor) -> bool:
+        """This rank brought a gradient of `param` to this step."""
+        return param.grad is not None or id(param) in self.written
 
     def set_active(self, active: tuple[bool, ...]) -> None:
         """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
@@ -66,6 +100,12 @@ class FlatGradients:
                 "call step() or zero_grad() first"
             )
         slot = self.slots[key]
+        if not self.views:
+            self._take(param)
+            if boundary:
+                slot.div_(self.world_size)
+                self.averaged.add(key)
+            return
         fresh = dense_grad(param).data_ptr() != slot.data_ptr()
         if boundary:
             if fresh:
@@ -83,7 +123,14 @@ class FlatGradients:
         if key in self.averaged:
             return
         slot = self.slots[key]
-        if param.grad is None:
+        if not self.views:
+            if param.grad is not None:  # a gradient no hook saw
+                self._take(param)
+            if key in self.written:
+                slot.div_(self.world_size)
+            else:
+                slot.zero_()
+        elif param.grad is None:
             slot.zero_()
         elif param.grad.data_ptr() != slot.data_ptr():
             torch.div(dense_grad(param), self.world_size, out=slot)
@@ -104,8 +151,9 @@ class FlatGradients:
         return self.buffer[self.segment.start : self.segment.stop]
 
     def new_step(self) -> None:
-        """Forget which slots were averaged (after the step or zero_grad)."""
+        """Forget which slots were averaged and written (after the step or zero_grad)."""
         self.averaged.clear()
+        self.written.clear()
 
 
 def dense_grad(param: torch.Tensor) -> torch.Tensor:

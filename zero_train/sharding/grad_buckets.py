@@ -61,7 +61,10 @@ class GradientBuckets:
         world_size: N.
         bucket_elements: the largest bucket, in elements.
         queue: where the reductions are launched.
-        buffers: the shared bucket buffers.
+        buffers: the shared bucket buffers (in the reduction dtype).
+        dtype: the accumulator's dtype (None: the parameters').
+        reduce_dtype: the dtype buckets travel in (None: the parameters'); a bucket of one tensor of the
+            bucket size or more travels in its own gradient only in the parameters' dtype.
     """
 
     def __init__(
@@ -72,11 +75,18 @@ class GradientBuckets:
         bucket_elements: int,
         queue: ReductionQueue,
         buffers: BucketBuffers,
+        dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
     ):
         self.segment, self.world_size, self.bucket_elements = segment, world_size, bucket_elements
         self.queue, self.buffers = queue, buffers
         param = segment.params[0]
-        self.owned = torch.zeros(segment.stop - segment.start, dtype=param.dtype, device=param.device)
+        self.in_place = (
+            reduce_dtype or param.dtype
+        ) == param.dtype  # a direct bucket travels in its gradient
+        self.owned = torch.zeros(
+            segment.stop - segment.start, dtype=dtype or param.dtype, device=param.device
+        )
         self.seen: set[int] = set()  # parameters whose gradient this rank brought to this step
         self.set_active(segment.active)
 
@@ -87,7 +97,7 @@ class GradientBuckets:
 
     def copied_elements(self) -> int:
         """The largest bucket that is copied into a bucket buffer (a direct one is reduced in its gradient)."""
-        return max((b.size for b in self.buckets if not b.direct), default=0)
+        return max((b.size for b in self.buckets if not (b.direct and self.in_place)), default=0)
 
     def accept(self, param: torch.Tensor) -> None:
         """A gradient of this backward is complete (refused if sparse)."""
@@ -103,7 +113,7 @@ class GradientBuckets:
             if param.grad is not None:
                 dense_grad(param)
                 self.seen.add(id(param))
-        if bucket.direct:
+        if bucket.direct and self.in_place:
             param = params[0]
             grad = param.grad if param.grad is not None else torch.zeros_like(param)
             flat = grad.reshape(-1).div_(self.world_size)
@@ -121,8 +131,10 @@ class GradientBuckets:
             slot = flat[offset : offset + param.numel()].view_as(param)
             if param.grad is None:
                 slot.zero_()  # no gradient here: zero in the average (DDP's rule)
-            else:
+            elif param.grad.dtype == slot.dtype:
                 torch.div(param.grad, self.world_size, out=slot)
+            else:  # divided in the bucket's dtype, as the sum that follows
+                slot.copy_(param.grad).div_(self.world_size)
             param.grad = None  # released: only the bucket travels
 
         def done() -> None:

@@ -100,12 +100,12 @@ class ShardedLayout:
 
     def _receive_buffer(self) -> torch.Tensor | None:
         """The gloo rings' receive buffer, for the largest bucket of any segment (None elsewhere)."""
-        if not (self.world_size > 1 and self.backend == "gloo"):
+        if not (self.world_size > 1 and collectives.uses_p2p_rings(self.process_group)):
             return None
         buckets = [bucket for store in self._stores for bucket in store.buckets]
         elements = max((collectives.ring_receive_elements(list(b.lengths)) for b in buckets), default=1)
         param = self._params[0]
-        return torch.empty(elements, dtype=param.dtype, device=param.device)
+        return torch.empty(elements, dtype=self._gradient_dtypes()[1], device=param.device)
 
     def _build_inner(self) -> None:
         """The inner optimizer over this rank's pieces, one inner group per outer group."""

@@ -5,8 +5,8 @@
     ...                                                         # backward goes on computing
     queue.wait_all()                                            # once, when backward ends
 
-NCCL (and any backend but gloo): each launch issues one `reduce(async_op=True)` per rank part on NCCL's
-stream and keeps the handles; waiting makes the current stream wait for them (a collective with
+NCCL (and any backend but gloo): each launch issues one reduce-scatter of the bucket (async_op=True) on
+NCCL's stream and keeps its handle; waiting makes the current stream wait for them (a collective with
 async_op=False would join the streams at once and stall the backward of the layers below, the pattern of
 DDP's and DeepSpeed's overlap_comm). gloo: gloo's send and receive handles cannot be polled (is_completed
 stays False until wait()), so our ring (collectives.ring_reduce_) runs on one communication thread, the

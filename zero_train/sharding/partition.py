@@ -198,6 +198,23 @@ class Bucket:
         return self.stop - self.start
 
 
+MIN_BUCKETS = 4
+"""Buckets a model is cut into at least when the config sets no reduce_bucket_size: the last bucket (the first
+layers) is reduced after backward ends, so one bucket overlaps nothing; with four, three of them travel while
+backward computes (docs/zero1.md#buckets)."""
+
+
+def default_bucket_elements(numels: Sequence[int], cap: int) -> int:
+    """The bucket size when the config sets none: a MIN_BUCKETS-th of the elements (at most `cap`, DeepSpeed's
+    5e8), halved until `bucket_groups` cuts the tensors into at least MIN_BUCKETS buckets. Buckets hold whole
+    tensors, so a model whose embedding dominates needs smaller ones for the rest (any model of at least
+    MIN_BUCKETS tensors gets there: at 1 element every tensor is its own bucket)."""
+    size = max(1, min(int(cap), -(-sum(numels) // MIN_BUCKETS)))
+    while size > 1 and len(bucket_groups(numels, size)) < MIN_BUCKETS:
+        size //= 2
+    return size
+
+
 def gradient_buckets(
     partition: FlatPartition, bucket_elements: int | None, active: Sequence[bool] | None = None
 ) -> list[Bucket]:

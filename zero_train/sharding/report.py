@@ -26,11 +26,12 @@ class ShardedReport:
     def _buffer_bytes(self, *, flat_buffers: int, bucket: int = 0) -> accounting.BufferBytes:
         """The padding of every segment's flat buffers, the bucket buffers, the gloo ring's receive buffer."""
         element_size = self._params[0].element_size()
-        receive = self._queue.recv_buffer.numel() if self._queue.recv_buffer is not None else 0
+        recv_buffer = self._queue.recv_buffer
+        receive = recv_buffer.numel() if recv_buffer is not None else 0
         return accounting.BufferBytes(
             padding=sum(s.partition.padding() for s in self._segments) * element_size,
             receive_elements=receive,
-            receive=receive * element_size,
+            receive=receive * recv_buffer.element_size() if recv_buffer is not None else 0,
             partition_elements=sum(s.partition.partition_size for s in self._segments),
             flat_buffers=flat_buffers,
             bucket=bucket,
@@ -77,6 +78,7 @@ class ShardedReport:
                 self.backend,
                 active=segment.active,
                 micro_steps=micro_steps if self.reduces_every_backward else 1,
+                reduce_element_size=torch.empty(0, dtype=self._gradient_dtypes()[1]).element_size(),
             )
             for key, value in counts.items():
                 totals[key] = totals.get(key, 0) + value

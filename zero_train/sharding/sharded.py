@@ -61,6 +61,9 @@ class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.opt
             steps are skipped (`last_step_skipped`).
         bucket_elements: the largest gradient bucket, in elements (zero_optimization.reduce_bucket_size);
             None: one bucket per run of trainable tensors (everything reduced at once).
+        grad_dtype: the dtype gradients accumulate in over the micro-batches (None: the parameters'; our
+            engines pass fp32 for a 16-bit model: ds_config.parse.gradient_dtypes).
+        reduce_dtype: the dtype gradients are summed over the ranks in (None: grad_dtype).
         **defaults: the inner optimizer's keyword arguments (lr, betas, weight_decay, ...).
 
     Raises:
@@ -78,6 +81,8 @@ class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.opt
         master_dtype: torch.dtype = torch.float32,
         loss_scaler=None,
         bucket_elements: int | None = None,
+        grad_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
         **defaults,
     ):
         if not issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS):
@@ -91,6 +96,7 @@ class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.opt
         self.optimizer_class = optimizer_class
         self.bucket_elements = int(bucket_elements) if bucket_elements is not None else None
         self.process_group, self.master_dtype, self.loss_scaler = process_group, master_dtype, loss_scaler
+        self.grad_dtype, self.reduce_dtype = grad_dtype, reduce_dtype
         self.rank, self.world_size = collectives.group_rank_and_size(process_group)
         self.backend = collectives.backend_name(process_group)
         self.last_step_skipped = False
@@ -112,6 +118,11 @@ class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.opt
         self._agreement: torch.Tensor | None = None
         self._add_trainable([p for g in self.param_groups for p in g["params"]])
         self._ready = True
+
+    def _gradient_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        """(accumulation, reduction) dtype of the gradients, the parameters' where not given."""
+        grad_dtype = self.grad_dtype or self._params[0].dtype
+        return grad_dtype, self.reduce_dtype or grad_dtype
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` times the fp16 loss scale (identity without a loss scaler); call backward on the result."""

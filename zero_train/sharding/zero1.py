@@ -36,6 +36,7 @@ import contextlib
 
 import torch
 
+from zero_train.runtime.errors import UsageError
 from zero_train.sharding import accounting
 from zero_train.sharding.flat_grads import FlatGradients
 from zero_train.sharding.sharded import ShardedOptimizer
@@ -53,10 +54,23 @@ class Zero1Optimizer(ShardedOptimizer):
     reduces_every_backward = False
 
     def _build_grads(self, segment) -> FlatGradients:
-        """The segment's flat gradient buffer (gradients become views into it)."""
+        """The segment's flat gradient buffer (gradients become views into it, in the parameters' dtype)."""
+        grad_dtype, reduce_dtype = self._gradient_dtypes()
+        if reduce_dtype != grad_dtype:
+            raise UsageError(
+                f"Zero1Optimizer reduces its {grad_dtype} gradient buffer in place: set communication_data_type "
+                "to the accumulation dtype (data_types.grad_accum_dtype), or use --engine zero2"
+            )
         return FlatGradients(
-            segment, world_size=self.world_size, bucket_elements=self.bucket_elements, queue=self._queue
+            segment,
+            world_size=self.world_size,
+            bucket_elements=self.bucket_elements,
+            queue=self._queue,
+            dtype=grad_dtype,
         )
+
+    def _has_grads(self) -> list[bool]:
+        return [p.requires_grad and self._where[id(p)][0].has_grad(p) for p in self._params]
 
     @contextlib.contextmanager
     def boundary_backward(self):
@@ -80,7 +94,7 @@ class Zero1Optimizer(ShardedOptimizer):
 
     def on_backward_end(self) -> None:
         if self._boundary:
-            self._local_has_grad = [p.requires_grad and p.grad is not None for p in self._params]
+            self._local_has_grad = self._has_grads()
             self._schedule.flush()
             self._flushed = True
 
@@ -100,10 +114,12 @@ class Zero1Optimizer(ShardedOptimizer):
             return
         if not self._flushed:
             self._refresh_trainable()
-            self._local_has_grad = [p.requires_grad and p.grad is not None for p in self._params]
+            self._local_has_grad = self._has_grads()
             self._schedule.flush()
         for segment, store in zip(self._segments, self._stores, strict=True):
-            whole = {id(segment.params[piece.index]) for piece in segment.pieces if piece.whole}
+            whole = {
+                id(segment.params[piece.index]) for piece in segment.pieces if piece.whole and store.views
+            }
             for param in segment.params:
                 param.grad = store.slots[id(param)] if id(param) in whole and param.requires_grad else None
         self._set_master_grads([store.owned() for store in self._stores])
@@ -115,13 +131,17 @@ class Zero1Optimizer(ShardedOptimizer):
         if not set_to_none:
             for store in self._stores:
                 store.buffer.zero_()
+        views = {key for store in self._stores if store.views for key in store.slots}
         for group in self.param_groups:
             for param in group["params"]:
                 if param.requires_grad and id(param) in slots:
-                    param.grad = None if set_to_none else slots[id(param)]
+                    param.grad = None if set_to_none or id(param) not in views else slots[id(param)]
                 elif param.grad is not None:
                     param.grad = None if set_to_none else param.grad.zero_()
         self._end_step()
+        if not set_to_none:  # zeros count as this step's gradient, as torch's zero_grad(set_to_none=False)
+            for store in self._stores:
+                store.written.update(key for key in store.slots if key not in views)
 
     def buffer_bytes(self) -> accounting.BufferBytes:
         """Padding of the two flat buffers per segment and the gloo ring's receive buffer."""

@@ -50,12 +50,15 @@ class Zero2Optimizer(ShardedOptimizer):
         """The segment's buckets and its accumulator of owned gradients."""
         if self._buffers is None:
             self._buffers = BucketBuffers(self._queue)
+        grad_dtype, reduce_dtype = self._gradient_dtypes()
         return GradientBuckets(
             segment,
             world_size=self.world_size,
             bucket_elements=self.bucket_elements,
             queue=self._queue,
             buffers=self._buffers,
+            dtype=grad_dtype,
+            reduce_dtype=reduce_dtype,
         )
 
     def _relayout(self) -> None:
@@ -64,7 +67,7 @@ class Zero2Optimizer(ShardedOptimizer):
         param = self._params[0]
         largest = max(store.copied_elements() for store in self._stores)
         if largest != self._buffers.size:
-            self._buffers.resize(largest, dtype=param.dtype, device=param.device)
+            self._buffers.resize(largest, dtype=self._gradient_dtypes()[1], device=param.device)
 
     def on_grad(self, param: torch.Tensor) -> None:
         store, index = self._where[id(param)]
@@ -94,7 +97,7 @@ class Zero2Optimizer(ShardedOptimizer):
                 param.grad = None
             for piece in segment.pieces:
                 param = segment.params[piece.index]
-                if piece.whole and param.requires_grad:
+                if piece.whole and param.requires_grad and store.owned.dtype == param.dtype:
                     param.grad = segment.owned_view(store.owned, piece)
         self._set_master_grads([store.owned for store in self._stores])
         self._reduced = True
@@ -120,9 +123,8 @@ class Zero2Optimizer(ShardedOptimizer):
 
     def buffer_bytes(self) -> accounting.BufferBytes:
         """Padding of the parameter buffers, the two bucket buffers and the receive buffer."""
-        return self._buffer_bytes(
-            flat_buffers=1, bucket=2 * self._buffers.size * self._params[0].element_size()
-        )
+        bucket_element = torch.empty(0, dtype=self._gradient_dtypes()[1]).element_size()
+        return self._buffer_bytes(flat_buffers=1, bucket=2 * self._buffers.size * bucket_element)
 
     def _grad_bytes(self) -> int:
         """The owned accumulators' data (Psi/N; the last rank's few padding elements aside) plus any gradient
@@ -136,5 +138,5 @@ class Zero2Optimizer(ShardedOptimizer):
             for p in {id(p): p for g in self.param_groups for p in g["params"]}.values()
             if p.grad is not None and not any(low <= p.grad.data_ptr() < high for low, high in ends)
         )
-        element_size = self._params[0].element_size()
+        element_size = self._stores[0].owned.element_size()
         return sum(s.segment.partition.loads()[self.rank] for s in self._stores) * element_size + loose

@@ -61,8 +61,9 @@ class Zero3Model:
         process_group: the data-parallel group (None: the default group).
         device: where the slices live (default: the parameters' device).
         dtype: the parameters' dtype once sharded (default: theirs); the values are cast to it.
-        reduce_dtype: the dtype gradients are reduce-scattered and accumulated in (default: the parameters'; a
-            bf16 model may reduce in fp32, as FSDP2's default policy does).
+        reduce_dtype: the dtype gradients are reduce-scattered in (default: the parameters'; a bf16 model may
+            reduce in fp32, as FSDP2's default policy does).
+        grad_dtype: the dtype the gradient slices accumulate the micro-batches in (default: reduce_dtype).
         values_of: parameter -> its full values, called once per parameter this rank holds a piece of
             (default: the parameter itself).
         prefetch: launch the next unit's gather while the current one computes.
@@ -77,6 +78,7 @@ class Zero3Model:
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
+        grad_dtype: torch.dtype | None = None,
         values_of=None,
         prefetch: bool = True,
     ):
@@ -95,7 +97,7 @@ class Zero3Model:
         )
         self.root = next(point for point in self.points if point.module is model)
         self.owner = {id(p): unit for unit in self.units for p in unit.params}
-        self.reducer = GradientReducer(self.units, process_group, self.world_size, reduce_dtype)
+        self.reducer = GradientReducer(self.units, process_group, self.world_size, reduce_dtype, grad_dtype)
         self._forward_trace: list[HookPoint] = []  # the last complete pass of each kind (prefetch order)
         self._backward_trace: list[HookPoint] = []
         self._trace: list[HookPoint] = []

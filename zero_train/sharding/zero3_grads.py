@@ -29,14 +29,20 @@ class GradientReducer:
         units: every unit (the ones without trainable parameters never reduce).
         process_group: the data-parallel group.
         world_size: N.
-        reduce_dtype: the dtype gradients travel and accumulate in (None: the model's).
+        reduce_dtype: the dtype gradients travel in (None: the model's).
+        grad_dtype: the dtype each unit's gradient slice accumulates the micro-batches in (None: reduce_dtype).
     """
 
     def __init__(
-        self, units: list[Unit], process_group, world_size: int, reduce_dtype: torch.dtype | None = None
+        self,
+        units: list[Unit],
+        process_group,
+        world_size: int,
+        reduce_dtype: torch.dtype | None = None,
+        grad_dtype: torch.dtype | None = None,
     ):
         self.units, self.process_group, self.world_size = units, process_group, world_size
-        self.reduce_dtype = reduce_dtype
+        self.reduce_dtype, self.grad_dtype = reduce_dtype, grad_dtype
         self.order: list[Unit] = list(reversed(units))
         self.had_grad: set[int] = (
             set()
@@ -81,8 +87,12 @@ class GradientReducer:
         flat = torch.empty(unit.partition.total_size, dtype=dtype, device=unit.shard.device)
         for param, offset in zip(unit.params, unit.partition.offsets, strict=True):
             slot = flat[offset : offset + param.numel()].view(param.shape)
-            if param.requires_grad and param.grad is not None:
+            if param.requires_grad and param.grad is not None and param.grad.dtype == dtype:
                 torch.div(param.grad, self.world_size, out=slot)  # divide first, as DDP's allreduce_hook does
+                self.had_grad.add(id(param))
+                param.grad = None
+            elif param.requires_grad and param.grad is not None:  # divided in the dtype it is summed in
+                slot.copy_(param.grad).div_(self.world_size)
                 self.had_grad.add(id(param))
                 param.grad = None
             else:
@@ -102,7 +112,7 @@ class GradientReducer:
         pending.wait()
         mine = flat[unit.start : unit.stop]
         if unit.grad is None:
-            unit.grad = mine.clone()
+            unit.grad = mine.to(self.grad_dtype or mine.dtype, copy=True)
         else:
             unit.grad.add_(mine)
 

@@ -76,6 +76,7 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
         self._inner: torch.optim.Optimizer | None = None
         self._pieces: list[OwnedPiece] = []
         self._trainable: tuple = ()
+        self._flags: tuple[tuple[float, ...], torch.Tensor] | None = None  # the last pattern, on the device
         self._end_step()
         self._build_inner()
 
@@ -170,7 +171,7 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
         carried = (
             powers.reshape(1) if powers is not None else torch.zeros(1, dtype=torch.float64, device=device)
         )
-        vector = torch.cat([torch.tensor(local, dtype=torch.float64, device=device), carried, overflow])
+        vector = torch.cat([self._local_flags(local, device), carried, overflow])
         collectives.all_reduce_(vector, self.process_group)
         if powers is not None:
             powers.copy_(vector[-2])
@@ -181,6 +182,14 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
                 if not anywhere[id(owned.param)]:
                     owned.master.grad = None
         self._agreed = True
+
+    def _local_flags(self, local: list[float], device) -> torch.Tensor:
+        """The flags on the device, rebuilt only when their pattern changes: a host-to-device copy from a Python
+        list is a host sync on CUDA, so a step whose pattern is the last one's makes none."""
+        key = tuple(local)
+        if self._flags is None or self._flags[0] != key:
+            self._flags = key, torch.tensor(local, dtype=torch.float64, device=device)
+        return self._flags[1]
 
     def _master_grads(self) -> list[torch.Tensor]:
         return [owned.master.grad for owned in self._pieces if owned.master.grad is not None]

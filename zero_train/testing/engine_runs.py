@@ -62,6 +62,8 @@ def tiny_settings(stage: int, precision: str, world_size: int, scale_power: int 
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": scale_power}
+    if precision != "fp32":  # 16-bit gradients, as DDP and DeepSpeed keep them (our engines' default is fp32)
+        cfg["data_types"], cfg["communication_data_type"] = {"grad_accum_dtype": precision}, precision
     settings = train_settings(cfg, world_size=world_size)
     return settings, resolve_auto(cfg, settings)
 

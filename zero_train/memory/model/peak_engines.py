@@ -22,6 +22,7 @@ from zero_train.memory.model.peak_terms import (
     local_step_temporaries,
     loss_backward,
     loss_backward_moments,
+    our_gradient_bytes,
     reduce_buckets,
     tied_gradient_copies,
 )
@@ -38,10 +39,10 @@ def _phases(rest: dict, *, forward: dict, backward_start: dict, backward_end: di
 
 
 def _owned_step(run: Run, share: Share) -> dict[str, int]:
-    """Our ZeRO-1/2's step: the owned gradients cast to fp32 (16-bit model) and AdamW's temporaries over the
-    owned elements."""
+    """Our ZeRO-1/2's step: the owned gradients cast to fp32 (a 16-bit accumulator; an fp32 one, the default, is
+    the masters' gradients itself) and AdamW's temporaries over the owned elements."""
     return dict(
-        fp32_grads=FP32_BYTES * share.owned if run.mixed else 0,
+        fp32_grads=FP32_BYTES * share.owned if our_gradient_bytes(run)[0] != FP32_BYTES else 0,
         adamw_temporaries=local_step_temporaries(run, share.owned),
     )
 
@@ -121,9 +122,10 @@ def zero1_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
     docs/memory_model.md#the-peak-model).
     """
     e, psi = run.element_bytes, run.shape.num_params
+    g = our_gradient_bytes(run)[0]  # the flat gradient buffer's dtype: fp32 by default
     rest = dict(
         params=e * psi,
-        grads=e * run.trained,  # LoRA: the flat gradient buffer holds the adapters only
+        grads=g * run.trained,  # LoRA: the flat gradient buffer holds the adapters only
         master_params=FP32_BYTES * share.owned if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * share.owned,
         comm_buffers=zero1_comm_buffers(run, layout),
@@ -151,10 +153,11 @@ def zero2_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
     docs/memory_model.md#the-peak-model).
     """
     e, psi = run.element_bytes, run.shape.num_params
+    g = our_gradient_bytes(run)[0]  # the owned accumulator's dtype: fp32 by default
     comm_buffers, largest_bucket = zero2_buffers(run, layout)
     rest = dict(
         params=e * psi,
-        grads=e * share.owned,
+        grads=g * share.owned,
         master_params=FP32_BYTES * share.owned if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * share.owned,
         comm_buffers=comm_buffers,

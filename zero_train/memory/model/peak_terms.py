@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zero_train.ds_config.parse import gradient_dtypes
 from zero_train.memory.model.theory import (
     ACTIVATION_VALUES_PER_TOKEN_CHANNEL,
     DEFAULT_REDUCE_BUCKET_SIZE,
@@ -37,6 +38,11 @@ def _int_setting(zero: dict, key: str, default: int) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
+def _given_bucket(config: dict) -> int | None:
+    value = (config.get("zero_optimization") or {}).get("reduce_bucket_size")
+    return None if value is None or value == "auto" else _int_setting({"v": value}, "v", None)
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DeepSpeedSettings:
     """The DeepSpeed settings that change what a rank allocates (DeepSpeed's defaults where unset or "auto")."""
@@ -57,6 +63,11 @@ class DeepSpeedSettings:
     """ZeRO-3: elements of the partition the optimizer steps at a time (sub_group_size)."""
     communication_data_type: str | None = None
     """The gradients' dtype on the wire (communication_data_type, lower case); None: the model's dtype."""
+    reduce_bucket_given: int | None = None
+    """reduce_bucket_size as the config sets it (None: absent or "auto"); our zero1/zero2 size their own
+    buckets without it (sharding.partition.default_bucket_elements)."""
+    gradient_dtypes: tuple[str, str] = ("fp32", "fp32")
+    """Our sharders' (accumulation, communication) gradient dtypes (ds_config.parse.gradient_dtypes)."""
 
     @classmethod
     def from_config(cls, ds_config: dict | None, stage: int) -> DeepSpeedSettings:
@@ -73,7 +84,19 @@ class DeepSpeedSettings:
             persistence_threshold=_int_setting(zero, "stage3_param_persistence_threshold", 100_000),
             sub_group_size=_int_setting(zero, "sub_group_size", 1_000_000_000),
             communication_data_type=str(config.get("communication_data_type") or "").lower() or None,
+            reduce_bucket_given=_given_bucket(config),
+            gradient_dtypes=gradient_dtypes(config),
         )
+
+
+DTYPE_BYTES = {"fp32": FP32_BYTES, "bf16": 2, "fp16": 2}
+
+
+def our_gradient_bytes(run: Run) -> tuple[int, int]:
+    """(accumulation, communication) bytes per gradient element of our sharders (fp32 unless the config says
+    otherwise: ds_config.parse.gradient_dtypes, as engines/precision.py grad_dtypes reads it)."""
+    accumulate, communicate = run.deepspeed.gradient_dtypes
+    return DTYPE_BYTES[accumulate], DTYPE_BYTES[communicate]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -12,7 +12,7 @@ it for a 16-bit model, Adam's moments of its trainable pieces. What lives only f
                     backward, it and the next block gathered (and a tied embedding), its whole gradients
                     beside their flat copy, and the head's gradient (tied: waiting for the embedding's
                     contribution; untied: its reduce-scatter in flight)
-    backward_end    every unit's gradient slice (c x Psi / N, c the communication dtype's bytes), the gathered
+    backward_end    every unit's gradient slice (g x Psi / N, g the accumulation dtype's bytes; c those on the wire), the gathered
                     embedding, and its gradient on its way out: a tied one's two contributions and their sum
                     (3 e V h, autograd adds them before the hook), then copied into the unit's flat buffer
                     (c V h); on gloo the exchange's receive buffer beside it ((N - 1) / N c V h)
@@ -43,6 +43,7 @@ from zero_train.memory.model.peak_terms import (
     largest_moment,
     local_step_temporaries,
     loss_backward,
+    our_gradient_bytes,
     tied_gradient_copies,
 )
 from zero_train.memory.model.sharder_layout import SharderLayout, Share
@@ -67,20 +68,11 @@ def trained_units(run: Run) -> tuple[int, int, int]:
     return 0, 0, run.trained // layers if layers else run.trained
 
 
-def _communication_bytes(run: Run) -> int:
-    """c: bytes per gradient element on the wire and in the slices (the config's communication_data_type,
-    default the model's dtype, as engines/zero3.py reads it)."""
-    name = run.deepspeed.communication_data_type
-    if name in ("fp32", "float32"):
-        return FP32_BYTES
-    return 2 if name in ("bf16", "bfloat16", "fp16", "float16") else run.element_bytes
-
-
 def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> Phases:
     """{phase: {term: bytes}} for our ZeRO-3 on rank `share.rank` (its slice: `share.owned` elements; the
     whole model's flat layout stands for the units', which differ by under N elements per unit)."""
     e, n = run.element_bytes, run.world_size
-    c = _communication_bytes(run)
+    g, c = our_gradient_bytes(run)  # the slices accumulate in g, gradients travel in c (fp32 by default)
     embedding, head, block = zero3_units(run)
     owned = share.owned
     frozen_slice = -(-(run.shape.num_params - run.trained) // n)  # LoRA's base: 1/N, no grads/masters/moments
@@ -89,8 +81,8 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
         master_params=FP32_BYTES * owned if run.mixed else 0,
         optimizer_states=2 * FP32_BYTES * owned,
     )
-    slices = dict(grads=c * owned)
-    held = dict(accumulated_grads=c * owned) if run.grad_accum > 1 else {}
+    slices = dict(grads=g * owned)
+    held = dict(accumulated_grads=g * owned) if run.grad_accum > 1 else {}
     terms = activation_terms(run)
     gathered = e * (head or embedding)  # the unit computing the logits (at N = 1 too: a copy of the slice)
     prefetched = e * block
@@ -119,7 +111,7 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
     step = add_terms(
         slices,
         dict(
-            fp32_grads=FP32_BYTES * owned if c != FP32_BYTES else 0,
+            fp32_grads=FP32_BYTES * owned if g != FP32_BYTES else 0,
             adamw_temporaries=local_step_temporaries(run, owned),
         ),
     )

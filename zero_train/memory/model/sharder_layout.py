@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from zero_train.memory.model.flat_partition import partition_of, slice_elements
-from zero_train.memory.model.peak_terms import Run
+from zero_train.memory.model.peak_terms import Run, our_gradient_bytes
 from zero_train.sharding import accounting, collectives
-from zero_train.sharding.partition import bucket_groups
+from zero_train.sharding.partition import bucket_groups, default_bucket_elements
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -104,15 +104,16 @@ def sharder_layout(run: Run) -> SharderLayout:
 def _buckets(run: Run, numels: tuple[int, ...], size: int) -> tuple[int, int, int]:
     """ZeRO-2's buckets (sharding.partition.gradient_buckets), each from its flat range [start, stop) and P alone:
     (largest copied bucket, largest bucket, the gloo ring's receive buffer for the largest need)."""
-    bucket_elements, world_size = run.deepspeed.reduce_bucket_size, run.world_size
+    bucket_elements, world_size = our_bucket_elements(run, numels), run.world_size
     p2p = accounting.uses_p2p_backend(run.backend, world_size)
+    in_place = our_gradient_bytes(run)[1] == run.element_bytes  # else a direct bucket is copied too
     offsets = [0]
     for numel in numels:
         offsets.append(offsets[-1] + numel)
     copied = largest = receive = 0
     for group in bucket_groups(numels, bucket_elements):
         start, stop = offsets[group[0]], offsets[group[-1] + 1]
-        direct = len(group) == 1 and numels[group[0]] >= bucket_elements
+        direct = len(group) == 1 and numels[group[0]] >= bucket_elements and in_place
         copied = copied if direct else max(copied, stop - start)
         largest = max(largest, stop - start)
         if p2p:
@@ -124,6 +125,13 @@ def _buckets(run: Run, numels: tuple[int, ...], size: int) -> tuple[int, int, in
             )
             receive = max(receive, need)
     return copied, largest, receive
+
+
+def our_bucket_elements(run: Run, numels: tuple[int, ...]) -> int:
+    """The bucket size our zero1/zero2 engines use (engines/zero1.py reduce_bucket_size): the config's, else
+    sharding.partition.default_bucket_elements over the trainable tensors."""
+    given = run.deepspeed.reduce_bucket_given
+    return given if given is not None else default_bucket_elements(numels, run.deepspeed.reduce_bucket_size)
 
 
 def whole_tensor_layout(run: Run) -> SharderLayout:
@@ -170,11 +178,11 @@ def _greedy(numels: tuple[int, ...], world_size: int) -> list[int]:
 def zero1_comm_buffers(run: Run, layout: SharderLayout) -> int:
     """Our ZeRO-1's padding of its two flat buffers plus, on gloo (N > 1), the ring's receive buffer (the
     sharder's own accounting.zero1_buffers, on the layout's numbers)."""
-    e, receive = run.element_bytes, layout.receive_elements
+    e, receive, c = run.element_bytes, layout.receive_elements, our_gradient_bytes(run)[1]
     return accounting.BufferBytes(
         padding=layout.padding_elements * e,
         receive_elements=receive,
-        receive=receive * e,
+        receive=receive * c,
         partition_elements=layout.partition_elements,
         flat_buffers=2,
     ).comm_buffers
@@ -184,13 +192,13 @@ def zero2_buffers(run: Run, layout: SharderLayout) -> tuple[int, int]:
     """Our ZeRO-2's (comm_buffers bytes, largest bucket in elements): padding of the flat parameter buffer, the
     two bucket buffers and on gloo the receive buffer (the sharder's own accounting.zero2_buffers, on the layout's
     numbers)."""
-    e, receive = run.element_bytes, layout.receive_elements
+    e, receive, c = run.element_bytes, layout.receive_elements, our_gradient_bytes(run)[1]
     buffers = accounting.BufferBytes(
         padding=layout.padding_elements * e,
         receive_elements=receive,
-        receive=receive * e,
+        receive=receive * c,
         partition_elements=layout.partition_elements,
         flat_buffers=1,
-        bucket=2 * layout.copied_bucket * e,
+        bucket=2 * layout.copied_bucket * c,
     )
     return buffers.comm_buffers, layout.largest_bucket
