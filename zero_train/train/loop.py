@@ -20,7 +20,6 @@ import math
 import os
 import statistics
 import sys
-from dataclasses import asdict
 
 import torch.distributed as dist
 
@@ -43,6 +42,7 @@ from zero_train.train.log import copied_to, get_logger
 from zero_train.train.metrics import format_eval_line, format_step_line, perplexity, progress_bar
 from zero_train.train.numerics import NonFiniteGuard
 from zero_train.train.out_of_memory import note_run
+from zero_train.train.run_info import hparams, lora_record, run_info, start_line
 from zero_train.train.setup import RunPlan, log_file, model_builder, num_params, plan_run, with_max_steps
 from zero_train.train.step_values import PendingSteps, StepClock
 from zero_train.train.tracking import Trackers
@@ -67,11 +67,17 @@ def run_training(config: RunConfig, *, plan: RunPlan | None = None) -> dict:
         not dist.is_initialized()
     )  # a launched run makes the default group; the bench worker hands its own
     dist_info = init_distributed()
-    note_estimate(model=config.model.model, world_size=dist_info.world_size, config=config.engine.deepspeed_config,
-                  precision=plan.settings.precision, micro_batch_size=plan.settings.micro_batch_size,
-                  grad_accum=plan.settings.grad_accum, block_size=config.data.block_size,
-                  gradient_checkpointing=config.model.gradient_checkpointing,
-                  device=dist_info.device.type)  # fmt: skip
+    note_estimate(
+        model=config.model.model,
+        world_size=dist_info.world_size,
+        config=config.engine.deepspeed_config,
+        precision=plan.settings.precision,
+        micro_batch_size=plan.settings.micro_batch_size,
+        grad_accum=plan.settings.grad_accum,
+        block_size=config.data.block_size,
+        gradient_checkpointing=config.model.gradient_checkpointing,
+        device=dist_info.device.type,
+    )
     note_run(config, plan, dist_info)
     log = get_logger(dist_info.rank)
     with copied_to(log, log_file(config.output) if dist_info.is_main else None):
@@ -89,19 +95,6 @@ def run_training(config: RunConfig, *, plan: RunPlan | None = None) -> dict:
     return summary
 
 
-def start_line(config: RunConfig, plan: RunPlan, world_size: int) -> str:
-    """The run's first line: engine, model and tokenizer, config, precision, batch, lr."""
-    settings = plan.settings
-    return (
-        f"zero_train: engine {plan.engine.name} | model {config.model.model} | tokenizer {plan.tokenizer_source} | "
-        f"world size {world_size} | config {plan.config_source} | stage {settings.zero_stage} | "
-        f"{settings.precision} | micro batch {settings.micro_batch_size} x accum {settings.grad_accum} x world "
-        f"{world_size} = {settings.train_batch_size} sequences of {config.data.block_size} | lr {settings.lr:g}"
-        + (" | gradient checkpointing" if config.model.gradient_checkpointing else "")
-        + (f" | LoRA r {config.lora.r}, alpha {config.lora.alpha:g} (base frozen)" if plan.lora else "")
-    )
-
-
 class Trainer:
     """One run: data, engine, loop, evaluation, checkpoints, export and memory report."""
 
@@ -114,9 +107,14 @@ class Trainer:
         vitals.note_phase("data")
         with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds, the others wait long
             self.data = RunData.prepare(
-                config.data, plan.tokenizer, seed=self.training.seed, dist_info=dist_info, micro_batch_size=micro,
-                eval_blocks=config.evaluation.eval_batches * micro * dist_info.world_size, process_group=waiting,
-            )  # fmt: skip
+                config.data,
+                plan.tokenizer,
+                seed=self.training.seed,
+                dist_info=dist_info,
+                micro_batch_size=micro,
+                eval_blocks=config.evaluation.eval_batches * micro * dist_info.world_size,
+                process_group=waiting,
+            )
         if plan.max_steps is None:  # --num-train-epochs: its steps, now that the data's size is known
             steps = self.data.steps_for_epochs(
                 self.training.num_train_epochs, grad_accum=plan.settings.grad_accum
@@ -140,9 +138,13 @@ class Trainer:
         self.last_loss = math.nan
         self.last_eval: dict | None = None
         self.checkpoints = RunCheckpoints(
-            config.checkpoint, plan, dist_info, max_steps=self.max_steps, run_info=_run_info(config, plan),
+            config.checkpoint,
+            plan,
+            dist_info,
+            max_steps=self.max_steps,
+            run_info=run_info(config, plan),
             data_position=self.data.position,
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         """Release the engine (its `close()`, if it has one: DeepSpeed's engine and buffers), data and probe.
@@ -186,8 +188,13 @@ class Trainer:
         """Resume if asked, train to the last step, evaluate, checkpoint, export; returns the summary."""
         start_step, micro_steps, position = self.checkpoints.resume(self.engine)
         batches = self.data.batches(micro_steps=micro_steps, position=position)
-        trackers = Trackers.open(self.plan.report_to, output=self.output, hparams=_hparams(self.config),
-                                 start_step=start_step, enabled=self.dist_info.is_main)  # fmt: skip
+        trackers = Trackers.open(
+            self.plan.report_to,
+            output=self.output,
+            hparams=hparams(self.config),
+            start_step=start_step,
+            enabled=self.dist_info.is_main,
+        )
         bar = progress_bar(
             total=self.max_steps, initial=start_step, enabled=self.dist_info.is_main and self.output.progress
         )
@@ -249,8 +256,12 @@ class Trainer:
         steps, save_failed = self.pending.read(save_failed=self.checkpoints.failed_in_background())
         self.checkpoints.check_background(save_failed)
         for record in steps:
-            self.guard.check(step=record["step"], loss=record["loss"], grad_norm=record["grad_norm"],
-                             skipped=record["skipped"])  # fmt: skip
+            self.guard.check(
+                step=record["step"],
+                loss=record["loss"],
+                grad_norm=record["grad_norm"],
+                skipped=record["skipped"],
+            )
             self.step_times.append(record["step_time_s"])
             self.last_loss = record["loss"]
             self._report(record, bar, trackers)
@@ -352,40 +363,13 @@ class Trainer:
             device=self.dist_info.device.type,
             ds_config=self.plan.ds_config,
         )
-        record = self.probe.finish(self.engine, meta=meta, step_times_s=self.step_times,
-                                   tokens_per_step=self.tokens_per_step, step_counters=self.counters.summary())  # fmt: skip
+        record = self.probe.finish(
+            self.engine,
+            meta=meta,
+            step_times_s=self.step_times,
+            tokens_per_step=self.tokens_per_step,
+            step_counters=self.counters.summary(),
+        )
         if record is not None:
             write_record(record, self.output.memory_report)
             self.log.info(f"memory report: {self.output.memory_report}")
-
-
-def _hparams(config: RunConfig) -> dict:
-    """The run config as flat `part.field` -> value, for the trackers' run configuration."""
-    return {
-        f"{part}.{name}": value for part, values in asdict(config).items() for name, value in values.items()
-    }
-
-
-def _run_info(config: RunConfig, plan: RunPlan) -> dict:
-    """What a checkpoint records of the run besides its engine's state (run.json)."""
-    return dict(
-        model=config.model.model,
-        tokenizer=plan.tokenizer_source,
-        dataset=config.data.dataset,
-        block_size=config.data.block_size,
-        seed=config.training.seed,
-        lora=config.lora.recorded(),
-    )
-
-
-def lora_record(lora, model) -> dict | None:
-    """The run record's LoRA facts: its settings and what trains (None without LoRA)."""
-    if not lora.enabled:
-        return None
-    params = {id(p): p for p in model.parameters()}.values()
-    trainable = [p for p in params if p.requires_grad]
-    return dict(
-        **lora.recorded(),
-        adapter_params=sum(int(getattr(p, "ds_numel", p.numel())) for p in trainable),
-        adapter_tensors=len(trainable),
-    )
