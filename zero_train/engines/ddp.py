@@ -145,9 +145,10 @@ def _optimizer_state_bytes(optimizer: torch.optim.Optimizer, device: torch.devic
 
     On CUDA, torch's Adam keeps each "step" counter on the CPU (unless fused/capturable): `device` tells.
     """
+    # ZeroRedundancyOptimizer leaves None for the parameters other ranks own once consolidate_state_dict ran
+    states = (state for state in optimizer.state.values() if isinstance(state, dict))
     return tensor_bytes(
-        (v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)),
-        device=device,
+        (v for state in states for v in state.values() if isinstance(v, torch.Tensor)), device=device
     )
 
 
