@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from zero_train.hf import data, offline, packing
+from zero_train.hf import batches, data, offline, packing
 from zero_train.hf import models as hf
 from zero_train.runtime.errors import UsageError
 
@@ -127,10 +127,10 @@ def test_ranks_read_disjoint_shards_whose_union_is_the_single_rank_order(packed_
     train = packed_stdlib["train"]
     world, micro = 2, 3
     per_rank = [
-        packing.rank_batches(train, rank=r, world_size=world, micro_batch_size=micro, seed=5)
+        batches.rank_batches(train, rank=r, world_size=world, micro_batch_size=micro, seed=5)
         for r in range(2)
     ]
-    single = packing.rank_batches(train, rank=0, world_size=1, micro_batch_size=micro * world, seed=5)
+    single = batches.rank_batches(train, rank=0, world_size=1, micro_batch_size=micro * world, seed=5)
     seen = []
     for _ in range(4):
         parts = [next(it)["input_ids"] for it in per_rank]
@@ -143,18 +143,18 @@ def test_ranks_read_disjoint_shards_whose_union_is_the_single_rank_order(packed_
 def test_resume_and_epochs(packed_stdlib):
     train = packed_stdlib["train"].select(range(10))  # 10 blocks, 2 ranks x 2 -> 2 micro-steps per epoch
     kwargs = dict(rank=1, world_size=2, micro_batch_size=2, seed=7)
-    assert packing.steps_per_epoch(train, world_size=2, micro_batch_size=2) == 2
-    stream = packing.rank_batches(train, **kwargs)
+    assert batches.steps_per_epoch(train, world_size=2, micro_batch_size=2) == 2
+    stream = batches.rank_batches(train, **kwargs)
     first = [next(stream)["input_ids"] for _ in range(6)]  # three epochs
-    resumed = packing.rank_batches(train, start_step=3, **kwargs)
+    resumed = batches.rank_batches(train, start_step=3, **kwargs)
     assert all(torch.equal(a, next(resumed)["input_ids"]) for a in first[3:])
     assert all(
         torch.equal(a, b["input_ids"])
-        for a, b in zip(first[2:4], packing.rank_batches(train, epoch=1, **kwargs), strict=False)
+        for a, b in zip(first[2:4], batches.rank_batches(train, epoch=1, **kwargs), strict=False)
     )
     assert not torch.equal(torch.cat(first[:2]), torch.cat(first[2:4]))  # reshuffled per epoch
     with pytest.raises(UsageError, match="fewer than one global micro-batch"):
-        next(packing.rank_batches(train, rank=0, world_size=4, micro_batch_size=3, seed=0))
+        next(batches.rank_batches(train, rank=0, world_size=4, micro_batch_size=3, seed=0))
 
 
 def _prepare_on_rank(rank, world_size, good, bad):

@@ -10,7 +10,7 @@ import datasets
 import pytest
 import torch
 
-from zero_train.hf import chat, data, packing, streaming
+from zero_train.hf import batches, chat, data, packing, streaming
 from zero_train.hf import models as hf
 from zero_train.runtime.errors import UsageError
 
@@ -108,7 +108,7 @@ def test_conversations_from_local_files_pack_with_their_mask(tmp_path, tokenizer
     for ids, labels in zip(train["input_ids"], train["labels"], strict=True):
         assert any(label != chat.IGNORE_INDEX for label in labels[1:])  # blocks without an answer are dropped
         assert all(label in (chat.IGNORE_INDEX, i) for i, label in zip(ids, labels, strict=True))
-    batch = next(packing.rank_batches(train, rank=0, world_size=1, micro_batch_size=2, seed=0))
+    batch = next(batches.rank_batches(train, rank=0, world_size=1, micro_batch_size=2, seed=0))
     assert batch["labels"].shape == batch["input_ids"].shape == (2, 16)
     supervised = tokenizer.decode([label for labels in train["labels"] for label in labels if label != -100])
     assert supervised.count("<|endoftext|>") >= 40 and "add" not in supervised  # answers, never the prompts

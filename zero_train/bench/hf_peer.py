@@ -31,7 +31,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from zero_train.bench.targets import PEER_PREFIX
 from zero_train.comm.ledger import CommLedger
-from zero_train.hf.data import prepare_datasets
+from zero_train.hf.prepare import prepare_text
 from zero_train.memory import measure
 from zero_train.registry import DEEPSPEED, ENGINES
 from zero_train.runtime.device import synchronize
@@ -151,7 +151,7 @@ def run_peer(config: RunConfig) -> None:
         import_muon_uncompiled(plan.ds_config)
     dist_info = init_distributed()  # gloo/nccl as in scripts/train.py; DeepSpeed and accelerate reuse it
     with rank0_work_group(dist_info.world_size) as waiting:  # rank 0 builds the dataset, the others wait long
-        data = prepare_datasets(
+        data = prepare_text(
             config.data.dataset,
             plan.tokenizer,
             block_size=config.data.block_size,

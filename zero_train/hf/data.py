@@ -20,11 +20,11 @@ import pathlib
 import sys
 
 import datasets
-import torch.distributed as dist
 
 from zero_train.hf.chat import MESSAGES_COLUMN
 from zero_train.hf.offline import DEFAULT_CORPUS_BYTES, stdlib_files
 from zero_train.hf.packing import TEXT_COLUMN, pack_dataset
+from zero_train.hf.rank0 import rank0_first
 from zero_train.hf.sources import DEFAULT_DATASET_NAME, LOCAL_BUILDERS, check_local_path
 from zero_train.runtime.errors import UsageError
 
@@ -270,29 +270,6 @@ def prepare_datasets(
             return pack_dataset(dsd, tokenizer, block_size=block_size)
 
     return rank0_first(build, process_group=process_group)
-
-
-def rank0_first(build, *, process_group=None):
-    """build(is_first=True) on rank 0, then build(is_first=False) on the others (it reads what rank 0 cached).
-
-    A UsageError on rank 0 is raised on every rank (one line each, no hang); without torch.distributed this
-    is build(is_first=True).
-    """
-    if not dist.is_initialized():
-        return build(is_first=True)
-    is_first = dist.get_rank(process_group) == 0
-    built, error = None, [None]
-    if is_first:
-        try:
-            built = build(is_first=True)
-        except UsageError as err:
-            error = [str(err)]
-    dist.broadcast_object_list(
-        error, src=dist.get_global_rank(process_group, 0) if process_group else 0, group=process_group
-    )
-    if error[0] is not None:
-        raise UsageError(error[0])
-    return built if is_first else build(is_first=False)
 
 
 @contextlib.contextmanager

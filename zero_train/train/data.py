@@ -8,7 +8,7 @@ and the read position a checkpoint keeps.
     data.position()                       # a stream's read position after the last batch (None: map-style)
     data.validation                       # the held-out blocks (map-style Dataset)
 
-A packed dataset is read in a seeded shuffle per epoch (zero_train.hf.packing.rank_batches), so its position is
+A packed dataset is read in a seeded shuffle per epoch (zero_train.hf.batches.rank_batches), so its position is
 just the micro-steps consumed; a stream's is each rank's own (zero_train.hf.streaming.RankStream.state).
 """
 
@@ -73,10 +73,10 @@ class RunData:
                 micro_batch_size=micro_batch_size,
                 seed=seed,
             )
-        from zero_train.hf.data import prepare_datasets
-        from zero_train.hf.packing import steps_per_epoch
+        from zero_train.hf.batches import steps_per_epoch
+        from zero_train.hf.prepare import prepare_text
 
-        packed = prepare_datasets(
+        packed = prepare_text(
             config.dataset,
             tokenizer,
             block_size=config.block_size,
@@ -108,7 +108,7 @@ class RunData:
         """Optimizer steps in one pass, as the HF Trainer counts them (at least 1); None for a stream."""
         if self.stream is not None:
             return None
-        from zero_train.hf.packing import steps_per_epoch
+        from zero_train.hf.batches import steps_per_epoch
 
         micro = steps_per_epoch(
             self.train, world_size=self.dist_info.world_size, micro_batch_size=self.micro_batch_size
@@ -130,7 +130,7 @@ class RunData:
                     )
                 self.stream = self.stream.resumed(position)
             return iter(lambda: self.stream.next_batch(self.micro_batch_size), None)
-        from zero_train.hf.packing import rank_batches
+        from zero_train.hf.batches import rank_batches
 
         return rank_batches(
             self.train,

@@ -374,9 +374,16 @@ def num_params(model) -> int:
 def import_run_modules(config: RunConfig) -> None:
     """Import what the run will import (datasets, the model's transformers module, the engine's module and
     with it DeepSpeed), so that an entry point does it inside zero_train.runtime.startup.collector_paused."""
-    import zero_train.hf.data  # noqa: F401  (datasets)
     from zero_train.engines.build import engine_class
     from zero_train.hf.models import import_model_module
+    from zero_train.hf.prepare import is_offline_default
+
+    data = config.data
+    offline = is_offline_default(
+        data.dataset, column=data.text_column, config_name=data.dataset_config, chat=data.sft
+    )
+    if data.streaming or not offline:
+        import zero_train.hf.data  # noqa: F401  (datasets: the offline default trains without it)
 
     import_model_module(config.model.model)
     engine_class(resolve_engine(config.engine.engine).name)
