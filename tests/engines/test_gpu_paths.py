@@ -364,8 +364,8 @@ def test_gpu_check_without_gpus_says_so_in_one_line_and_exits_2(repo_root, tmp_p
     import subprocess
     import sys
 
-    if torch.cuda.device_count() >= 2:
-        pytest.skip("this machine has GPUs: scripts/gpu_check.sh would run for real")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: scripts/gpu_check.sh would run for real")
     env = dict(os.environ, ZT_PYTHON=sys.executable, ZT_GPU_CHECK_OUT=str(tmp_path / "out"))
     proc = subprocess.run(
         ["bash", str(repo_root / "scripts" / "gpu_check.sh")],
@@ -376,6 +376,6 @@ def test_gpu_check_without_gpus_says_so_in_one_line_and_exits_2(repo_root, tmp_p
     )
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpu_check: needs 2 CUDA GPUs but "), lines
-    assert lines[0].endswith(" sees 0; run it on a GPU machine (nothing was run)")
+    assert len(lines) == 1 and lines[0].startswith("error: gpu-check: torch sees no CUDA GPU here"), lines
+    assert lines[0].endswith("or pass --cpu for the same checks on gloo ranks")
     assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ COMMANDS = {
     "report": "write report.md, PNG plots, summary.json and cells.json from a profile directory's run records",
     "explain": "why a run's ranks ran out of memory and the cheapest change that fits, or how close it came",
     "bench": "step time, tokens/s, comm bytes and peak memory of every engine, interleaved repeats",
+    "gpu-check": "the acceptance run: every engine trains, matches DDP, resumes, exports, fits its estimate; exit 1 on a failure",
     "env": "versions, device, CUDA/NCCL/gloo, bf16, DeepSpeed ops, CPU and memory: for bug reports (--json)",
 }
 """Subcommand -> the one line `zero-train --help` shows for it, in the order listed."""

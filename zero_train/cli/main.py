@@ -40,8 +40,9 @@ def build_parser(argv: list[str] | None = None) -> OneLineParser:
         if names_only:
             subparsers.add_parser(name, help=COMMANDS[name])
             continue
-        module = importlib.import_module(f"zero_train.cli.{name}")
-        getattr(module, f"{name}_command_parser")(subparsers)
+        module_name = name.replace("-", "_")  # gpu-check: zero_train.cli.gpu_check
+        module = importlib.import_module(f"zero_train.cli.{module_name}")
+        getattr(module, f"{module_name}_command_parser")(subparsers)
     return parser
 
 
