@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import pathlib
+import sys
 import time
 from dataclasses import dataclass
 
@@ -86,6 +87,11 @@ def acceptance_run(options: Options) -> dict:
         errors = _errors_on_file(runs + elastic, out)
     else:
         launch = dict(launcher=options.launcher, timeout_s=options.timeout_s)
+        print(
+            f"gpu-check: {len(runs)} runs in one launch of {facts['world_size']} rank(s) on {facts['device']}, "
+            f"then {len(elastic)} at 1 rank (logs: {out / 'logs'})",
+            file=sys.stderr,
+        )
         errors = run_plan(runs, out, world_size=facts["world_size"], label="main", **launch)
         if elastic:
             errors.update(run_plan(elastic, out, world_size=1, label="elastic", **launch))
@@ -111,7 +117,7 @@ def check_all(runs, elastic, errors, out, settings, facts, process_terms, why_no
     """Every check, in the order gpu_check.md lists them."""
     checks = training.trains(runs, errors, out, settings)
     checks += training.parity(runs, errors, out)
-    checks += training.resume(runs, errors, out)
+    checks += training.resume(runs, errors, out, device_kind=facts["kind"])
     checks += training.export(runs, errors, out)
     checks += training.elastic(runs, elastic, errors, out, world_size=1, why_not=why_not)
     peak_checks, rows = measures.peaks(runs, errors, out)
