@@ -71,15 +71,13 @@ def _without_autos(node):
 
 
 def _ds_ready_copy(cfg: dict) -> dict:
-    """A copy DeepSpeedConfig can judge in this (world size 1) process: autos dropped, batch per rank."""
+    """A copy DeepSpeedConfig can judge in any process: autos dropped, the batch per rank only (DeepSpeed derives
+    train_batch_size with the world size it sees: 1 here, the group's in a rank of a launch whose DeepSpeed
+    communication is already up, e.g. the bench worker's second DeepSpeed run). check_rules checks the
+    user's train_batch_size against --world-size."""
     ready = _without_autos(copy.deepcopy(cfg))
-    micro = ready.get("train_micro_batch_size_per_gpu")
-    accum = ready.get("gradient_accumulation_steps", 1)
     ready.pop("train_batch_size", None)
-    if micro is None:
-        ready["train_micro_batch_size_per_gpu"] = 1
-    if isinstance(ready.get("train_micro_batch_size_per_gpu"), int) and isinstance(accum, int):
-        ready["train_batch_size"] = ready["train_micro_batch_size_per_gpu"] * accum
+    ready.setdefault("train_micro_batch_size_per_gpu", 1)
     return ready
 
 
