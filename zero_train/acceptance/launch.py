@@ -59,7 +59,11 @@ def run_plan(
         if code is None:
             errors[failed.name] = f"no progress for {timeout_s:g} s (see {log_path})"
         else:
-            errors[failed.name] = (
-                f"exit code {code}: {last_error_line(log_path.read_text())} (see {log_path})"
-            )
+            errors[failed.name] = f"exit code {code}: {_error_line(log_path.read_text())} (see {log_path})"
     return errors
+
+
+def _error_line(log_text: str) -> str:
+    """Our one-line `error:` of the failed run when a rank printed one, else the launch's last error line."""
+    ours = [line.strip() for line in log_text.splitlines() if line.strip().startswith("error:")]
+    return ours[-1] if ours else last_error_line(log_text)
