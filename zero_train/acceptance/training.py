@@ -125,7 +125,7 @@ def export(runs: list[Run], errors: dict, out: pathlib.Path) -> list[Check]:
     transformers_logging.disable_progress_bar()  # one bar per export loaded is noise in gpu_check's output
 
     def load(path: pathlib.Path) -> dict:
-        model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         return {name: tensor.detach() for name, tensor in model.state_dict().items()}
 
     resumes = [run for run in runs if run.kind == "resume"]
