@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.tier("quick")
+pytestmark = pytest.mark.tier("slow")
 
 RECORDER = """#!/usr/bin/env bash
 { printf '%s' "$(basename "$0")"; printf '\\x1f%s' "$@"; printf '\\n'; } >> "$FAKE_CALLS"
