@@ -44,9 +44,10 @@ def test_copies_count_when_blocking_between_host_and_device(counter):
     on_device.sum().item()  # the upload's result is a device tensor
     assert counter.counts["loop"] == 3
     torch.tensor([1.0, 2.0], device=torch.device("cpu"))  # host data copied to the device, blocking
-    torch.tensor(1.0, device="cpu")  # a "cpu" string means the host (torch's Adam does this)
     torch.zeros(3, device=torch.device("cpu"))  # a fill on the device: no copy
     assert counter.counts["loop"] == 4
+    torch.tensor(1.0, device="cpu")  # on a CPU run every device argument names the device (DeepSpeed's "cpu")
+    assert counter.counts["loop"] == 5
 
 
 def test_value_dependent_shapes_and_explicit_syncs_count(counter):

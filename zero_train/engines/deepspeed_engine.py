@@ -174,8 +174,14 @@ class DeepSpeedEngine:
             loss_scale = float(
                 getattr(self.optimizer, "cur_scale", getattr(self.optimizer, "loss_scale", 0.0))
             )
+        if isinstance(
+            grad_norm, torch.Tensor
+        ):  # read by the loop when it logs; a copy: DeepSpeed reuses its own
+            grad_norm = grad_norm.detach().clone()
         return StepResult(
-            grad_norm=None if grad_norm is None else float(grad_norm),
+            grad_norm=grad_norm
+            if grad_norm is None or isinstance(grad_norm, torch.Tensor)
+            else float(grad_norm),
             skipped=self.ds_engine.skipped_steps > skipped_before,
             lr=lr,
             loss_scale=loss_scale,

@@ -18,12 +18,13 @@ explicit synchronize (torch.cuda, torch.accelerator, DeepSpeed's accelerator, ze
 Which tensors are device tensors: on CUDA, those on a CUDA device (exact). On CPU every tensor is a CPU
 tensor, so the counter decides as a GPU run would have placed them: a tensor is a device tensor unless it
 is HOST-TAGGED, and host tags follow provenance while the counter is on: a tensor made without a device
-(`torch.zeros(3)`, `torch.tensor([...])`, torch's CPU step counters in its optimizers) or for a "cpu"
-string (`device="cpu"`, `.to("cpu")`: code that means the host; a torch.device means the run's device), `.cpu()`,
+(`torch.zeros(3)`, `torch.tensor([...])`, torch's CPU step counters in its optimizers), `.cpu()`'s result,
 what `host_work()` makes (the data pipeline), and what an op computes from host tensors only. Tensors
-made before the counter started (the model, the engine's buffers) are device tensors. Limits of the CPU
-emulation: a torch.device("cpu") object meant as the host is taken for the device; C++ code that syncs
-internally (without a Python-level call) is not seen on either device.
+made before the counter started (the model, the engine's buffers) and those made for a device argument are
+device tensors (on CPU, DeepSpeed's accelerator names the device "cpu"). Limits of the CPU emulation: an
+explicit `device="cpu"` or `.to("cpu")` meant as the host is taken for the device (torch's optimizers' host
+scalars are recognised); C++ code that syncs internally (without a Python-level call) is not seen on either
+device.
 """
 
 from __future__ import annotations
@@ -128,13 +129,14 @@ class HostSyncCounter(TorchFunctionMode):
         self.counts.clear()
         self.sites.clear()
 
-    def note(self, what: str) -> None:
-        """Count one host sync in the current section (`what` names the operation)."""
+    def note(self, what: str, *, upload: bool = False) -> None:
+        """Count one host sync in the current section (`what` names the operation; `upload`: host data
+        copied to the device)."""
         if self._host_work:
             return
         frame = _caller_frame()
-        if not self.exact and frame is not None and frame.f_code is _OPTIMIZER_STEP_VALUE:
-            return  # torch's optimizers read `step` from a CPU tensor unless capturable or fused (no _get_value)
+        if not self.exact and frame is not None and _torch_optimizer_host_work(frame, upload):
+            return
         self.counts[self.current] += 1
         self.sites[self.current][f"{what} at {_site(frame)}"] += 1
 
@@ -179,7 +181,7 @@ class HostSyncCounter(TorchFunctionMode):
             data = args[0] if args else kwargs.get("data")
             empty = isinstance(data, (list, tuple)) and not data  # nothing to copy
             if not isinstance(data, _Tensor) and not empty and self._targets_device(kwargs["device"]):
-                self.note(_name(func))
+                self.note(_name(func), upload=True)
         result = func(*args, **kwargs)
         if not self.exact:
             self._propagate(result, args, kwargs)
@@ -194,10 +196,8 @@ class HostSyncCounter(TorchFunctionMode):
             self.note("boolean-mask indexing")
 
     def _targets_device(self, device) -> bool:
-        """Whether a `device=` argument names the device (on CPU: anything but a "cpu" string, see _names_host)."""
-        if self.exact:
-            return torch.device(device).type == "cuda"
-        return not _names_host(device)
+        """Whether a `device=` argument names the device (on CPU every device argument does)."""
+        return torch.device(device).type == "cuda" if self.exact else True
 
     def _move(self, func, args, kwargs):
         source = args[0]
@@ -208,13 +208,12 @@ class HostSyncCounter(TorchFunctionMode):
         else:
             parse_kwargs = {k: v for k, v in kwargs.items() if k != "copy"}
             target, _, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **parse_kwargs)
-        named = kwargs.get("device", args[1] if len(args) > 1 else None)
         result = func(*args, **kwargs)
         if target is None:  # a dtype cast stays where it is
             if not self.exact and getattr(source, HOST_TAG, False) and result is not source:
                 setattr(result, HOST_TAG, True)
             return result
-        to_host = func is _Tensor.cpu or (target.type == "cpu" if self.exact else _names_host(named))
+        to_host = func is _Tensor.cpu or (self.exact and target.type == "cpu")
         if to_host:
             if self.is_device(source):
                 self.note(_name(func))  # a device-to-host copy, blocking
@@ -241,11 +240,8 @@ class HostSyncCounter(TorchFunctionMode):
         if self._host_work:
             host = True
         else:
-            device = kwargs.get("device")
             inputs = _tensors(args, kwargs)
-            host = _names_host(device) or (
-                device is None and all(getattr(t, HOST_TAG, False) for t in inputs)
-            )
+            host = kwargs.get("device") is None and all(getattr(t, HOST_TAG, False) for t in inputs)
         if not host:
             return
         outputs = result if isinstance(result, (tuple, list)) else (result,)
@@ -319,10 +315,12 @@ def note_emulated_synchronize() -> None:
             counter.note("synchronize")
 
 
-def _names_host(device) -> bool:
-    """A "cpu" string: code that means the host (torch's optimizers' `torch.tensor(1.0, device="cpu")`, a
-    checkpoint's `.to("cpu")`). A torch.device, as `p.device` or the run's device, means where it is."""
-    return isinstance(device, str) and device.split(":")[0] == "cpu"
+def _torch_optimizer_host_work(frame, upload: bool) -> bool:
+    """torch's optimizers (not capturable, not fused) keep `step` on the host: reading it (`_get_value`) and
+    making their scalar `torch.tensor(1.0, device="cpu")` wait for nothing on a GPU."""
+    if frame.f_code is _OPTIMIZER_STEP_VALUE:
+        return True
+    return upload and (os.sep + "torch" + os.sep + "optim" + os.sep) in frame.f_code.co_filename
 
 
 def _distinct(result, source):
