@@ -134,6 +134,20 @@ def test_targets_and_markdown(tiny_bench):
     assert "| **zero1 (ours)** |" in markdown and "### Targets" in markdown and "logical CPUs" in markdown
 
 
+def test_cells_count_host_syncs_and_collectives_in_their_warm_up_step(tiny_bench):
+    """--warmup 1: each run counts step 1 only (counting slows a step; docs/gpu.md), logged like every step here;
+    the HF Trainer peer writes no counters."""
+    result, markdown = tiny_bench
+    for cell in result["cells"]:
+        counts = cell["per_step"]
+        if cell["engine"] == "hf-ds1":
+            assert counts is None
+            continue
+        assert counts["loop_syncs"] == 1 and counts["loop_calls"] == 1  # the step's one read and all_gather
+        assert counts["engine_calls"] >= 1
+    assert "not counted" in markdown and "collective calls engine / loop" in markdown
+
+
 @pytest.mark.tier("quick")
 def test_interleaving_runs_target_engines_more_and_shuffles_later_repeats():
     cells = [Cell(engine, "fp32") for engine in ("ddp", "zero1", "ds1", "ds2", "ds3", "torch-zero")]

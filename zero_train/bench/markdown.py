@@ -33,13 +33,25 @@ def _cell_row(cell: dict) -> str:
     spec = BENCH_REGISTRY.get(cell["engine"])
     label = spec.label if spec else cell["engine"]
     if "comm" not in cell:
-        return f"| {label} | failed: {cell['errors'][0] if cell['errors'] else '?'} | | | | | | |"
+        return f"| {label} | failed: {cell['errors'][0] if cell['errors'] else '?'} | | | | | | | |"
     comm = cell["comm"]
     peaks = " / ".join(f"{p / MB:.0f}" for p in cell["peak_bytes"])
     return (
         f"| {label} | {_spread(cell['step_time_s'], 1000)} | {_spread(cell['tokens_per_s'], 1)} | "
         f"{_payload(comm['payload'])} | {comm['wire']['total'] / MB:.1f} | {comm['paper_wire'] / MB:.1f} | "
-        f"{comm['wire_vs_paper']:.2f} | {peaks} ({cell['peak_bytes_per_param']:.1f} B/param) |"
+        f"{comm['wire_vs_paper']:.2f} | {peaks} ({cell['peak_bytes_per_param']:.1f} B/param) | "
+        f"{_per_step(cell.get('per_step'))} |"
+    )
+
+
+def _per_step(counts: dict | None) -> str:
+    """host syncs engine / loop, collective calls engine / loop, overlap share (docs/gpu.md)."""
+    if counts is None:
+        return "not counted"
+    share = "n/a" if counts["overlap_share"] is None else f"{counts['overlap_share']:.0%}"
+    return (
+        f"{counts['engine_syncs']} / {counts['loop_syncs']}; {counts['engine_calls']} / {counts['loop_calls']}; "
+        f"{share}"
     )
 
 
@@ -47,8 +59,9 @@ def cells_table(cells: list[dict]) -> list[str]:
     """Lines of one precision's table."""
     lines = [
         "| engine | step time, ms: median (min-max) | tokens/s | payload per step, MB | sent per step, MB "
-        "| paper, MB | sent / paper | peak memory per rank, MB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| paper, MB | sent / paper | peak memory per rank, MB | per step: host syncs engine / loop; "
+        "collective calls engine / loop; reduction overlapping backward |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     return lines + [_cell_row(cell) for cell in cells]
 

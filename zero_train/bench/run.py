@@ -45,12 +45,18 @@ def step_times(metrics_path: pathlib.Path) -> list[float]:
 
 
 def read_ranks(record_path: pathlib.Path) -> list[dict]:
-    """Per rank: rank, peak_bytes, comm payload of the last step (run record or peer record)."""
+    """Per rank: rank, peak_bytes, comm payload of the last step, host syncs / collectives / overlap per
+    counted step (run record or peer record; None where the record has no counters)."""
     record = json.loads(record_path.read_text())
     return [
         dict(
-            rank=r["rank"], peak_bytes=r["peak_bytes"], comm_bytes_per_step=r.get("comm_bytes_per_step") or {}
-        )
+            rank=r["rank"],
+            peak_bytes=r["peak_bytes"],
+            comm_bytes_per_step=r.get("comm_bytes_per_step") or {},
+            host_syncs_per_step=r.get("host_syncs_per_step"),
+            collectives_per_step=r.get("collectives_per_step"),
+            overlap=r.get("overlap"),
+        )  # fmt: skip
         for r in sorted(record["ranks"], key=lambda r: r["rank"])
     ]
 

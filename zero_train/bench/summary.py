@@ -73,7 +73,24 @@ def cell_summary(samples: list[dict], *, stage: int, meta: dict) -> dict:
     peaks = [max(s["ranks"][i]["peak_bytes"] for s in ok) for i in range(len(last))]
     summary["peak_bytes"] = peaks
     summary["peak_bytes_per_param"] = max(peaks) / meta["num_params"]
+    summary["per_step"] = per_step_counts(last)
     return summary
+
+
+def per_step_counts(ranks: list[dict]) -> dict | None:
+    """The worst rank's host syncs (engine, logged loop step), collective calls (engine, loop) and overlap share
+    of a run's counted steps (zero_train.comm.step_counters); None if the run counted none (the HF peer)."""
+    counted = [r for r in ranks if r.get("host_syncs_per_step") and r.get("collectives_per_step")]
+    if not counted:
+        return None
+    shares = [r["overlap"]["share"] for r in counted if (r.get("overlap") or {}).get("share") is not None]
+    return dict(
+        engine_syncs=max(r["host_syncs_per_step"]["engine"] for r in counted),
+        loop_syncs=max(r["host_syncs_per_step"]["loop"] or 0 for r in counted),
+        engine_calls=max(r["collectives_per_step"]["engine"] for r in counted),
+        loop_calls=max(r["collectives_per_step"]["loop"] for r in counted),
+        overlap_share=max(shares) if shares else None,
+    )
 
 
 def _median_step(samples_by_cell: dict, engine: str, precision: str, repeat: int) -> float | None:
