@@ -11,7 +11,6 @@ precision). The step reads nothing back from the device (fp16 aside: its overflo
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 
@@ -26,7 +25,7 @@ from zero_train.ds_config.keys import deepspeed_default
 from zero_train.ds_config.parse import reduce_bucket_elements
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
-from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
+from zero_train.engines.optim import optimizer_spec, scheduled_lr, sharded_step
 from zero_train.engines.precision import grad_dtypes, make_loss_scaler
 from zero_train.sharding import Zero1Optimizer
 from zero_train.sharding.partition import default_bucket_elements
@@ -87,13 +86,7 @@ class Zero1Engine(LocalEngine):
         """Finish the reduction (backward did most of it), clip by the global norm (one all-reduce), update
         this rank's slice, all-gather the parameters. The norm stays on the device (the loop reads it)."""
         self.optimizer.reduce_gradients()
-        max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else math.inf
-        grad_norm = self.optimizer.clip_grad_norm_(max_norm)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        skipped = self.optimizer.last_step_skipped
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, skipped
+        return sharded_step(self.optimizer, lr, self.settings.grad_clip)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The model's weights on rank 0, in CPU memory (fp32: exact; bf16/fp16: the fp32 masters, gathered)."""

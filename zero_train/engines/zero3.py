@@ -16,7 +16,6 @@ model/model.safetensors and its pieces of optimizer state from the shards, at an
 
 from __future__ import annotations
 
-import math
 import pathlib
 
 import torch
@@ -33,7 +32,7 @@ from zero_train.checkpoint.files import (
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
-from zero_train.engines.optim import optimizer_spec, scheduled_lr, set_lr
+from zero_train.engines.optim import optimizer_spec, scheduled_lr, sharded_step
 from zero_train.engines.precision import PRECISION_DTYPES, grad_dtypes, make_loss_scaler
 from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
@@ -82,13 +81,7 @@ class Zero3Engine(LocalEngine):
     def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
         """The gradients are reduce-scattered already: clip by the global norm (one all-reduce), update the slices.
         The norm stays on the device (the loop reads it when it logs): the step reads nothing back (fp16 aside)."""
-        max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else math.inf
-        grad_norm = self.optimizer.clip_grad_norm_(max_norm)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        skipped = self.optimizer.last_step_skipped
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, skipped
+        return sharded_step(self.optimizer, lr, self.settings.grad_clip)
 
     # ------------------------------------------------------------- weights
     def _named_tensors(self) -> list[tuple[str, torch.Tensor]]:

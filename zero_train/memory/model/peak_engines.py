@@ -47,6 +47,19 @@ def _owned_step(run: Run, share: Share) -> dict[str, int]:
     )
 
 
+def _owned_phases(run: Run, share: Share, rest: dict, end: dict) -> Phases:
+    """Our ZeRO-1/2's phases over what they hold at `rest`: every engine's forward, `end` at the end of backward
+    (with a recomputed block where checkpointing), the owned step."""
+    forward, backward_start = _forward_terms(run)
+    return _phases(
+        rest,
+        forward=forward,
+        backward_start=backward_start,
+        backward_end=_recompute(run, {}, end),
+        step=_owned_step(run, share),
+    )
+
+
 def _forward_terms(run: Run, held: dict | None = None) -> tuple[dict, dict]:
     """(forward, backward_start) transients every engine shares: activations and the loss's tensors, plus
     `held`, what the engine keeps from earlier micro-batches (`_accumulated`)."""
@@ -130,15 +143,9 @@ def zero1_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
         optimizer_states=2 * FP32_BYTES * share.owned,
         comm_buffers=zero1_comm_buffers(run, layout),
     )
-    forward, backward_start = _forward_terms(run)  # accumulation: in the flat buffer, already at rest
+    # accumulation: in the flat buffer, already at rest
     end = add_terms(dict(tied_gradient_copies=3 * tied_gradient_copies(run)), _accumulating(run))
-    return _phases(
-        rest,
-        forward=forward,
-        backward_start=backward_start,
-        backward_end=_recompute(run, {}, end),
-        step=_owned_step(run, share),
-    )
+    return _owned_phases(run, share, rest, end)
 
 
 def zero2_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
@@ -163,16 +170,9 @@ def zero2_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
         comm_buffers=comm_buffers,
     )
     # accumulation: into the owned accumulator at rest; every micro-step's gradients are released
-    forward, backward_start = _forward_terms(run)
     pending = dict(pending_grads=e * largest_bucket)
     end = largest_moment(pending, dict(tied_gradient_copies=3 * tied_gradient_copies(run)))
-    return _phases(
-        rest,
-        forward=forward,
-        backward_start=backward_start,
-        backward_end=_recompute(run, {}, end),
-        step=_owned_step(run, share),
-    )
+    return _owned_phases(run, share, rest, end)
 
 
 def _deepspeed_step(run: Run, part: Partition, stage: int) -> dict[str, int]:
