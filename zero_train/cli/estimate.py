@@ -22,12 +22,13 @@ import math
 from zero_train.cli.commands import COMMANDS
 from zero_train.cli.estimate_time import add_step_times, add_time_flags, print_times
 from zero_train.cli.lora_flags import add_lora_flags, lora_spec
+from zero_train.cli.machine_flags import add_gpu_margin_flag
 from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
 from zero_train.registry import ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
-from zero_train.runtime.parser import non_negative_float, positive_float, positive_int, size_int
+from zero_train.runtime.parser import positive_float, positive_int, size_int
 
 STAGE_NAMES = {0: "DDP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 MODELLED_ENGINES = tuple(spec.name for spec in ENGINES if spec.peak_model)
@@ -88,13 +89,7 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         type=flag_type("gpu_memory_gb", positive_float),
         help="device memory per rank in GB: say which fit (after the GPU margin)",
     )
-    add(
-        "--gpu-margin",
-        type=flag_type("gpu_memory_gb", non_negative_float),
-        metavar="GB",
-        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: rules from "
-        "published measurements, by world size, NCCL's settings and each set-up's churned bytes: docs/gpu.md)",
-    )
+    add_gpu_margin_flag(parser)
     add(
         "--host-memory",
         type=flag_type("host_memory_gb", positive_float),

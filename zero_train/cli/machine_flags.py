@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from zero_train.memory.model.limits import flag_type
 from zero_train.runtime.errors import UsageError
-from zero_train.runtime.parser import positive_float
+from zero_train.runtime.parser import non_negative_float, positive_float
 from zero_train.timing.presets import GPUS
 
 DEFAULT_GPU = "h100-sxm"
@@ -69,3 +70,14 @@ def machine_from_args(args: argparse.Namespace, *, device: str):
         return preset_machine(name, **overrides), note
     except ValueError as err:
         raise UsageError(str(err)) from err
+
+
+def add_gpu_margin_flag(parser) -> None:
+    """--gpu-margin, as `zero-train estimate` and `zero-train plan` take it."""
+    parser.add_argument(
+        "--gpu-margin",
+        type=flag_type("gpu_memory_gb", non_negative_float),
+        metavar="GB",
+        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: rules from "
+        "published measurements, by world size, NCCL's settings and each set-up's churned bytes: docs/gpu.md)",
+    )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from zero_train.cli.lora_flags import add_lora_flags
-from zero_train.cli.machine_flags import add_machine_flags
+from zero_train.cli.machine_flags import add_gpu_margin_flag, add_machine_flags
 from zero_train.ds_config.keys import LOAD_DTYPES, PRECISIONS
 from zero_train.memory.model.limits import flag_type
 from zero_train.runtime.defaults import default_for
-from zero_train.runtime.parser import non_negative_float, positive_float, positive_int
+from zero_train.runtime.parser import positive_float, positive_int
 
 DEFAULT_STEP_TOKENS = 2**20
 """Tokens per optimizer step when no --global-batch-size is given (about a million: GPT-3's 0.5-3.2M, Llama
@@ -33,13 +33,7 @@ def add_plan_flags(parser) -> None:
         metavar="GB",
         help="memory of one GPU (1e9 B; default: the --gpu preset's)",
     )
-    add(
-        "--gpu-margin",
-        type=flag_type("gpu_memory_gb", non_negative_float),
-        metavar="GB",
-        help="GB kept free on each GPU for the CUDA context, NCCL buffers and allocator slack (default: rules from "
-        "published measurements, by world size, NCCL's settings and each set-up's churned bytes: docs/gpu.md)",
-    )
+    add_gpu_margin_flag(parser)
     add(
         "--host-memory",
         type=flag_type("host_memory_gb", positive_float),
