@@ -18,7 +18,7 @@ from zero_train.bench.cells import BENCH_REGISTRY
 from zero_train.bench.targets import TARGET_ENGINES
 from zero_train.ds_config import write_config
 from zero_train.launch.cells import cell_config
-from zero_train.registry import ENGINES
+from zero_train.registry import ENGINES, REFERENCE
 from zero_train.train import args as train_args
 from zero_train.train.config import (
     CheckpointConfig,
@@ -82,7 +82,9 @@ class Run:
 def check_engines() -> tuple[str, ...]:
     """Every registry engine, then the Trainer peers the bench's targets compare, and hf-ddp, their reference."""
     peers = [name for name, bench in BENCH_REGISTRY.items() if bench.peer and name in TARGET_ENGINES]
-    reference = [name for name, bench in BENCH_REGISTRY.items() if bench.peer and bench.engine.name == "ddp"]
+    reference = [
+        name for name, bench in BENCH_REGISTRY.items() if bench.peer and bench.engine.name == REFERENCE
+    ]
     return tuple(dict.fromkeys([spec.name for spec in ENGINES] + reference + peers))
 
 

@@ -56,7 +56,7 @@ def read_ranks(record_path: pathlib.Path) -> list[dict]:
             host_syncs_per_step=r.get("host_syncs_per_step"),
             collectives_per_step=r.get("collectives_per_step"),
             overlap=r.get("overlap"),
-        )  # fmt: skip
+        )
         for r in sorted(record["ranks"], key=lambda r: r["rank"])
     ]
 
