@@ -280,7 +280,7 @@ def _runs(pid: int, psutil) -> bool:
 
 def _gather_without_plain_p2p(rank: int, world_size: int) -> dict:
     """gather_tensor and gather_objects_to with dist.send/recv refused and batch_isend_irecv counted."""
-    from zero_train.sharding import gather
+    from zero_train.sharding.comm import gather
 
     batches: list = []
     real_batch = dist.batch_isend_irecv

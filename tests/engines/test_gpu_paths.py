@@ -206,7 +206,7 @@ def _seeded_cpu_state() -> dict:
 
 
 def test_gather_travels_on_the_cuda_device_under_nccl(monkeypatch):
-    from zero_train.sharding import gather
+    from zero_train.sharding.comm import gather
 
     assert gather.comm_device() == torch.device("cpu")  # no group: CPU
     monkeypatch.setattr(dist, "is_initialized", lambda: True)

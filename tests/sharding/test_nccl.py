@@ -1,6 +1,6 @@
 """The NCCL path of our ZeRO-1/2 reduction, run on gloo ranks by forcing torch's collectives (ZT_TORCH_COLLECTIVES=1).
 
-On NCCL each bucket is reduced to its owners by ONE collective (collectives.reduce_scatter_parts: a
+On NCCL each bucket is reduced to its owners by ONE collective (comm/nccl.reduce_scatter_parts: a
 reduce_scatter of the owners' unequal parts, which ProcessGroupNCCL runs as one group of ncclReduce calls; equal
 parts go to reduce_scatter_tensor), where it used to take one `reduce` per owner. Forced on gloo, the same code
 runs here: the CommLedger counts exactly one reduce-scatter per bucket (per micro-step for ZeRO-2), no reduce,
@@ -18,7 +18,7 @@ import torch
 
 from zero_train.comm.ledger import CommLedger
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer
-from zero_train.sharding.collectives import TORCH_COLLECTIVES_ENV
+from zero_train.sharding.comm.groups import TORCH_COLLECTIVES_ENV
 from zero_train.testing import run_ranks
 from zero_train.testing.sharders import TiedNet, batch
 

@@ -11,10 +11,10 @@ import torch
 
 from zero_train.hf.models import build_model, model_config
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding.zero3 import Zero3Model
-from zero_train.sharding.zero3_init import MetaBuild
-from zero_train.sharding.zero3_optim import Zero3Optimizer
-from zero_train.sharding.zero3_state import _cut
+from zero_train.sharding.zero3.meta_build import MetaBuild
+from zero_train.sharding.zero3.model import Zero3Model
+from zero_train.sharding.zero3.optim import Zero3Optimizer
+from zero_train.sharding.zero3.state import _cut
 
 pytestmark = pytest.mark.tier("quick")
 

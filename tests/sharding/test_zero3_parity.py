@@ -334,19 +334,19 @@ def _toy_parity(rank: int, world_size: int, native: bool = False) -> dict:
 
     native: use torch's all_gather_into_tensor / reduce_scatter_tensor (the NCCL branch) on gloo too.
     """
-    from zero_train.sharding import zero3_comm
+    from zero_train.sharding.comm import collectives
 
-    original = zero3_comm.uses_p2p_rings
-    zero3_comm.uses_p2p_rings = (lambda group=None: False) if native else original
+    original = collectives.uses_p2p_rings
+    collectives.uses_p2p_rings = (lambda group=None: False) if native else original
     try:
         return _toy_run(rank, world_size)
     finally:
-        zero3_comm.uses_p2p_rings = original
+        collectives.uses_p2p_rings = original
 
 
 def _toy_run(rank: int, world_size: int) -> dict:
-    from zero_train.sharding.zero3 import Zero3Model
-    from zero_train.sharding.zero3_optim import Zero3Optimizer
+    from zero_train.sharding.zero3.model import Zero3Model
+    from zero_train.sharding.zero3.optim import Zero3Optimizer
 
     model, reference = Toy(), Toy()
     units = [model, model.embed, *model.blocks, model.twice, model.head]

@@ -24,7 +24,7 @@ from zero_train.testing.sharders import VOCAB, batch, clip_with_float64_norm, pi
 pytestmark = pytest.mark.tier("multiproc")
 
 STEPS, ACCUM, UNFREEZE_AT, FREEZE_AT = 9, 1, 3, 5  # one micro-step: an unfrozen layer's first
-# gradient comes from a backward that has no hook for it yet (accumulation: tests/sharding/test_zero1_parity.py)
+# gradient comes from a backward that has no hook for it yet (accumulation: tests/sharding/test_zero12_parity.py)
 SHARDERS = {
     1: Zero1Optimizer,
     2: lambda *args, **kwargs: Zero2Optimizer(*args, bucket_elements=100, **kwargs),

@@ -2,7 +2,7 @@
 
 At 2 ranks tests/engines/test_engines.py holds zero1 == ddp bit for bit: a sum of two gradients is the same float in
 either order. From 3 ranks on, our ring adds a slice's gradients in its owner's order (r+1, r+2, ..., r:
-bit for bit against that reference in tests/sharding/test_zero1_parity.py) and gloo's all-reduce in its own, so the
+bit for bit against that reference in tests/sharding/test_zero12_parity.py) and gloo's all-reduce in its own, so the
 averaged gradients differ in the last bits; every step's loss must stay within 1e-6 relative of ddp's, and
 the first step's loss (before any update) is the same number. One spawned run per world size trains all three
 engines for STEPS steps with 2 micro-batches, 2 x 16 tokens each, buckets of 5,000 elements.

@@ -120,7 +120,7 @@ def test_no_step_loses_its_numbers_when_logging_every_other_step(runs):
 
 
 def test_collectives_per_step_name_the_engine_s_calls_and_bytes(runs):
-    """zero1 on 2 gloo ranks: gradients and parameters travel in rings of isend/irecv (sharding/collectives.py);
+    """zero1 on 2 gloo ranks: gradients and parameters travel in rings of isend/irecv (sharding/comm/gloo.py);
     each rank sends and receives half of Psi fp32 elements per ring, and the payload counts both ends: 2 Psi x 4
     bytes per step, the ZeRO paper's 2 Psi, as the probe's ledger of the same step says."""
     record = runs["zero1"]["record"]

@@ -29,7 +29,7 @@ from zero_train.engines.optim import optimizer_spec, scheduled_lr, sharded_step
 from zero_train.engines.precision import grad_dtypes, make_loss_scaler
 from zero_train.sharding import Zero1Optimizer
 from zero_train.sharding.partition import default_bucket_elements
-from zero_train.sharding.sharded import ShardedOptimizer
+from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
 
 def reduce_bucket_size(ds_config: dict, params) -> int:
@@ -135,7 +135,9 @@ class Zero1Engine(LocalEngine):
         categories = dict(self.optimizer.memory_bytes())
         if device is None:
             return categories
-        inner = self.optimizer._inner  # the inner torch optimizer over the owned masters (sharding/zero1.py)
+        inner = (
+            self.optimizer._inner
+        )  # the inner torch optimizer over the owned masters (sharding/zero12/zero1.py)
         states = [v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
         states_there = tensor_bytes(states, device=device)
         if torch.device(device).type != self.dist_info.device.type:  # none of the sharder's buffers are there

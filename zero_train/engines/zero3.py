@@ -2,7 +2,7 @@
 
     deepspeed --num_gpus 2 scripts/train.py --engine zero3 --model gpt2-25m
 
-The model is built on the meta device (sharding/zero3_init.py) and each rank materialises only its slices, with
+The model is built on the meta device (sharding/zero3/meta_build.py) and each rank materialises only its slices, with
 the values the unsharded build gives; from then on every parameter exists whole only while its unit is
 gathered (ZeRO paper, P_os+g+p: (4 + K) Psi / Nd bytes per rank in mixed precision, 16 Psi / Nd in fp32).
 The DeepSpeed config gives the optimizer, schedule, precision, clipping, accumulation and the gradients' dtypes
@@ -10,7 +10,7 @@ The DeepSpeed config gives the optimizer, schedule, precision, clipping, accumul
 thresholds) are DeepSpeed's and do not apply: a unit is the bucket.
 
 Checkpoints: model/ (full fp32 weights, written by rank 0 one tensor at a time) and one optimizer shard per
-rank (pieces of state: sharding/zero3_state.py). Resuming reads this rank's pieces of the weights from
+rank (pieces of state: sharding/zero3/state.py). Resuming reads this rank's pieces of the weights from
 model/model.safetensors and its pieces of optimizer state from the shards, at any world size.
 """
 
@@ -36,9 +36,9 @@ from zero_train.engines.optim import optimizer_spec, scheduled_lr, sharded_step
 from zero_train.engines.precision import PRECISION_DTYPES, grad_dtypes, make_loss_scaler
 from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding.zero3 import Zero3Model
-from zero_train.sharding.zero3_init import MetaBuild
-from zero_train.sharding.zero3_optim import Zero3Optimizer
+from zero_train.sharding.zero3.meta_build import MetaBuild
+from zero_train.sharding.zero3.model import Zero3Model
+from zero_train.sharding.zero3.optim import Zero3Optimizer
 
 
 class Zero3Engine(LocalEngine):

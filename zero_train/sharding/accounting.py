@@ -4,9 +4,9 @@ One computation for every reader: the sharders' memory_bytes() / comm_bytes_per_
 functions on their own partitions, and the memory model (memory/model/peak_terms.py) and the report
 (report/buffers.py, report/explain_runtime.py) call them on the partition of a run they did not see.
 
-The answer depends on the backend (collectives.uses_p2p_rings):
+The answer depends on the backend (comm/groups.uses_p2p_rings):
     gloo   our isend/irecv rings: only data travels (never the padding at the end of the buffer), through
-           a receive buffer of at most collectives.RECV_BUFFER_ELEMENTS elements (in chunks)
+           a receive buffer of at most comm/gloo.RECV_BUFFER_ELEMENTS elements (in chunks)
     nccl   torch's reduce / all_gather_into_tensor: the all-gather moves whole slices (padding included),
            and torch keeps no receive buffer of ours
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zero_train.sharding import collectives
+from zero_train.sharding.comm import gloo
 from zero_train.sharding.partition import FlatPartition, flat_partition, gradient_buckets
 
 ENTRY_BYTES = 8
@@ -74,7 +74,7 @@ def _receive_elements(partition: FlatPartition, backend: str, bucket_elements: i
     if not uses_p2p_backend(backend, partition.world_size):
         return 0
     buckets = gradient_buckets(partition, bucket_elements)
-    return max((collectives.ring_receive_elements(list(b.lengths)) for b in buckets), default=0)
+    return max((gloo.ring_receive_elements(list(b.lengths)) for b in buckets), default=0)
 
 
 def zero1_buffers(

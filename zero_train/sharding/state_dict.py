@@ -20,7 +20,7 @@ import itertools
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding.gather import cpu_copy, gather_objects_to, gather_tensor
+from zero_train.sharding.comm.gather import cpu_copy, gather_objects_to, gather_tensor
 
 SHARD_FORMAT = "zero_train.flat_shard/2"
 WHOLE_TENSOR_FORMAT = "zero_train.zero1_shard/1"
@@ -109,7 +109,7 @@ def consolidate_shards(shards: list[dict]) -> dict:
 def gather_shards(shard: dict, *, to: int, process_group=None) -> list[dict] | None:
     """Every rank's shard on group rank `to`, its tensors in CPU memory (None on the others).
 
-    Collective. One tensor travels at a time (zero_train.sharding.gather): no rank holds other ranks'
+    Collective. One tensor travels at a time (zero_train.sharding.comm.gather): no rank holds other ranks'
     shards except `to`, and no rank unpickles another rank's device tensors.
     """
     return gather_objects_to(shard, to=to, process_group=process_group)
@@ -245,7 +245,7 @@ class ShardedStateDict:
     def gathered_master_params(self, to: int = 0) -> list[torch.Tensor] | None:
         """The full master weight of every parameter on rank `to`, in CPU memory, in param_groups order.
 
-        Collective, one piece at a time from its owner (zero_train.sharding.gather): the other ranks never
+        Collective, one piece at a time from its owner (zero_train.sharding.comm.gather): the other ranks never
         hold more than one extra piece, unlike `full_master_params`. None on the other ranks. Without
         master copies (fp32 model) rank `to` copies its own parameters; nothing travels.
         """

@@ -89,7 +89,7 @@ def call_count(collective: Collective, setup: CommSetup, payload: int) -> int:
 
 
 P2P_RING_OPS = ("reduce_scatter", "all_gather")
-"""What our sharders run as rings of isend/irecv on gloo (zero_train/sharding/collectives.py: gloo's own are
+"""What our sharders run as rings of isend/irecv on gloo (zero_train/sharding/comm/gloo.py: gloo's own are
 slower), priced at the calibration's measured p2p ring where there is one."""
 
 

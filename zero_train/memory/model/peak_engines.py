@@ -126,7 +126,7 @@ def ddp_phases(run: Run, share: Share, layout: SharderLayout | None = None) -> P
 
 
 def zero1_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
-    """Our ZeRO-1 (zero_train.sharding.zero1): every gradient lands in a flat buffer allocated once.
+    """Our ZeRO-1 (zero_train.sharding.zero12.zero1): every gradient lands in a flat buffer allocated once.
 
     At rest: the model, the flat gradient buffer (whole), padding and the gloo ring's receive buffer, and
     for the owned slice the fp32 masters (16-bit model) and Adam's moments. Backward only passes each
@@ -149,7 +149,7 @@ def zero1_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
 
 
 def zero2_phases(run: Run, share: Share, layout: SharderLayout) -> Phases:
-    """Our ZeRO-2 (zero_train.sharding.zero2): each gradient is reduced to its owner with its bucket.
+    """Our ZeRO-2 (zero_train.sharding.zero12.zero2): each gradient is reduced to its owner with its bucket.
 
     At rest: the model, the accumulator of the owned gradients (e x owned), and, kept between steps
     (DeepSpeed frees its bucket at the end of backward), the bucket buffer, the gloo ring's receive buffer

@@ -1,6 +1,6 @@
-"""Our ZeRO-3 (zero_train.sharding.zero3) in the per-phase peak model, term by term from the code.
+"""Our ZeRO-3 (zero_train.sharding.zero3.model) in the per-phase peak model, term by term from the code.
 
-Units (sharding/zero3_units.py): each transformer block, the input embedding, an untied LM head, and the root
+Units (sharding/zero3/units.py): each transformer block, the input embedding, an untied LM head, and the root
 (a GPT-2's position embedding and final norm: here counted in the blocks, as peak_fsdp2 does). Each unit is
 one flat buffer cut into N equal slices; a rank keeps its slice (e x Psi / N over all units), fp32 masters of
 it for a 16-bit model, Adam's moments of its trainable pieces. What lives only for part of a step:
@@ -26,7 +26,7 @@ peak while the first block is recomputed (peak_terms.activation_terms).
 One rank is no exception: a gathered unit is a copy of its slice (Unit.begin_gather) and gradients still pass
 through the unit's flat buffer (GradientReducer._launch); only gloo's receive buffers need peers.
 
-LoRA: a unit mixing frozen and trainable parameters is two (sharding/zero3.py), so the frozen base costs its
+LoRA: a unit mixing frozen and trainable parameters is two (sharding/zero3/model.py), so the frozen base costs its
 slice (e x Psi_frozen / N) and its gathers only; gradients, masters and moments are the adapters' (`owned`
 is this rank's slice of them), and whole gradients exist only for a block's adapters (peft's targets, all-linear
 included, leave the embedding and LM head frozen: no head gradient, no tied copies).

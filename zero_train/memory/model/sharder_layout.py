@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from zero_train.memory.model.flat_partition import partition_of, slice_elements
 from zero_train.memory.model.peak_terms import Run, our_gradient_bytes
-from zero_train.sharding import accounting, collectives
+from zero_train.sharding import accounting
+from zero_train.sharding.comm import gloo
 from zero_train.sharding.partition import bucket_groups, default_bucket_elements
 
 
@@ -120,7 +121,7 @@ def _buckets(run: Run, numels: tuple[int, ...], size: int) -> tuple[int, int, in
             first, last = start // size, (stop - 1) // size  # the ranks whose slice the bucket overlaps
             ends = (stop - start,) if first == last else ((first + 1) * size - start, stop - last * size)
             part = max(*ends, size if last - first >= 2 else 0)
-            need = collectives.ring_receive_elements_of(
+            need = gloo.ring_receive_elements_of(
                 parts=world_size, nonempty=last - first + 1, total=stop - start, largest=part
             )
             receive = max(receive, need)

@@ -38,8 +38,8 @@ import torch
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import accounting
-from zero_train.sharding.flat_grads import FlatGradients
-from zero_train.sharding.sharded import ShardedOptimizer
+from zero_train.sharding.zero12.flat_grads import FlatGradients
+from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
 
 class Zero1Optimizer(ShardedOptimizer):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from zero_train.sharding import collectives
+from zero_train.sharding.comm import collectives
 from zero_train.sharding.partition import FlatPartition, Piece, flat_partition
 
 

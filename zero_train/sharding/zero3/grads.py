@@ -4,7 +4,7 @@ A post-accumulate-grad hook on every trainable parameter counts the unit's compl
 them all (a tied weight: after its last use), and every unit before it in the reduction order has been
 launched (so every rank issues the same collectives in the same order, whatever order its backward produced
 gradients in), its gradients are divided by N into one flat buffer of N P elements and released, and the
-reduce-scatter starts (zero3_comm.py). One reduction is in flight at a time: launching the next waits for the
+reduce-scatter starts (comm/collectives.py). One reduction is in flight at a time: launching the next waits for the
 previous one and adds its result into that unit's `grad` slice (P elements: the accumulated average of this
 rank's elements). When backward ends, the units not launched yet (a parameter without a gradient counts as
 zeros, DDP's rule) are launched and everything is waited for. Gradient accumulation is the same every
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from zero_train.sharding.zero3_comm import Pending, reduce_scatter_slices
-from zero_train.sharding.zero3_units import Unit
+from zero_train.sharding.comm.collectives import Pending, reduce_scatter_slices
+from zero_train.sharding.zero3.units import Unit
 
 
 class GradientReducer:

@@ -9,7 +9,7 @@ NCCL (and any backend but gloo): each launch issues one reduce-scatter of the bu
 NCCL's stream and keeps its handle; waiting makes the current stream wait for them (a collective with
 async_op=False would join the streams at once and stall the backward of the layers below, the pattern of
 DDP's and DeepSpeed's overlap_comm). gloo: gloo's send and receive handles cannot be polled (is_completed
-stays False until wait()), so our ring (collectives.ring_reduce_) runs on one communication thread, the
+stays False until wait()), so our ring (gloo.ring_reduce_) runs on one communication thread, the
 launched reductions one after the other, in launch order on every rank, so the rings' messages pair up.
 
 `on_done` runs on the caller's thread when the reduction is waited for (ZeRO-2 adds the owned part to
@@ -25,7 +25,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from zero_train.sharding import collectives
+from zero_train.sharding.comm import collectives, gloo
+from zero_train.sharding.comm.groups import group_rank_and_size
 
 
 class ReductionQueue:
@@ -38,7 +39,7 @@ class ReductionQueue:
 
     def __init__(self, process_group, recv_buffer: torch.Tensor | None):
         self.process_group = process_group
-        self.rank, self.world_size = collectives.group_rank_and_size(process_group)
+        self.rank, self.world_size = group_rank_and_size(process_group)
         self.rings = self.world_size > 1 and collectives.uses_p2p_rings(process_group)
         self.recv_buffer = recv_buffer
         self._pending: deque[tuple[Future | list, Callable[[], None] | None]] = deque()
@@ -53,7 +54,7 @@ class ReductionQueue:
             return
         if self.rings:
             ring = (flat, self.recv_buffer, self.process_group, list(starts), list(lengths))
-            self._pending.append((self._executor().submit(collectives.ring_reduce_, *ring), on_done))
+            self._pending.append((self._executor().submit(gloo.ring_reduce_, *ring), on_done))
             return
         works = collectives.reduce_to_owners_(
             flat, None, self.process_group, starts=list(starts), lengths=list(lengths), async_op=True
@@ -86,44 +87,3 @@ class ReductionQueue:
         """Finish every reduction in flight, in launch order."""
         while self._pending:
             self.wait_oldest()
-
-
-class BucketSchedule:
-    """Every segment's buckets in one order, the same on every rank: a bucket is launched once it and every
-    bucket before it are complete, so all ranks issue their reductions in the same order even when their
-    backward passes produce gradients in different orders (a branch only some ranks take).
-
-    The newest segment's buckets come first (parameters added or unfrozen later sit nearer the output, in
-    the usual progressive-unfreezing or layer-by-layer add_param_group), each segment's in backward order.
-
-    Args:
-        stores: the gradient stores, one per segment; each has `.buckets` and `.launch(k)`.
-        queue: the ReductionQueue the stores launch into.
-    """
-
-    def __init__(self, stores: list, queue: ReductionQueue):
-        self.queue = queue
-        self.order = [(store, k) for store in reversed(stores) for k in range(len(store.buckets))]
-        self._place = {(id(store), k): i for i, (store, k) in enumerate(self.order)}
-        self._arrived = [0] * len(self.order)
-        self._launched = 0
-
-    def arrive(self, store, bucket: int) -> None:
-        """One gradient of `bucket` is complete; launch every bucket that is now due, in order."""
-        self._arrived[self._place[id(store), bucket]] += 1
-        while self._launched < len(self.order):
-            store, k = self.order[self._launched]
-            if self._arrived[self._launched] < len(store.buckets[k].indices):
-                break
-            store.launch(k)
-            self._launched += 1
-
-    def flush(self) -> None:
-        """Launch every bucket not launched yet (their missing gradients count as zeros), then wait for all."""
-        while self._launched < len(self.order):
-            store, k = self.order[self._launched]
-            store.launch(k)
-            self._launched += 1
-        self.queue.wait_all()
-        self._arrived = [0] * len(self.order)
-        self._launched = 0

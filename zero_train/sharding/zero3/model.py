@@ -1,10 +1,10 @@
 """Zero3Model: ZeRO stage 3 (the ZeRO paper's P_os+g+p) in plain torch.distributed.
 
-Every parameter lives only as this rank's 1/N slice of its unit's flat buffer (zero3_units.py: a unit is a
+Every parameter lives only as this rank's 1/N slice of its unit's flat buffer (units.py: a unit is a
 transformer block, the embeddings, the head, or the root; a scope mixing frozen and trainable parameters, as
 LoRA's base and adapters, is two units). A unit is all-gathered just before the forward of
 a module that uses it and freed after; gathered again before that module's backward and freed after; its
-gradients are reduce-scattered to their owners as soon as they are complete (zero3_grads.py). The next unit's
+gradients are reduce-scattered to their owners as soon as they are complete (grads.py). The next unit's
 gather is launched while the current one computes, in the order the last pass ran the modules.
 
     sharded = Zero3Model(model)                               # shards the model in place
@@ -43,11 +43,11 @@ import weakref
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding.collectives import backend_name, group_rank_and_size
-from zero_train.sharding.zero3_comm import gather_slices
-from zero_train.sharding.zero3_grads import GradientReducer
-from zero_train.sharding.zero3_hooks import BackwardCall, in_backward, output_tensors, wrap_inputs
-from zero_train.sharding.zero3_units import HookPoint, Unit, choose_unit_modules, scopes
+from zero_train.sharding.comm.collectives import gather_slices
+from zero_train.sharding.comm.groups import backend_name, group_rank_and_size
+from zero_train.sharding.zero3.grads import GradientReducer
+from zero_train.sharding.zero3.hooks import BackwardCall, in_backward, output_tensors, wrap_inputs
+from zero_train.sharding.zero3.units import HookPoint, Unit, choose_unit_modules, scopes
 
 
 class Zero3Model:
@@ -55,7 +55,7 @@ class Zero3Model:
 
     Args:
         model: a module whose parameters share one dtype; real (a normal model) or on the meta device
-            (then `values_of` gives each parameter's values: zero3_init.py).
+            (then `values_of` gives each parameter's values: meta_build.py).
         unit_modules: the modules to gather one at a time, the model itself included (default
             `choose_unit_modules`: decoder layers, embeddings, head, root).
         process_group: the data-parallel group (None: the default group).

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from zero_train.sharding.flat_grads import dense_grad
-from zero_train.sharding.overlap import ReductionQueue
+from zero_train.sharding.comm.overlap import ReductionQueue
 from zero_train.sharding.partition import Bucket, gradient_buckets
-from zero_train.sharding.segments import Segment
+from zero_train.sharding.zero12.flat_grads import dense_grad
+from zero_train.sharding.zero12.segments import Segment
 
 
 class BucketBuffers:

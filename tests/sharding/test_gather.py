@@ -1,4 +1,4 @@
-"""Export and consolidation gather to one rank through CPU, one tensor at a time (zero_train.sharding.gather).
+"""Export and consolidation gather to one rank through CPU, one tensor at a time (zero_train.sharding.comm.gather).
 
 One 2-rank gloo run: a bf16 model of 24 equal linear layers under Zero1Optimizer, 2 AdamW steps, then
 - gathered_master_params(to=0) and (to=1) equal the all-gathered masters, in CPU memory, only on the receiver;

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding import collectives, norms
+from zero_train.sharding import norms
+from zero_train.sharding.comm import collectives
 from zero_train.sharding.partition import Piece
-from zero_train.sharding.zero3 import Zero3Model
-from zero_train.sharding.zero3_state import Zero3StateDict
-from zero_train.sharding.zero3_units import Unit
+from zero_train.sharding.zero3.model import Zero3Model
+from zero_train.sharding.zero3.state import Zero3StateDict
+from zero_train.sharding.zero3.units import Unit
 
 
 @dataclass(frozen=True, slots=True, eq=False)

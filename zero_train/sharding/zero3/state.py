@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding.gather import gather_tensor
+from zero_train.sharding.comm.gather import gather_tensor
 from zero_train.sharding.state_dict import SHARD_FORMAT, check_groups_match
 
 

@@ -19,7 +19,7 @@ class BackwardCall:
     """One forward call of a hook point, seen from backward."""
 
     point: object
-    """The hook point (zero3_units.HookPoint) that ran."""
+    """The hook point (units.HookPoint) that ran."""
     acquired: bool = False
     """Its units were gathered for this call's backward."""
     released: bool = False

@@ -1,58 +1,34 @@
-"""The few collectives the sharders use, on flat buffers whose rank parts are given as (starts, lengths).
+"""gloo's side of the collectives: our rings and exchanges of point-to-point messages (isend/irecv).
 
-Choice per backend: gloo's reduce_scatter_tensor is an all-reduce plus a copy underneath and its
-all_gather_into_tensor is slower still, while a ring of isend/irecv moves the same buffer fastest (timings:
-docs/zero1.md). So on gloo both the reduction and the all-gather are hand-written rings of point-to-point
-messages; on NCCL (and any other backend) torch's own collectives are used: one reduce-scatter per
-bucket (`reduce_scatter_parts`), `all_gather_into_tensor` over equal slices.
+gloo's reduce_scatter_tensor is an all-reduce plus a copy underneath and its all_gather_into_tensor is slower
+still, while a ring of isend/irecv moves the same buffer fastest (timings: docs/zero1.md). collectives.py
+chooses between this file and nccl.py per backend.
 
-The gloo reduction ring (`ring_schedule`): part r is summed along the ranks r+1, r+2, ..., r, always in
+The reduction ring (`ring_schedule`): part r is summed along the ranks r+1, r+2, ..., r, always in
 that order, ((g[r+1] + g[r+2]) + ...) + g[r], the same on every run (deterministic), whatever the chunk
 size. Each part travels in chunks that follow each other along the ring (a pipeline), so a bucket that
 lies in one rank's slice does not cost N-1 sequential hops of its whole size. Bytes rank r sends per
 reduction, with L_i the elements of part i, D = sum L_i and e bytes per element: (D - L_r) e, every part
 but its own; the all-gather of equal slices sends (D - L_{r+1}) e. Summed over the ranks 2 (N-1) D e,
 what DDP's ring all-reduce sends (the ZeRO paper's 2 Psi). accounting.py counts these bytes.
+
+ZeRO-3's exchanges (`exchange_gather`, `exchange_reduce_scatter`): every rank posts its N-1 sends and N-1
+receives at once (a direct exchange); the reduce-scatter adds what it received when waited for, in rank order
+after its own part: 3-5x faster than gloo's own collectives on loopback
+(docs/zero3.md#communication-3-psi-per-step). Their messages carry a tag per (unit, collective), so operations
+in flight at the same time (a gather of the next block, a reduce-scatter of the last) never pair the wrong
+buffers.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
-TORCH_COLLECTIVES_ENV = "ZT_TORCH_COLLECTIVES"
-"""Set to 1 to run torch's collectives (the path NCCL takes) on gloo too: how a CPU test exercises the NCCL
-branch (tests/sharding/test_nccl.py), and how gloo's own collectives are timed against our rings."""
+from zero_train.sharding.comm.groups import global_rank, group_rank_and_size
 
 RECV_BUFFER_ELEMENTS = 1 << 22
 """Largest receive buffer of a gloo reduction ring (16 MB in fp32), so it costs O(1), not Psi/N."""
-
-
-def group_rank_and_size(process_group=None) -> tuple[int, int]:
-    """(rank, world size) of this process in `process_group` (None: the default group; (0, 1) if none)."""
-    if process_group is None and not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(process_group), dist.get_world_size(process_group)
-
-
-def uses_p2p_rings(process_group=None) -> bool:
-    """True on gloo, whose reduce-scatter and all-gather are slower than our isend/irecv rings (unless
-    $ZT_TORCH_COLLECTIVES=1 forces torch's collectives, the NCCL path)."""
-    return dist.get_backend(process_group) == "gloo" and os.environ.get(TORCH_COLLECTIVES_ENV) != "1"
-
-
-def backend_name(process_group=None) -> str:
-    """The group's backend ("gloo", "nccl", ...); "gloo" without a process group (nothing travels)."""
-    if process_group is None and not dist.is_initialized():
-        return "gloo"
-    return str(dist.get_backend(process_group))
-
-
-def global_rank(rank: int, process_group) -> int:
-    """The default group's rank of `rank` in `process_group` (what point-to-point calls take)."""
-    return dist.get_global_rank(process_group, rank) if process_group is not None else rank
 
 
 MIN_CHUNK_ELEMENTS = 1 << 16
@@ -154,73 +130,10 @@ def ring_reduce_(flat: torch.Tensor, recv_buffer: torch.Tensor, process_group, s
             flat[start : start + received.numel()].add_(received)
 
 
-def reduce_to_owners_(
-    flat: torch.Tensor,
-    recv_buffer: torch.Tensor | None,
-    process_group=None,
-    *,
-    starts,
-    lengths,
-    async_op=False,
-):
-    """Sum part r of `flat` (`starts[r]`, `lengths[r]`) over the ranks onto rank r (other parts: partial sums).
-
-    gloo: our ring (synchronous; overlap.py runs it on a communication thread). Other backends: one
-    `reduce_scatter_parts` (one collective for the whole bucket).
-
-    Returns:
-        With async_op (not gloo): the works to wait on; else an empty list.
-    """
+def ring_all_gather_(slices: torch.Tensor, process_group, lengths: list[int]) -> None:
+    """The gloo all-gather ring: slice r of `slices` (N rows) travels from rank r to every rank; only the
+    first `lengths[r]` elements of each slice (its data) are sent."""
     rank, world_size = group_rank_and_size(process_group)
-    if world_size == 1:
-        return []
-    if uses_p2p_rings(process_group):
-        assert not async_op, "the gloo ring is synchronous"
-        ring_reduce_(flat, recv_buffer, process_group, starts, lengths)
-        return []
-    work = reduce_scatter_parts(flat, process_group, starts=starts, lengths=lengths, async_op=async_op)
-    return [work] if async_op else []
-
-
-def reduce_scatter_parts(flat: torch.Tensor, process_group=None, *, starts, lengths, async_op=False):
-    """ONE collective per bucket: part r of `flat` summed over the ranks into place on rank r.
-
-    The parts are contiguous and in rank order (a bucket cut at the owners' boundaries), but unequal: only
-    the ranks whose slice the bucket overlaps have one. Equal parts that fill the bucket go to
-    `reduce_scatter_tensor` (NCCL's ReduceScatter, in place). Otherwise torch's `reduce_scatter` of the N
-    parts: NCCL runs unequal ones as one group of N ncclReduce calls (ProcessGroupNCCL::reduce_scatter), one
-    launch, each rank sending exactly its parts, as the old one-reduce-per-owner did in N launches. Padding
-    every part to the largest would make it a ReduceScatter too, but sends N x the largest part: for a bucket
-    inside one rank's slice, N times the bucket (docs/zero1.md#the-nccl-path).
-
-    Returns:
-        The work (with async_op), else None.
-    """
-    rank, _ = group_rank_and_size(process_group)
-    parts = [flat[start : start + length] for start, length in zip(starts, lengths, strict=True)]
-    if lengths[0] and all(length == lengths[0] for length in lengths):
-        whole = flat[starts[0] : starts[0] + lengths[0] * len(lengths)]
-        return dist.reduce_scatter_tensor(parts[rank], whole, group=process_group, async_op=async_op)
-    return dist.reduce_scatter(parts[rank], parts, group=process_group, async_op=async_op)
-
-
-def all_gather_(flat: torch.Tensor, process_group=None, *, lengths: list[int] | None = None) -> None:
-    """Copy every rank's slice of `flat` to all ranks (in place: slice r comes from rank r).
-
-    Args:
-        flat: buffer of world_size equal slices; this rank's slice holds its values.
-        process_group: the data-parallel group (None: default).
-        lengths: elements at the start of each slice that carry data (gloo: only those travel);
-            None: whole slices.
-    """
-    rank, world_size = group_rank_and_size(process_group)
-    if world_size == 1:
-        return
-    slices = flat.view(world_size, -1)
-    if not uses_p2p_rings(process_group):
-        dist.all_gather_into_tensor(flat, slices[rank], group=process_group)
-        return
-    lengths = lengths or [slices.shape[1]] * world_size
     right, left = (
         global_rank((rank + 1) % world_size, process_group),
         global_rank((rank - 1) % world_size, process_group),
@@ -238,7 +151,44 @@ def all_gather_(flat: torch.Tensor, process_group=None, *, lengths: list[int] | 
             work.wait()
 
 
-def all_reduce_(tensor: torch.Tensor, process_group=None, op=dist.ReduceOp.SUM) -> None:
-    """Reduce a small tensor (norms, flags) over the ranks, in place."""
-    if group_rank_and_size(process_group)[1] > 1:
-        dist.all_reduce(tensor, op=op, group=process_group)
+def exchange_gather(slices: torch.Tensor, process_group, *, tag: int) -> list:
+    """Post the receives of every other rank's slice and the sends of this rank's (ZeRO-3's gather); the works."""
+    rank, world_size = group_rank_and_size(process_group)
+    works = []
+    for peer in range(world_size):
+        if peer != rank:
+            works.append(
+                dist.irecv(slices[peer], src=global_rank(peer, process_group), group=process_group, tag=tag)
+            )
+    for peer in range(world_size):
+        if peer != rank:
+            works.append(
+                dist.isend(slices[rank], dst=global_rank(peer, process_group), group=process_group, tag=tag)
+            )
+    return works
+
+
+def exchange_reduce_scatter(slices: torch.Tensor, process_group, *, tag: int):
+    """Send slice `peer` to each peer and receive their copies of this rank's slice (ZeRO-3's reduce-scatter).
+
+    Returns:
+        (works, finish): wait for the works, then `finish()` adds what was received into this rank's slice,
+        in rank order after its own part.
+    """
+    rank, world_size = group_rank_and_size(process_group)
+    peers = [peer for peer in range(world_size) if peer != rank]
+    received = torch.empty((len(peers), slices.shape[1]), dtype=slices.dtype, device=slices.device)
+    works = [
+        dist.irecv(received[k], src=global_rank(peer, process_group), group=process_group, tag=tag)
+        for k, peer in enumerate(peers)
+    ]
+    for peer in peers:
+        works.append(
+            dist.isend(slices[peer], dst=global_rank(peer, process_group), group=process_group, tag=tag)
+        )
+
+    def add_received() -> None:
+        for k in range(len(peers)):
+            slices[rank].add_(received[k])
+
+    return works, add_received

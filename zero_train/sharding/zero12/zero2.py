@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from zero_train.sharding import accounting
-from zero_train.sharding.grad_buckets import BucketBuffers, GradientBuckets
 from zero_train.sharding.partition import Bucket
-from zero_train.sharding.sharded import ShardedOptimizer
+from zero_train.sharding.zero12.grad_buckets import BucketBuffers, GradientBuckets
+from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
 
 class Zero2Optimizer(ShardedOptimizer):

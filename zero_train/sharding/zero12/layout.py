@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding import collectives
-from zero_train.sharding.hooks import BackwardHooks
-from zero_train.sharding.overlap import BucketSchedule
+from zero_train.sharding.comm import collectives, gloo
 from zero_train.sharding.partition import Piece
-from zero_train.sharding.segments import Segment
+from zero_train.sharding.zero12.hooks import BackwardHooks
+from zero_train.sharding.zero12.schedule import BucketSchedule
+from zero_train.sharding.zero12.segments import Segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ class ShardedLayout:
         if not (self.world_size > 1 and collectives.uses_p2p_rings(self.process_group)):
             return None
         buckets = [bucket for store in self._stores for bucket in store.buckets]
-        elements = max((collectives.ring_receive_elements(list(b.lengths)) for b in buckets), default=1)
+        elements = max((gloo.ring_receive_elements(list(b.lengths)) for b in buckets), default=1)
         param = self._params[0]
         return torch.empty(elements, dtype=self._gradient_dtypes()[1], device=param.device)
 

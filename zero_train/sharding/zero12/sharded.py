@@ -27,13 +27,15 @@ import math
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding import collectives, norms
-from zero_train.sharding.hooks import BackwardHooks
-from zero_train.sharding.layout import OwnedPiece, ShardedLayout
-from zero_train.sharding.overlap import ReductionQueue
-from zero_train.sharding.report import ShardedReport
-from zero_train.sharding.segments import Segment
+from zero_train.sharding import norms
+from zero_train.sharding.comm import collectives
+from zero_train.sharding.comm.groups import backend_name, group_rank_and_size
+from zero_train.sharding.comm.overlap import ReductionQueue
 from zero_train.sharding.state_dict import ShardedStateDict
+from zero_train.sharding.zero12.hooks import BackwardHooks
+from zero_train.sharding.zero12.layout import OwnedPiece, ShardedLayout
+from zero_train.sharding.zero12.report import ShardedReport
+from zero_train.sharding.zero12.segments import Segment
 
 ELEMENTWISE_OPTIMIZERS = (
     torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.Adamax,
@@ -97,8 +99,8 @@ class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.opt
         self.bucket_elements = int(bucket_elements) if bucket_elements is not None else None
         self.process_group, self.master_dtype, self.loss_scaler = process_group, master_dtype, loss_scaler
         self.grad_dtype, self.reduce_dtype = grad_dtype, reduce_dtype
-        self.rank, self.world_size = collectives.group_rank_and_size(process_group)
-        self.backend = collectives.backend_name(process_group)
+        self.rank, self.world_size = group_rank_and_size(process_group)
+        self.backend = backend_name(process_group)
         self.last_step_skipped = False
         super().__init__(params, defaults)
         # every parameter that has been trainable, in segment order

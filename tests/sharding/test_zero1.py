@@ -170,7 +170,7 @@ def _add_group_and_fp16(rank: int, world_size: int) -> dict:
 def _torch_collectives_diff(rank: int) -> dict[str, float]:
     """The NCCL code path (torch's reduce-scatter / reduce / all-gather instead of our rings), run on gloo:
     the same training up to the summation order."""
-    from zero_train.sharding import collectives
+    from zero_train.sharding.comm import collectives
 
     finals = {}
     for rings in (True, False):
@@ -223,14 +223,14 @@ def _zero2_bytes(rank: int) -> dict:
 
 def _small_receive_buffer_diff(rank: int) -> float:
     """The gloo ring moves a region in pieces of its receive buffer: tiny pieces give the same result."""
-    from zero_train.sharding import collectives
+    from zero_train.sharding.comm import gloo
 
     finals = []
-    for piece in (collectives.RECV_BUFFER_ELEMENTS, 7):
-        collectives.RECV_BUFFER_ELEMENTS, default = piece, collectives.RECV_BUFFER_ELEMENTS
+    for piece in (gloo.RECV_BUFFER_ELEMENTS, 7):
+        gloo.RECV_BUFFER_ELEMENTS, default = piece, gloo.RECV_BUFFER_ELEMENTS
         model = TiedNet()
         optimizer = Zero1Optimizer(model.parameters(), torch.optim.AdamW, lr=1e-2, foreach=False)
-        collectives.RECV_BUFFER_ELEMENTS = default
+        gloo.RECV_BUFFER_ELEMENTS = default
         chunk = min(
             -(-optimizer.partitions[0].num_elements // 2), piece
         )  # an N-th of the bucket, at most piece

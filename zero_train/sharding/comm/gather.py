@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zero_train.sharding.collectives import global_rank, group_rank_and_size
+from zero_train.sharding.comm.groups import global_rank, group_rank_and_size
 
 
 def comm_device(process_group=None) -> torch.device:
