@@ -243,7 +243,9 @@ def _only_complete_checkpoints(save_dir: pathlib.Path, latest: str) -> list[str]
 def test_full_disk_during_a_save_stops_every_zero1_rank_with_one_line(workdir, tmp_path):
     from zero_train.testing.storage import tmpfs
 
-    with tmpfs(tmp_path / "fs", "12m") as fs:  # one tiny zero1 checkpoint (8.3 MB with its tokenizer) fits, two do not
+    with tmpfs(
+        tmp_path / "fs", "12m"
+    ) as fs:  # one tiny zero1 checkpoint (8.3 MB with its tokenizer) fits, two do not
         save_dir = fs / "ckpt"
         # spawned ranks (train.py's main, its console captured): the fault is the loop's, not the interpreter's
         flags = _flags(workdir, "zero1", tmp_path, "--save-dir", str(save_dir), "--save-every", "2")

@@ -63,8 +63,9 @@ def ring_receive_elements(lengths: list[int], limit: int | None = None) -> int:
     if len(lengths) < 2:
         return 0
     nonempty = sum(1 for length in lengths if length)
-    return ring_receive_elements_of(parts=len(lengths), nonempty=nonempty, total=sum(lengths),
-                                    largest=max(lengths), limit=limit)  # fmt: skip
+    return ring_receive_elements_of(
+        parts=len(lengths), nonempty=nonempty, total=sum(lengths), largest=max(lengths), limit=limit
+    )
 
 
 def ring_receive_elements_of(

@@ -1,0 +1,76 @@
+"""Lines a reader opens to read each ZeRO stage of zero_train/sharding/, from its class down to torch.
+
+    python scripts/sharding_reading_budget.py            # this checkout
+    python scripts/sharding_reading_budget.py ROOT       # another checkout's zero_train/ under ROOT
+
+Follows the imports (`from zero_train.sharding... import`) from the stage's module, within sharding/, counts
+every module reached once, and leaves out sharding/comm/ (the collectives: read apart). ZeRO-2 and ZeRO-3
+count only the lines not already read for the stages before them (issue 38's reading budget: ZeRO-1 at most
+900, ZeRO-2 at most 300 more, ZeRO-3 at most 1,100 more).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+
+STAGES = {
+    "zero1": ("zero_train/sharding/zero12/zero1.py", "zero_train/sharding/zero1.py"),
+    "zero2": ("zero_train/sharding/zero12/zero2.py", "zero_train/sharding/zero2.py"),
+    "zero3": ("zero_train/sharding/zero3/optim.py", "zero_train/sharding/zero3_optim.py"),
+}
+IMPORT = re.compile(r"^\s*from (zero_train\.sharding[\w.]*) import ([\w, ()]+)", re.M)
+COMM = (
+    "zero_train/sharding/comm/",
+    "zero_train/sharding/collectives.py",
+    "zero_train/sharding/overlap.py",
+    "zero_train/sharding/gather.py",
+    "zero_train/sharding/zero3_comm.py",
+)
+
+
+def _module_path(root: pathlib.Path, dotted: str) -> pathlib.Path | None:
+    base = root / dotted.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def reached(root: pathlib.Path, start: pathlib.Path) -> set[pathlib.Path]:
+    """Every sharding module (comm/ aside) the stage's module imports, directly or not, itself included."""
+    seen, todo = set(), [start]
+    while todo:
+        path = todo.pop()
+        if path in seen or str(path.relative_to(root)).startswith(COMM):
+            continue
+        seen.add(path)
+        for package, names in IMPORT.findall(path.read_text()):
+            for name in [package + "." + n.strip(" ()") for n in names.split(",")] + [package]:
+                target = _module_path(root, name)
+                if target is not None and target.name != "__init__.py":
+                    todo.append(target)
+    return seen
+
+
+def budgets(root: pathlib.Path) -> dict[str, int]:
+    """{stage: lines to read beyond the stages before it}."""
+    read: set[pathlib.Path] = set()
+    counts = {}
+    for stage, candidates in STAGES.items():
+        start = next(root / c for c in candidates if (root / c).is_file())
+        new = reached(root, start) - read
+        counts[stage] = sum(len(path.read_text().splitlines()) for path in new)
+        read |= new
+    return counts
+
+
+def main() -> None:
+    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[1])
+    for stage, lines in budgets(root).items():
+        print(f"{stage}: {lines} lines")
+
+
+if __name__ == "__main__":
+    main()
