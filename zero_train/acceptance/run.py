@@ -120,7 +120,7 @@ def check_all(runs, elastic, errors, out, settings, facts, process_terms, why_no
     checks += training.resume(runs, errors, out, device_kind=facts["kind"])
     checks += training.export(runs, errors, out)
     checks += training.elastic(runs, elastic, errors, out, world_size=1, why_not=why_not)
-    peak_checks, rows = measures.peaks(runs, errors, out)
+    peak_checks, rows = measures.peaks(runs, errors, out, sampled=facts["kind"] == "cpu")
     checks += peak_checks
     checks += measures.traffic(runs, rows, world_size=facts["world_size"])
     checks += measures.margin(runs, errors, out, rows, process_terms)
