@@ -26,6 +26,12 @@ SHARD_FORMAT = "zero_train.flat_shard/2"
 WHOLE_TENSOR_FORMAT = "zero_train.zero1_shard/1"
 
 
+def hyperparameters(group: dict) -> dict:
+    """A param group's settings (lr, betas, weight_decay, ...) without its parameters: what the outer and the
+    inner optimizer's groups share, and what a shard saves of each group. Every stage uses this one."""
+    return {k: v for k, v in group.items() if k != "params"}
+
+
 def check_groups_match(saved_groups: list[dict], groups: list[dict]) -> None:
     """UsageError unless the saved param groups have the same number of groups and parameters per group."""
     saved = [len(g["params"]) for g in saved_groups]
@@ -150,8 +156,7 @@ class ShardedStateDict:
             if mixed:
                 masters.setdefault(key, []).append([*place, owned.master.detach().clone()])
         groups = [
-            {**self._hyperparameters(g), "params": [index[id(p)] for p in g["params"]]}
-            for g in self.param_groups
+            {**hyperparameters(g), "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups
         ]
         return {
             "format": SHARD_FORMAT,
@@ -177,7 +182,7 @@ class ShardedStateDict:
         check_groups_match(state_dict["param_groups"], self.param_groups)
         states, masters = self._pieces_from(state_dict)
         for group, saved in zip(self.param_groups, state_dict["param_groups"], strict=True):
-            group.update(self._hyperparameters(saved))
+            group.update(hyperparameters(saved))
         inner = self._inner.state_dict()
         inner["state"] = {}
         for position, owned in enumerate(self._pieces):

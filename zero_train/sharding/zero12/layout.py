@@ -17,6 +17,7 @@ import torch
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.comm import collectives, gloo
 from zero_train.sharding.partition import Piece
+from zero_train.sharding.state_dict import hyperparameters
 from zero_train.sharding.zero12.hooks import BackwardHooks
 from zero_train.sharding.zero12.schedule import BucketSchedule
 from zero_train.sharding.zero12.segments import Segment
@@ -122,19 +123,15 @@ class ShardedLayout:
                     master = segment.master_view(piece)
                     self._pieces.append(OwnedPiece(param, position[id(param)], segment, piece, master))
                     masters.append(master)
-            inner_groups.append({**self._hyperparameters(group), "params": masters})
+            inner_groups.append({**hyperparameters(group), "params": masters})
         previous = self._inner.state if self._inner is not None else {}
         self._inner = self.optimizer_class(inner_groups, **self.defaults)
         for owned_piece in self._pieces:
             if owned_piece.master in previous:
                 self._inner.state[owned_piece.master] = previous[owned_piece.master]
         for group, inner_group in zip(self.param_groups, self._inner.param_groups, strict=True):
-            for key, value in self._hyperparameters(inner_group).items():
+            for key, value in hyperparameters(inner_group).items():
                 group.setdefault(key, value)  # so LR schedulers see "lr" even if it was a default
-
-    @staticmethod
-    def _hyperparameters(group: dict) -> dict:
-        return {k: v for k, v in group.items() if k != "params"}
 
     def _refresh_trainable(self) -> None:
         """Take in parameters unfrozen since the last call (a new segment) and frozen ones (their buckets).

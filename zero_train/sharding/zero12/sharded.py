@@ -31,7 +31,7 @@ from zero_train.sharding import norms
 from zero_train.sharding.comm import collectives
 from zero_train.sharding.comm.groups import backend_name, group_rank_and_size
 from zero_train.sharding.comm.overlap import ReductionQueue
-from zero_train.sharding.state_dict import ShardedStateDict
+from zero_train.sharding.state_dict import ShardedStateDict, hyperparameters
 from zero_train.sharding.zero12.hooks import BackwardHooks
 from zero_train.sharding.zero12.layout import OwnedPiece, ShardedLayout
 from zero_train.sharding.zero12.report import ShardedReport
@@ -267,10 +267,10 @@ class ShardedOptimizer(ShardedLayout, ShardedStateDict, ShardedReport, torch.opt
             self.last_step_skipped = overflow
         if not self.last_step_skipped:
             for group, inner_group in zip(self.param_groups, self._inner.param_groups, strict=True):
-                inner_group.update(self._hyperparameters(group))  # lr set by schedulers reaches the pieces
+                inner_group.update(hyperparameters(group))  # lr set by schedulers reaches the pieces
             self._inner.step(**kwargs)
             for group, inner_group in zip(self.param_groups, self._inner.param_groups, strict=True):
-                group.update(self._hyperparameters(inner_group))  # what the inner optimizer changed or added
+                group.update(hyperparameters(inner_group))  # what the inner optimizer changed or added
             for segment in self._segments:
                 segment.publish(self.process_group)
         self._end_step()

@@ -24,6 +24,7 @@ from zero_train.runtime.errors import UsageError
 from zero_train.sharding import norms
 from zero_train.sharding.comm import collectives
 from zero_train.sharding.partition import Piece
+from zero_train.sharding.state_dict import hyperparameters
 from zero_train.sharding.zero3.model import Zero3Model
 from zero_train.sharding.zero3.state import Zero3StateDict
 from zero_train.sharding.zero3.units import Unit
@@ -117,14 +118,14 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
                     owned = OwnedPiece(param, unit, piece, self._master_view(unit, piece))
                     self._pieces.append(owned)
                     masters.append(owned.master)
-            inner_groups.append({**_hyperparameters(group), "params": masters})
+            inner_groups.append({**hyperparameters(group), "params": masters})
         previous = self._inner.state if self._inner is not None else {}
         self._inner = self.optimizer_class(inner_groups, **self.defaults)
         for owned in self._pieces:
             if owned.master in previous:
                 self._inner.state[owned.master] = previous[owned.master]
         for group, inner_group in zip(self.param_groups, self._inner.param_groups, strict=True):
-            for key, value in _hyperparameters(inner_group).items():
+            for key, value in hyperparameters(inner_group).items():
                 group.setdefault(key, value)  # so LR schedulers see "lr" even if it was a default
 
     def _trainable_params(self) -> list[torch.nn.Parameter]:
@@ -235,7 +236,7 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
             self.last_step_skipped = overflow
         if not self.last_step_skipped:
             for group, inner_group in zip(self.param_groups, self._inner.param_groups, strict=True):
-                inner_group.update(_hyperparameters(group))  # lr set by schedulers reaches the pieces
+                inner_group.update(hyperparameters(group))  # lr set by schedulers reaches the pieces
             self._inner.step(**kwargs)
             if self.has_master_copies:
                 for unit in self.sharded.units:
@@ -277,10 +278,6 @@ class Zero3Optimizer(Zero3StateDict, torch.optim.Optimizer):
             optimizer_states=states,
             comm_buffers=sharded.reducer.in_flight_bytes(),
         )
-
-
-def _hyperparameters(group: dict) -> dict:
-    return {k: v for k, v in group.items() if k != "params"}
 
 
 def _nbytes(tensor: torch.Tensor | None) -> int:

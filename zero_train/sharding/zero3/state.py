@@ -19,7 +19,7 @@ import torch
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.comm.gather import gather_tensor
-from zero_train.sharding.state_dict import SHARD_FORMAT, check_groups_match
+from zero_train.sharding.state_dict import SHARD_FORMAT, check_groups_match, hyperparameters
 
 
 class Zero3StateDict:
@@ -44,7 +44,9 @@ class Zero3StateDict:
             if self._inner.state.get(owned.master):
                 place = [owned.piece.tensor_offset, owned.piece.length]
                 states.setdefault(key, []).append([*place, dict(self._inner.state[owned.master])])
-        groups = [{**_hyper(g), "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups]
+        groups = [
+            {**hyperparameters(g), "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups
+        ]
         return {
             "format": SHARD_FORMAT,
             "world_size": self.world_size,
@@ -75,7 +77,7 @@ class Zero3StateDict:
             raise UsageError(f"not {SHARD_FORMAT} optimizer shards (saved by another engine or version?)")
         check_groups_match(shards[0]["param_groups"], self.param_groups)
         for group, saved in zip(self.param_groups, shards[0]["param_groups"], strict=True):
-            group.update(_hyper(saved))
+            group.update(hyperparameters(saved))
         index = self._global_indices()
         saved: dict[int, list] = {}
         for shard in shards:
@@ -157,7 +159,3 @@ def _cut(saved: list, offset: int, length: int, like: torch.Tensor) -> dict:
         k: v.view(like.shape).to(like.device) if torch.is_tensor(v) and v.dim() > 0 else v
         for k, v in state.items()
     }
-
-
-def _hyper(group: dict) -> dict:
-    return {k: v for k, v in group.items() if k != "params"}
