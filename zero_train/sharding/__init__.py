@@ -1,4 +1,7 @@
-"""Our hand-written ZeRO-1, ZeRO-2 and ZeRO-3 in plain torch.distributed (docs/zero1.md, zero2.md, zero3.md).
+"""Our hand-written ZeRO-1, ZeRO-2 and ZeRO-3 in plain torch.distributed.
+
+How to read it: docs/sharding.md (the files in reading order, a glossary); each stage: docs/zero1.md, zero2.md,
+zero3.md.
 
 partition.py    which rank owns which elements of a flat buffer, pieces, buckets (pure arithmetic)
 accounting.py   buffer bytes and bytes sent per step, per backend, from a partition (pure arithmetic)
