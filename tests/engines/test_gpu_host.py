@@ -74,7 +74,7 @@ torch.cuda.is_available = lambda: True  # a GPU node, as DeepSpeed's accelerator
 torch.cuda.device_count = lambda: 2
 import zero_train.train.loop as loop
 assert "deepspeed" not in sys.modules, "imported before the entry point ran"
-def report(args):
+def report(args, *, plan=None):
     from deepspeed.accelerator import get_accelerator
     print("deepspeed accelerator:", get_accelerator().device_name())
 loop.run_training = report
@@ -125,7 +125,7 @@ def test_entry_points_set_ds_accelerator_before_importing_the_run(
     monkeypatch.setattr(
         setup, "import_run_modules", lambda args: seen.append(os.environ.get("DS_ACCELERATOR"))
     )
-    monkeypatch.setattr(loop, "run_training", lambda args: None)
+    monkeypatch.setattr(loop, "run_training", lambda args, *, plan=None: None)
     monkeypatch.setattr(hf_peer, "run_peer", lambda args: None)
     monkeypatch.setattr(sys, "argv", [script, "--engine", "deepspeed", "--model", "tiny"])
     with pytest.raises(SystemExit) as exited:
