@@ -204,7 +204,7 @@ def _engine_checkpoints(rank, world_size, save_root):
 
     from zero_train.ds_config import resolve_auto, train_settings
     from zero_train.engines import build_engine
-    from zero_train.hf import data, packing
+    from zero_train.hf import batches as hf_batches, data
     from zero_train.runtime.dist import DistInfo
 
     dist_info = DistInfo(
@@ -229,7 +229,7 @@ def _engine_checkpoints(rank, world_size, save_root):
             ds_config=resolve_auto(cfg, settings),
             dist_info=dist_info,
         )
-        batches = packing.rank_batches(
+        batches = hf_batches.rank_batches(
             packed["train"], rank=rank, world_size=world_size, micro_batch_size=2, seed=0
         )
         for _ in range(2):

@@ -57,7 +57,7 @@ def test_a_runs_imports_trigger_full_collections_unless_paused():
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     on, paused = probe("on"), probe("paused")
-    everything = ["datasets", "transformers.models.llama.modeling_llama", "deepspeed",
+    everything = ["transformers.models.llama.modeling_llama", "deepspeed",
                   "zero_train.engines.deepspeed_engine"]  # fmt: skip
     assert on["modules"] == paused["modules"] == everything  # the same imports both ways
     assert on["full"] >= 3 and on["frozen"] == 0  # what every start-up paid: full passes over the modules

@@ -6,7 +6,7 @@ The Trainer reads the run config's parts it owns (data, training, evaluation, ou
 the model's to the model builder, the checkpoint's to RunCheckpoints.
 
 One optimizer step = settings.grad_accum micro-batches through engine.forward_backward, then engine.step().
-Each rank reads its own rows of a seeded, per-epoch shuffle (zero_train.hf.packing.rank_batches), so the data
+Each rank reads its own rows of a seeded, per-epoch shuffle (zero_train.hf.batches.rank_batches), so the data
 position is just the number of micro-steps consumed (a stream's is each rank's read position,
 zero_train.train.data); a checkpoint stores it with every rank's RNG state, and a resumed fp32 run repeats the
 uninterrupted run's losses exactly. Rank 0 reports each step to the trackers of --report-to
