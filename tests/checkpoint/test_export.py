@@ -204,7 +204,8 @@ def _engine_checkpoints(rank, world_size, save_root):
 
     from zero_train.ds_config import resolve_auto, train_settings
     from zero_train.engines import build_engine
-    from zero_train.hf import batches as hf_batches, data
+    from zero_train.hf import batches as hf_batches
+    from zero_train.hf import data
     from zero_train.runtime.dist import DistInfo
 
     dist_info = DistInfo(
