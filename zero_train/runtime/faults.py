@@ -17,6 +17,7 @@ SIGTERM until the launcher SIGKILLs it 30 s later, saying nothing. See `install_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,7 +48,7 @@ DIST_ERROR_HINTS = (
 )
 
 
-_checkpoints: dict = dict(save_dir=None, last=None, saving=None)
+_checkpoints: dict = dict(save_dir=None, last=None, saving=None, on_disk=None)
 """What this rank's run has saved, for the line a stopped run ends with (note_checkpoints, note_saving, ...)."""
 
 
@@ -75,9 +76,14 @@ def record_peers(world_size: int) -> list[tuple[str, int]] | None:
     return [tuple(peer) for peer in peers]
 
 
-def note_checkpoints(save_dir: str | None, *, last: str | None = None) -> None:
-    """The run saves into `save_dir` (None: it does not), its last complete checkpoint so far `last`."""
-    _checkpoints.update(save_dir=save_dir, last=last, saving=None)
+def note_checkpoints(save_dir: str | None, *, last: str | None = None, on_disk=None) -> None:
+    """The run saves into `save_dir` (None: it does not), its last complete checkpoint so far `last`.
+
+    `on_disk()`, when given, returns the complete checkpoints in `save_dir` now (oldest first): a rank
+    stopped while it waits for rank 0 to publish a save has not yet heard that the save is complete, so the
+    line it ends with reads the disk rather than what it last heard.
+    """
+    _checkpoints.update(save_dir=save_dir, last=last, saving=None, on_disk=on_disk)
 
 
 def note_saving(step: int) -> None:
@@ -94,11 +100,17 @@ def _resume_hint() -> str:
     """What a stopped rank says of its checkpoints: the last complete one (named), a save cut short."""
     if _checkpoints["save_dir"] is None:
         return "resume from the last complete checkpoint with --resume auto"
-    cut = _checkpoints["saving"]
+    cut, last = _checkpoints["saving"], _checkpoints["last"]
+    if _checkpoints["on_disk"] is not None:
+        with contextlib.suppress(OSError):
+            complete = _checkpoints["on_disk"]()
+            if complete:
+                last = str(complete[-1].resolve())
+                cut = None if cut is not None and complete[-1].name == f"step-{cut:08d}" else cut
     hint = f"the save of step {cut} was cut short and is not a checkpoint; " if cut is not None else ""
-    if _checkpoints["last"] is None:
+    if last is None:
         return hint + f"no checkpoint in {_checkpoints['save_dir']} is complete yet"
-    return hint + f"the last complete checkpoint is {_checkpoints['last']}: resume from it with --resume auto"
+    return hint + f"the last complete checkpoint is {last}: resume from it with --resume auto"
 
 
 def install_sigterm_report() -> None:

@@ -19,7 +19,7 @@ import shutil
 
 from zero_train.checkpoint.files import MODEL_DIR
 from zero_train.checkpoint.resume import capture_rng, restore_rng
-from zero_train.checkpoint.rotation import reading
+from zero_train.checkpoint.rotation import complete_checkpoints, reading
 from zero_train.checkpoint.save import CheckpointSaver, SaveOptions, estimate_checkpoint_bytes
 from zero_train.runtime import faults
 from zero_train.runtime.dist import rank0_work_group
@@ -68,7 +68,7 @@ class RunCheckpoints:
                 save_dir=config.save_dir, keep_last=config.save_total_limit, background=config.async_save
             )
             self.saver = CheckpointSaver(options, dist_info=dist_info)
-        faults.note_checkpoints(config.save_dir)  # what a stopped rank's line names
+        faults.note_checkpoints(config.save_dir, on_disk=self._on_disk)  # what a stopped rank's line names
 
     def due(self, step: int) -> bool:
         """Whether --save-every asks for a checkpoint after `step`."""
@@ -141,6 +141,10 @@ class RunCheckpoints:
             f"{MODEL_DIR}/{path.name}": path for path in sorted(self.side_folder.iterdir()) if path.is_file()
         }
 
+    def _on_disk(self) -> list[pathlib.Path]:
+        """The complete checkpoints in --save-dir now (for a stopped rank's last line)."""
+        return complete_checkpoints(self.config.save_dir) if self.config.save_dir else []
+
     def _saved(self, folder) -> None:
         self.latest = folder
         faults.note_saved(str(folder.resolve()))
@@ -181,6 +185,8 @@ class RunCheckpoints:
                 f"checkpoint {ckpt} is at step {step}, not before --max-steps "
                 f"{self.max_steps}; raise --max-steps to train further"
             )
-        faults.note_checkpoints(self.config.save_dir, last=str(pathlib.Path(ckpt).resolve()))
+        faults.note_checkpoints(
+            self.config.save_dir, last=str(pathlib.Path(ckpt).resolve()), on_disk=self._on_disk
+        )
         self.log.info(f"resumed from {ckpt} at step {step}")
         return step, micro_steps, client_state.get("data_position")
