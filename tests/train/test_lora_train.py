@@ -279,11 +279,6 @@ def _peer(rank: int, world_size: int, argv: list[str]) -> None:
 
 
 @pytest.mark.tier("multiproc")
-@pytest.mark.xfail(
-    reason="issue 41: since the fine-tuning defaults changed, the Trainer peer's losses leave ours after step 1 "
-    "(0.002 at step 2); not yet traced",
-    strict=False,
-)
 def test_an_hf_auto_config_trains_lora_as_the_hf_trainer_with_peft_does(corpus, elastic_runs):
     import json
 

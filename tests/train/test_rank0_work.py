@@ -19,27 +19,30 @@ pytestmark = pytest.mark.tier("multiproc")
 TIMEOUT_S, SLOWER_S = 3, 4
 
 
-def _slow_on_rank0(module, name: str, rank: int) -> None:
+def _slow_on_rank0(module, name: str, rank: int, slowed: list[str]) -> None:
     original = getattr(module, name)
 
     def slow(*args, **kwargs):
         if rank == 0:
             time.sleep(SLOWER_S)
+            slowed.append(name)
         return original(*args, **kwargs)
 
     setattr(module, name, slow)
 
 
 def _train(rank: int, world_size: int, workdir: str) -> dict:
-    from zero_train.checkpoint import atomic, export
+    from zero_train.checkpoint import atomic
     from zero_train.hf import data
     from zero_train.runtime.dist import init_distributed
+    from zero_train.train import loop
     from zero_train.train.args import parse_args
     from zero_train.train.loop import Trainer
     from zero_train.train.setup import plan_run
 
-    for module, name in ((data, "load_text_dataset"), (atomic, "write_manifest"), (export, "export_model")):
-        _slow_on_rank0(module, name, rank)
+    slowed: list[str] = []  # each name where it is called from: the loop imported export_model at its top
+    for module, name in ((data, "load_text_dataset"), (atomic, "write_manifest"), (loop, "export_model")):
+        _slow_on_rank0(module, name, rank, slowed)
     args = parse_args([
         "--engine", "zero1", "--model", "tiny", "--dataset", f"{workdir}/corpus.txt", "--block-size", "32",
         "--micro-batch-size", "2", "--max-steps", "2", "--precision", "bf16", "--no-progress",
@@ -47,14 +50,9 @@ def _train(rank: int, world_size: int, workdir: str) -> dict:
     ])  # fmt: skip
     started = time.perf_counter()
     summary = Trainer(args, plan_run(args, world_size=world_size), init_distributed()).run()
-    return dict(summary, wall_s=time.perf_counter() - started)
+    return dict(summary, wall_s=time.perf_counter() - started, slowed=slowed)
 
 
-@pytest.mark.xfail(
-    reason="since today's data-path changes rank 1 waits ~11 s, not 3 x 4 s: one of the three slowed rank-0 pieces "
-    "(load_text_dataset, write_manifest, export_model) is no longer on the timed path; not yet traced",
-    strict=False,
-)
 def test_rank0_alone_outlasts_the_collective_timeout(tmp_path, monkeypatch):
     from zero_train.hf.offline import stdlib_files
 
@@ -63,6 +61,7 @@ def test_rank0_alone_outlasts_the_collective_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("ZT_COLLECTIVE_TIMEOUT_S", str(TIMEOUT_S))  # the spawned ranks' default group
     ranks = run_ranks(_train, 2, args=(str(tmp_path),))
     assert all(r["steps"] == 2 and r["export"] == str(tmp_path / "hf") for r in ranks)
+    assert sorted(ranks[0]["slowed"]) == ["export_model", "load_text_dataset", "write_manifest"]
     assert ranks[1]["wall_s"] > 3 * SLOWER_S  # rank 1 did wait for all three (longer than the timeout each)
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     assert (tmp_path / "ckpt" / "step-00000002" / "manifest.json").is_file()

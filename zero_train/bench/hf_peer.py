@@ -9,7 +9,8 @@ maps the resolved settings onto `transformers.TrainingArguments`: a DeepSpeed en
 or the alias deepspeed) hands the resolved config to the Trainer (`TrainingArguments(deepspeed=config)`),
 `--engine ddp` trains with the Trainer's own DDP (no DeepSpeed). Same preset model from the same seed, same packed blocks, same micro-batch size and
 accumulation; the Trainer's own sampler picks the order, and it applies weight decay to weight matrices
-only (its default parameter groups), which changes the numbers, not the work.
+only (its default parameter groups), which changes the numbers, not the work. The run's HF schedule (linear by
+default, its warmup) is the Trainer's own lr_scheduler_type and warmup_steps.
 
 It writes what `zero-train bench` reads from scripts/train.py runs: the metrics JSONL (rank 0; one line per
 optimizer step with step, loss, step_time_s = wall time between consecutive step ends, tokens_per_s) and,
@@ -31,6 +32,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from zero_train.bench.targets import PEER_PREFIX
 from zero_train.comm.ledger import CommLedger
+from zero_train.ds_config.keys import HF_SCHEDULERS
 from zero_train.hf.prepare import prepare_text
 from zero_train.memory import measure
 from zero_train.registry import DEEPSPEED, ENGINES
@@ -75,7 +77,10 @@ def training_arguments(config: RunConfig, plan, output_dir: str, device: torch.d
         adam_beta2=settings.betas[1],
         adam_epsilon=settings.eps,
         max_grad_norm=settings.grad_clip,
-        lr_scheduler_type="constant",  # a config "scheduler" still wins: DeepSpeed builds it
+        # the run's HF schedule (train.schedule.run_schedule) as the Trainer builds it; a config's scheduler
+        # block is DeepSpeed's to build, which wins over the Trainer's type
+        lr_scheduler_type=settings.scheduler if settings.scheduler in HF_SCHEDULERS else "constant",
+        warmup_steps=settings.warmup_steps if settings.scheduler in HF_SCHEDULERS else 0,
         bf16=settings.precision == "bf16",
         fp16=settings.precision == "fp16",
         deepspeed=plan.ds_config if plan.engine.family == DEEPSPEED else None,
