@@ -25,6 +25,7 @@ from zero_train.memory.model.peak_terms import (
     Run,
     activation_terms,
     add_terms,
+    largest_moment,
     local_step_temporaries,
     loss_backward,
     tied_gradient_copies,
@@ -84,7 +85,6 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
     saved = terms.saved_bytes
     # accumulation: the fp32 gradient shards of earlier micro-batches live through the later ones
     held = dict(accumulated_grads=grad_shards["grads"]) if run.grad_accum > 1 else {}
-    recomputed = dict(recomputed_block=terms.recompute_bytes) if terms.recompute_bytes else {}
     root_reduce = dict(
         gathered_params=e * root,
         # the reduce dtype's copy of the root's gradients (LoRA: the root is frozen)
@@ -100,13 +100,26 @@ def fsdp2_phases(run: Run, stage: int) -> Phases:
         backward_start=add_terms(
             rest,
             held,
-            recomputed,
             dict(gathered_params=during_backward, activations=saved, loss_gradients=loss_backward(run)),
         ),
-        backward_end=add_terms(rest, grad_shards, root_reduce),
+        backward_end=add_terms(rest, _recompute_or_reduce(run, grad_shards, root_reduce, e * (root + block))),
         step=add_terms(
             rest,
             grad_shards,
             dict(adamw_temporaries=local_step_temporaries(run, shard_elements(run, trained=True))),
         ),
+    )
+
+
+def _recompute_or_reduce(run: Run, grad_shards: dict, root_reduce: dict, gathered: int) -> dict[str, int]:
+    """The end of backward: the root's gradients reduced, or with checkpointing the first block recomputed (its
+    activations beside the gradient shards, the root and that block gathered), whichever holds more. Backward
+    recomputes a block only after the loss's gradients are gone (the head's matmul comes first), so the
+    recomputed block is a moment of its own, as for every other engine (peak_engines._recompute)."""
+    end = add_terms(grad_shards, root_reduce)
+    recompute = activation_terms(run).recompute_bytes
+    if not recompute:
+        return end
+    return largest_moment(
+        end, add_terms(grad_shards, dict(gathered_params=gathered, recomputed_block=recompute))
     )
