@@ -14,7 +14,7 @@ from zero_train.hf.models import model_config
 from zero_train.sharding import norms
 from zero_train.sharding.comm.gloo import ring_receive_elements, ring_schedule
 from zero_train.sharding.partition import Piece, balance_report, flat_partition, gradient_buckets
-from zero_train.sharding.zero12.sharded import ELEMENTWISE_OPTIMIZERS
+from zero_train.sharding.step import ELEMENTWISE_OPTIMIZERS
 
 pytestmark = pytest.mark.tier("quick")
 

@@ -190,8 +190,8 @@ class ShardedStateDict:
                 inner["state"][position] = states[owned.master]
             if owned.master in masters:
                 owned.master.detach().copy_(masters[owned.master])
-            elif owned.segment.has_master_copies:  # masters from the loaded model weights
-                owned.master.detach().copy_(owned.segment.model_view(owned.piece))
+            elif owned.holder.has_master_copies:  # masters from the loaded model weights
+                owned.master.detach().copy_(owned.holder.model_view(owned.piece))
         self._inner.load_state_dict(inner)
         if self.loss_scaler is not None and state_dict.get("loss_scaler"):
             self.loss_scaler.load_state_dict(state_dict["loss_scaler"])

@@ -1,10 +1,9 @@
 """Our ZeRO-1 and ZeRO-2: every rank keeps the whole model; optimizer state (ZeRO-2: gradients too) sharded.
 
-sharded.py      ShardedOptimizer: segments, the inner optimizer, clipping, the step, param_groups
-layout.py       its segments, this rank's pieces, the inner optimizer, the hooks
+sharded.py      ShardedOptimizer: segments, their gradient stores, the hooks (the step: ../step.py)
 segments.py     a flat parameter buffer, this rank's slice and its fp32 masters
 hooks.py        the post-accumulate-grad hooks and the end-of-backward callback
-schedule.py     every segment's buckets reduced in one order on every rank
+schedule.py     every segment's buckets reduced in one order on every rank; the stores' one interface
 report.py       what a sharder reports: bytes by category, bytes sent, balance
 zero1.py        Zero1Optimizer: every gradient in one flat buffer, reduced to the owners at the boundary
 flat_grads.py   ZeRO-1's flat gradient buffer, filled by the hooks, reduced bucket by bucket

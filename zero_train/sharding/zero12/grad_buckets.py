@@ -84,7 +84,7 @@ class GradientBuckets:
         self.in_place = (
             reduce_dtype or param.dtype
         ) == param.dtype  # a direct bucket travels in its gradient
-        self.owned = torch.zeros(
+        self.accumulated = torch.zeros(
             segment.stop - segment.start, dtype=dtype or param.dtype, device=param.device
         )
         self.seen: set[int] = set()  # parameters whose gradient this rank brought to this step
@@ -99,10 +99,18 @@ class GradientBuckets:
         """The largest bucket that is copied into a bucket buffer (a direct one is reduced in its gradient)."""
         return max((b.size for b in self.buckets if not (b.direct and self.in_place)), default=0)
 
-    def accept(self, param: torch.Tensor) -> None:
-        """A gradient of this backward is complete (refused if sparse)."""
+    def accept(self, param: torch.Tensor, *, boundary: bool = True) -> None:
+        """A gradient of this backward is complete (refused if sparse); every backward is a boundary here."""
         dense_grad(param)
         self.seen.add(id(param))
+
+    def has_grad(self, param: torch.Tensor) -> bool:
+        """This rank brought a gradient of `param` to this step."""
+        return id(param) in self.seen
+
+    def owned(self) -> torch.Tensor:
+        """The accumulated average of the gradients this rank owns (its slice)."""
+        return self.accumulated
 
     def launch(self, k: int) -> None:
         """Divide bucket `k`'s gradients by N into a buffer (a direct bucket: in place), release them, and
@@ -149,9 +157,11 @@ class GradientBuckets:
         length = bucket.lengths[rank]
         if length:
             start = bucket.start + bucket.starts[rank] - self.segment.start
-            self.owned[start : start + length].add_(flat[bucket.starts[rank] : bucket.starts[rank] + length])
+            self.accumulated[start : start + length].add_(
+                flat[bucket.starts[rank] : bucket.starts[rank] + length]
+            )
 
     def new_step(self) -> None:
         """Forget this step's gradients (after the step or zero_grad)."""
         self.seen.clear()
-        self.owned.zero_()
+        self.accumulated.zero_()

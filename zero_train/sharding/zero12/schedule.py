@@ -1,12 +1,46 @@
 """BucketSchedule: every segment's buckets reduced in one order on every rank, as soon as they are complete.
 
 ZeRO-1 (in its boundary backward) and ZeRO-2 (in every backward) launch each bucket's reduction into the
-ReductionQueue (comm/overlap.py) from the gradient hooks; this is the order they launch in.
+ReductionQueue (comm/overlap.py) from the gradient hooks; this is the order they launch in. The stores it
+launches, one per segment, share one interface (GradientStore): ZeRO-1's flat_grads.FlatGradients keeps every
+gradient in one flat buffer, ZeRO-2's grad_buckets.GradientBuckets only the owned ones.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
+import torch
+
 from zero_train.sharding.comm.overlap import ReductionQueue
+from zero_train.sharding.partition import Bucket
+
+
+class GradientStore(Protocol):
+    """One segment's gradients on their way to their owners (ZeRO-1: FlatGradients, ZeRO-2: GradientBuckets)."""
+
+    buckets: list[Bucket]
+    """The segment's buckets of trainable tensors, in backward order (partition.gradient_buckets)."""
+    bucket_of: dict[int, int]
+    """Tensor index in the segment -> its bucket."""
+
+    def set_active(self, active: tuple[bool, ...]) -> None:
+        """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
+
+    def accept(self, param: torch.Tensor, *, boundary: bool) -> None:
+        """`param`'s gradient of this backward is complete (`boundary`: its bucket will be reduced now)."""
+
+    def has_grad(self, param: torch.Tensor) -> bool:
+        """This rank brought a gradient of `param` to this step."""
+
+    def launch(self, k: int) -> None:
+        """Start reducing bucket `k` to its owners (missing gradients count as zeros)."""
+
+    def owned(self) -> torch.Tensor:
+        """This rank's slice of the averaged gradients (after every bucket's reduction was waited for)."""
+
+    def new_step(self) -> None:
+        """Forget this step's gradients (after the step or zero_grad)."""
 
 
 class BucketSchedule:
@@ -22,7 +56,7 @@ class BucketSchedule:
         queue: the ReductionQueue the stores launch into.
     """
 
-    def __init__(self, stores: list, queue: ReductionQueue):
+    def __init__(self, stores: list[GradientStore], queue: ReductionQueue):
         self.queue = queue
         self.order = [(store, k) for store in reversed(stores) for k in range(len(store.buckets))]
         self._place = {(id(store), k): i for i, (store, k) in enumerate(self.order)}

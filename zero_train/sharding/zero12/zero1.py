@@ -69,9 +69,6 @@ class Zero1Optimizer(ShardedOptimizer):
             dtype=grad_dtype,
         )
 
-    def _has_grads(self) -> list[bool]:
-        return [p.requires_grad and self._where[id(p)][0].has_grad(p) for p in self._params]
-
     @contextlib.contextmanager
     def boundary_backward(self):
         """Context for the backward of the LAST micro-batch of a step (optional; the result is identical).

@@ -71,7 +71,7 @@ class Zero2Optimizer(ShardedOptimizer):
 
     def on_grad(self, param: torch.Tensor) -> None:
         store, index = self._where[id(param)]
-        store.accept(param)
+        store.accept(param, boundary=True)
         if index in store.bucket_of:
             self._schedule.arrive(store, store.bucket_of[index])
 
@@ -90,16 +90,15 @@ class Zero2Optimizer(ShardedOptimizer):
         self._refresh_trainable()
         if any(p.requires_grad and p.grad is not None for p in self._params):
             self._schedule.flush()  # gradients no hook saw (computed before this optimizer existed)
-        seen = set().union(*(store.seen for store in self._stores))
-        self._local_has_grad = [p.requires_grad and id(p) in seen for p in self._params]
+        self._local_has_grad = self._has_grads()
         for segment, store in zip(self._segments, self._stores, strict=True):
             for param in segment.params:
                 param.grad = None
             for piece in segment.pieces:
                 param = segment.params[piece.index]
-                if piece.whole and param.requires_grad and store.owned.dtype == param.dtype:
-                    param.grad = segment.owned_view(store.owned, piece)
-        self._set_master_grads([store.owned for store in self._stores])
+                if piece.whole and param.requires_grad and store.owned().dtype == param.dtype:
+                    param.grad = segment.owned_view(store.owned(), piece)
+        self._set_master_grads([store.owned() for store in self._stores])
         self._reduced = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -129,14 +128,12 @@ class Zero2Optimizer(ShardedOptimizer):
     def _grad_bytes(self) -> int:
         """The owned accumulators' data (Psi/N; the last rank's few padding elements aside) plus any gradient
         backward holds before its bucket is reduced."""
-        ends = [
-            (s.owned.data_ptr(), s.owned.data_ptr() + s.owned.numel() * s.owned.element_size())
-            for s in self._stores
-        ]
+        owned = [store.owned() for store in self._stores]
+        ends = [(o.data_ptr(), o.data_ptr() + o.numel() * o.element_size()) for o in owned]
         loose = sum(
             p.grad.numel() * p.grad.element_size()
             for p in {id(p): p for g in self.param_groups for p in g["params"]}.values()
             if p.grad is not None and not any(low <= p.grad.data_ptr() < high for low, high in ends)
         )
-        element_size = self._stores[0].owned.element_size()
+        element_size = owned[0].element_size()
         return sum(s.segment.partition.loads()[self.rank] for s in self._stores) * element_size + loose
