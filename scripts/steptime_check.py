@@ -1,15 +1,24 @@
-"""The step-time model out of sample on this machine: calibrate, then time bench cells the calibration never saw.
+"""The step-time model out of sample on this machine: calibrate, fit each engine's host work on calibration
+cells, then predict bench cells neither ever saw.
 
-    .venv/bin/python scripts/steptime_check.py run --out runs/steptime       # calibrate + the bench sets (~15 min)
-    .venv/bin/python scripts/steptime_check.py report --out runs/steptime    # predictions beside measurements
-    .venv/bin/python scripts/steptime_check.py repeat --out runs/again --first runs/steptime   # run to run
+    .venv/bin/python scripts/steptime_check.py run --role calibration --out runs/steptime   # calibrate + 2 sets
+    .venv/bin/python scripts/steptime_check.py run --role held-out --out runs/steptime      # the 6 judged sets
+    .venv/bin/python scripts/steptime_check.py report --out runs/steptime                  # fit, predict, judge
 
-`run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and one
-`zero-train bench` per set of SETS (one launch each: a world size, a model, checkpointing and accumulation; its
-engines interleaved); `report` predicts every cell's step time from the machine JSON (zero_train.timing, with the
-DeepSpeed config the bench generated for it) and writes OUT/check.md and OUT/check.json: the error per cell,
-the median |error|, and every pair of engines of one set whose measured step times differ by more than 15%,
-ordered right or not.
+The design, fixed before any of it was measured (issue 39 item 4):
+- `run --role calibration` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training
+  step) and runs the CALIBRATION sets: every engine at 2 ranks, no checkpointing, no accumulation, on both model
+  shapes (gpt2-25m, 24.8M parameters; llama-tiny, 0.62M);
+- `report` predicts the calibration cells from machine.json, fits each engine's host work on their residuals
+  (zero_train.timing.host_work: per micro-batch + per parameter, exact on the two shapes), writes
+  OUT/machine-fitted.json, and predicts the HELD-OUT sets from it: 1 and 4 ranks, checkpointing, accumulation,
+  both shapes, cells no fit saw. Only held-out cells are judged: each within 25%, median |error| within 10%,
+  every pair of engines of one set whose measured step times differ by more than 15% ordered right.
+- every set is one `zero-train bench` launch, its engines interleaved, fp32, 5 steps of which the first 2 are
+  warm-up (left out of the median), the bench's ranks on one thread each (its launches' OMP_NUM_THREADS=1: the
+  model is told threads_per_rank=1).
+The same benches judge bench's predicted duration (zero_train.bench.duration): its two constants fitted on
+the calibration sets' runs, judged on the held-out sets' wall times (`report` writes OUT/duration.md).
 """
 
 from __future__ import annotations
@@ -22,47 +31,54 @@ import subprocess
 import sys
 import time
 
+ENGINES = "ddp,zero1,zero2,zero3,ds1,ds2,ds3,fsdp2-z2,fsdp2-z3"
+GPT2 = dict(model="gpt2-25m", micro_batch_size=2, block_size=64)
+TINY = dict(model="llama-tiny", micro_batch_size=4, block_size=128)
 SETS = [
-    dict(name="gpt2-25m-w2", model="gpt2-25m", world_size=2, micro_batch_size=2, block_size=64,
-         engines="ddp,zero1,zero2,zero3,torch-zero,ds1,ds2,ds3,fsdp2-z2,fsdp2-z3"),
-    dict(name="gpt2-25m-w4", model="gpt2-25m", world_size=4, micro_batch_size=2, block_size=64,
-         engines="ddp,zero1,zero3,ds2,fsdp2-z3"),
-    dict(name="gpt2-25m-w1", model="gpt2-25m", world_size=1, micro_batch_size=2, block_size=64,
-         engines="ddp,zero1,ds1"),
-    dict(name="llama-60m-w2-ckpt-accum2", model="llama-60m", world_size=2, micro_batch_size=2, block_size=128,
-         grad_accum=2, gradient_checkpointing=True, engines="ddp,zero2,ds3,fsdp2-z2"),
-    dict(name="gpt2-25m-w2-ckpt", model="gpt2-25m", world_size=2, micro_batch_size=4, block_size=64,
-         gradient_checkpointing=True, engines="zero1,ds2,fsdp2-z3"),
+    dict(name="cal-gpt2-25m-w2", role="calibration", world_size=2, engines=ENGINES, **GPT2),
+    dict(name="cal-llama-tiny-w2", role="calibration", world_size=2, engines=ENGINES, **TINY),
+    dict(name="gpt2-25m-w1", role="held-out", world_size=1, engines="ddp,zero1,ds1", **GPT2),
+    dict(name="gpt2-25m-w4", role="held-out", world_size=4, engines="ddp,zero1,zero2,zero3,ds2,ds3,fsdp2-z3", **GPT2),
+    dict(name="gpt2-25m-w2-ckpt", role="held-out", world_size=2, gradient_checkpointing=True,
+         engines="zero1,zero3,ds2,fsdp2-z2", **GPT2),
+    dict(name="llama-tiny-w2-accum2", role="held-out", world_size=2, grad_accum=2,
+         engines="ddp,zero2,ds3,fsdp2-z3", **TINY),
+    dict(name="llama-tiny-w4-ckpt-accum2", role="held-out", world_size=4, grad_accum=2, gradient_checkpointing=True,
+         engines="ddp,zero1,zero3,ds1,ds3,fsdp2-z2", **TINY),
+    dict(name="llama-tiny-w1", role="held-out", world_size=1, engines="ddp,zero1,ds1", **TINY),
 ]  # fmt: skip
-"""The cells: every engine of ours, DDP, DeepSpeed and FSDP2, two model shapes, 1, 2 and 4 ranks, with and without
-checkpointing and accumulation. Sized so that the whole runs in about 15 minutes on 2 cores."""
-STEPS = dict(steps=4, warmup=1)
+"""Calibration: 18 cells (9 engines x 2 shapes at 2 ranks). Held out: 27 cells; every engine in at least two
+sets; 1, 2 and 4 ranks; checkpointing, accumulation and both; both shapes."""
+STEPS = dict(steps=5, warmup=2)
+RUN_TIMEOUT_S = 120
+"""A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path) -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
     started = time.time()
-    subprocess.run([*zero_train, "calibrate", "--world-sizes", "2,4", "-o", str(out / "machine.json"), "--force"],
-                   check=True)  # fmt: skip
+    if role == "calibration" and not names:
+        subprocess.run([*zero_train, "calibrate", "--world-sizes", "2,4", "-o", str(out / "machine.json"),
+                        "--force"], check=True)  # fmt: skip
+        print(f"[{time.time() - started:.0f} s] calibrated", flush=True)
     for cell_set in SETS:
+        if cell_set["role"] != role or (names and cell_set["name"] not in names):
+            continue
         flags = ["--model", cell_set["model"], "--engines", cell_set["engines"], "--precisions", "fp32",
                  "--world-size", str(cell_set["world_size"]), "--micro-batch-size", str(cell_set["micro_batch_size"]),
                  "--block-size", str(cell_set["block_size"]), "--grad-accum", str(cell_set.get("grad_accum", 1)),
                  "--steps", str(STEPS["steps"]), "--warmup", str(STEPS["warmup"]), "--repeats", "1",
-                 "--other-repeats", "1", "--out", str(out / cell_set["name"])]  # fmt: skip
+                 "--other-repeats", "1", "--timeout", str(RUN_TIMEOUT_S), "--out", str(out / cell_set["name"])]  # fmt: skip
         flags += ["--gradient-checkpointing"] if cell_set.get("gradient_checkpointing") else []
         subprocess.run([*zero_train, "bench", *flags], check=False)
         print(f"[{time.time() - started:.0f} s] {cell_set['name']} done", flush=True)
 
 
-def predict(cell_set: dict, engine: str, machine) -> float:
-    """The model's step time of one cell, with the DeepSpeed config the bench generated for it."""
-    import torch
-
+def predict(cell_set: dict, engine: str, machine):
+    """The model's StepTime of one cell, with the DeepSpeed config the bench generated for it."""
     from zero_train.hf.models import model_config
     from zero_train.launch.cells import cell_config
-    from zero_train.memory.model.activations import count_activations
     from zero_train.memory.model.theory import model_shape
     from zero_train.timing.step import StepSetup, step_time
 
@@ -70,56 +86,86 @@ def predict(cell_set: dict, engine: str, machine) -> float:
     accum, checkpointing = cell_set.get("grad_accum", 1), cell_set.get("gradient_checkpointing", False)
     zero = cell_config(engine, cell_set["world_size"], precision="fp32", micro_batch_size=cell_set["micro_batch_size"],
                        grad_accum=accum, hidden_size=config.hidden_size)["zero_optimization"]  # fmt: skip
-    count = count_activations(config, micro_batch_size=cell_set["micro_batch_size"], block_size=cell_set["block_size"],
-                              dtype=torch.float32, gradient_checkpointing=checkpointing)  # fmt: skip
     setup = StepSetup(engine=engine, world_size=cell_set["world_size"], gpus_per_node=cell_set["world_size"],
                       micro_batch_size=cell_set["micro_batch_size"], block_size=cell_set["block_size"],
                       grad_accum=accum, gradient_checkpointing=checkpointing, precision="fp32",
                       bucket_elements=int(zero.get("reduce_bucket_size") or 5e8),
-                      overlap_comm=zero.get("overlap_comm"))  # fmt: skip
-    return step_time(model_shape(config), count, setup, machine)
+                      overlap_comm=zero.get("overlap_comm"), threads_per_rank=1)  # fmt: skip
+    return step_time(model_shape(config), _count(cell_set), setup, machine)
+
+
+_COUNTS: dict = {}
+
+
+def _count(cell_set: dict):
+    """The set's ActivationCount (FLOPs and bytes), counted once per set."""
+    import torch
+
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.activations import count_activations
+
+    if cell_set["name"] not in _COUNTS:
+        _COUNTS[cell_set["name"]] = count_activations(
+            model_config(cell_set["model"]), micro_batch_size=cell_set["micro_batch_size"],
+            block_size=cell_set["block_size"], dtype=torch.float32,
+            gradient_checkpointing=cell_set.get("gradient_checkpointing", False))  # fmt: skip
+    return _COUNTS[cell_set["name"]]
+
+
+def _bench(folder: pathlib.Path) -> dict | None:
+    path = folder / "bench.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _measured(folder: pathlib.Path) -> tuple[dict[str, float], tuple]:
-    """engine -> median step seconds after the warm-up, and the load average (start, end): from bench.json, or
-    from the runs' metrics files where the bench's summary did not get written."""
-    path = folder / "bench.json"
-    if path.exists():
-        bench = json.loads(path.read_text())
-        cells = {c["engine"]: c["step_time_s"]["median"] for c in bench["cells"] if c.get("step_time_s")}
-        return cells, (bench["load_average"]["start"], bench["load_average"]["end"])
-    cells = {}
-    for metrics in sorted(folder.glob("runs/*-fp32-r0.jsonl")):
-        steps = [
-            json.loads(line).get("step_time_s") for line in metrics.read_text().splitlines() if line.strip()
-        ]
-        steps = [s for s in steps if s is not None][STEPS["warmup"] :]
-        if steps:
-            cells[metrics.name.removesuffix("-fp32-r0.jsonl")] = statistics.median(steps)
-    return cells, ("not recorded", "not recorded")
+    """engine -> median step seconds after the warm-up, and the load average (start, end)."""
+    bench = _bench(folder)
+    if bench is None:
+        return {}, ("not recorded", "not recorded")
+    cells = {c["engine"]: c["step_time_s"]["median"] for c in bench["cells"] if c.get("step_time_s")}
+    return cells, (bench["load_average"]["start"][0], bench["load_average"]["end"][0])
 
 
-def report(out: pathlib.Path, machine_path: pathlib.Path | None = None, name: str = "check") -> None:
+def fit(out: pathlib.Path, machine):
+    """Each engine's host work fitted on the calibration sets' residuals: (fitted machine, calibration rows)."""
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.theory import model_shape
+    from zero_train.timing.host_work import fit_host_work, with_host_work
+
+    rows = []
+    for cell_set in [s for s in SETS if s["role"] == "calibration"]:
+        measured, _ = _measured(out / cell_set["name"])
+        params = model_shape(model_config(cell_set["model"])).num_params
+        for engine, seconds in measured.items():
+            predicted = predict(cell_set, engine, machine).seconds
+            rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=predicted,
+                             residual_s=seconds - predicted, grad_accum=cell_set.get("grad_accum", 1),
+                             num_params=params, host_cores=machine.host_cores_per_rank(cell_set["world_size"])))  # fmt: skip
+    fitted = with_host_work(machine, fit_host_work(rows))
+    (out / "machine-fitted.json").write_text(json.dumps(fitted.as_dict(), indent=1) + "\n")
+    return fitted, rows
+
+
+def report(out: pathlib.Path) -> dict:
+    from zero_train.timing.host_work import TERM
     from zero_train.timing.machine import load_machine
 
-    machine = load_machine(machine_path or out / "machine.json")
+    machine = load_machine(out / "machine.json")
+    fitted, calibration = fit(out, machine)
     rows, pairs, loads = [], [], []
-    for cell_set in SETS:
+    for cell_set in [s for s in SETS if s["role"] == "held-out"]:
         measured, load_average = _measured(out / cell_set["name"])
         if not measured:
             continue
         loads.append((cell_set["name"], *load_average))
         for engine, seconds in measured.items():
-            step = predict(cell_set, engine, machine)
-            top = max(step.terms, key=lambda name: step.terms[name])
+            step, bare = predict(cell_set, engine, fitted), predict(cell_set, engine, machine)
+            top = max(step.terms, key=lambda name: abs(step.terms[name]))
             rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=step.seconds,
-                             error=step.seconds / seconds - 1, largest_term=top))  # fmt: skip
-        here = [row for row in rows if row["set"] == cell_set["name"]]
-        load = statistics.median(row["measured_s"] / row["predicted_s"] for row in here) if here else 1.0
-        for row in here:  # the set's common slowdown (the machine's load while it ran) divided out
-            row["load_factor"] = load
-            row["relative_error"] = row["predicted_s"] * load / row["measured_s"] - 1
-        by_engine = {row["engine"]: row for row in here}
+                             error=step.seconds / seconds - 1, without_host_s=bare.seconds,
+                             error_without_host=bare.seconds / seconds - 1, host_s=step.terms.get(TERM, 0.0),
+                             largest_term=top))  # fmt: skip
+        by_engine = {row["engine"]: row for row in rows if row["set"] == cell_set["name"]}
         names = sorted(by_engine)
         for i, first in enumerate(names):
             for second in names[i + 1 :]:
@@ -129,22 +175,23 @@ def report(out: pathlib.Path, machine_path: pathlib.Path | None = None, name: st
                     pairs.append(dict(set=cell_set["name"], pair=f"{first} / {second}", right=right,
                                       measured=a["measured_s"] / b["measured_s"],
                                       predicted=a["predicted_s"] / b["predicted_s"]))  # fmt: skip
-    errors = [abs(row["error"]) for row in rows]
-    relative = [abs(row["relative_error"]) for row in rows]
-    summary = dict(cells=len(rows), median_abs_error=statistics.median(errors) if errors else None,
-                   within_25=sum(e <= 0.25 for e in errors), max_abs_error=max(errors, default=None),
-        median_abs_relative_error=statistics.median(relative) if relative else None,
-        relative_within_25=sum(e <= 0.25 for e in relative),
-                   pairs=len(pairs), pairs_right=sum(p["right"] for p in pairs), load_average=loads)  # fmt: skip
-    (out / f"{name}.json").write_text(
-        json.dumps(dict(summary=summary, rows=rows, pairs=pairs), indent=1) + "\n"
-    )
-    lines = [
-        "| set | engine | measured s | predicted s | error | set's load factor | error after it | largest term |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
-    ]
+    errors = [row["error"] for row in rows]
+    bare = [abs(row["error_without_host"]) for row in rows]
+    summary = dict(cells=len(rows), min_error=min(errors, default=None), max_error=max(errors, default=None),
+                   median_abs_error=statistics.median(abs(e) for e in errors) if errors else None,
+                   max_abs_error=max((abs(e) for e in errors), default=None),
+                   within_25=sum(abs(e) <= 0.25 for e in errors),
+                   median_abs_error_without_host=statistics.median(bare) if bare else None,
+                   pairs=len(pairs), pairs_right=sum(p["right"] for p in pairs), load_average=loads,
+                   calibration_load=[(s["name"], *_measured(out / s["name"])[1]) for s in SETS
+                                     if s["role"] == "calibration"])  # fmt: skip
+    (out / "check.json").write_text(json.dumps(dict(summary=summary, rows=rows, pairs=pairs,
+                                                    calibration=calibration, host_work=fitted.engine_host),
+                                               indent=1) + "\n")  # fmt: skip
+    lines = ["| set | engine | measured s | predicted s | error | without host work | host work s | largest term |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     lines += [f"| {r['set']} | {r['engine']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.0%} | "
-              f"{r['load_factor']:.2f} | {r['relative_error']:+.0%} | {r['largest_term']} |" for r in rows]  # fmt: skip
+              f"{r['error_without_host']:+.0%} | {r['host_s']:.3f} | {r['largest_term']} |" for r in rows]  # fmt: skip
     lines += [
         "",
         "| set | pair (>15% apart) | measured ratio | predicted ratio | order |",
@@ -152,43 +199,95 @@ def report(out: pathlib.Path, machine_path: pathlib.Path | None = None, name: st
     ]
     lines += [f"| {p['set']} | {p['pair']} | {p['measured']:.2f} | {p['predicted']:.2f} | "
               f"{'right' if p['right'] else 'WRONG'} |" for p in pairs]  # fmt: skip
+    lines += ["", "| calibration set | engine | measured s | predicted s without host work | residual s |",
+              "|---|---|---:|---:|---:|"]  # fmt: skip
+    lines += [f"| {r['set']} | {r['engine']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | "
+              f"{r['residual_s']:+.3f} |" for r in calibration]  # fmt: skip
+    lines += ["", "| engine | per micro-batch s | per parameter ns |", "|---|---:|---:|"]
+    lines += [f"| {e} | {f['per_micro_batch_s']:+.4f} | {f['per_param_s'] * 1e9:+.3f} |"
+              for e, f in fitted.engine_host.items()]  # fmt: skip
     lines += ["", json.dumps(summary)]
-    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (out / "check.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    duration_report(out)
+    return summary
+
+
+def _duration_runs(bench: dict) -> list[dict]:
+    """Per finished run of a bench: its wall time, the sum and count of its step times."""
+    return [dict(wall_s=s["wall_s"], steps_s=sum(s["step_times_s"]), steps=len(s["step_times_s"]))
+            for s in bench["samples"] if not s.get("error") and s.get("step_times_s")]  # fmt: skip
+
+
+def duration_report(out: pathlib.Path) -> None:
+    """bench/duration.py's constants fitted on the calibration sets' runs, judged on the held-out sets' wall times:
+    RUN_START_S the median of (run wall - its steps), STEP_SHARE_OF_MATMUL the median of (predicted step at share 1)
+    / (measured mean step); the probe's rate recovered from each bench's own predicted_s and the constants then."""
+    then = json.loads((out / "duration_constants.json").read_text())
+    fits, judged = {"start": [], "share": []}, []
+    benches = {s["name"]: (s, _bench(out / s["name"])) for s in SETS}
+    for cell_set, bench in benches.values():
+        if bench is None or bench.get("predicted_s") is None:
+            continue
+        runs = _duration_runs(bench)
+        planned = len(bench["samples"])
+        steps = STEPS["steps"] * planned
+        step_then = (bench["predicted_s"] - then["LAUNCH_START_S"] - planned * then["RUN_START_S"]) / steps
+        share_one = then["STEP_SHARE_OF_MATMUL"] * step_then  # the predicted step were the share 1
+        bench["_share_one"], bench["_planned"] = share_one, planned
+        if cell_set["role"] == "calibration":
+            fits["start"] += [r["wall_s"] - r["steps_s"] for r in runs]
+            fits["share"] += [share_one / (r["steps_s"] / r["steps"]) for r in runs]
+    if not fits["start"]:
+        return
+    start, share = statistics.median(fits["start"]), statistics.median(fits["share"])
+    for name, (cell_set, bench) in benches.items():
+        if bench is None or "_share_one" not in bench:
+            continue
+        predicted = (then["LAUNCH_START_S"] + bench["_planned"] * start
+                     + STEPS["steps"] * bench["_planned"] * bench["_share_one"] / share)  # fmt: skip
+        judged.append(dict(set=name, role=cell_set["role"], wall_s=bench["wall_s"], predicted_then_s=bench["predicted_s"],
+                           predicted_s=predicted, error=predicted / bench["wall_s"] - 1,
+                           load=(bench["load_average"]["start"][0], bench["load_average"]["end"][0])))  # fmt: skip
+    held = [j["error"] for j in judged if j["role"] == "held-out"]
+    summary = dict(RUN_START_S=start, STEP_SHARE_OF_MATMUL=share, held_out=len(held),
+                   min_error=min(held, default=None), max_error=max(held, default=None),
+                   median_abs_error=statistics.median(abs(e) for e in held) if held else None)  # fmt: skip
+    lines = ["| set | role | wall s | predicted s (constants then) | predicted s (fitted) | error | load start/end |",
+             "|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines += [f"| {j['set']} | {j['role']} | {j['wall_s']:.0f} | {j['predicted_then_s']:.0f} | {j['predicted_s']:.0f} | "
+              f"{j['error']:+.0%} | {j['load'][0]:.1f} / {j['load'][1]:.1f} |" for j in judged]  # fmt: skip
+    lines += ["", json.dumps(summary)]
+    (out / "duration.md").write_text("\n".join(lines) + "\n")
+    (out / "duration.json").write_text(json.dumps(dict(summary=summary, benches=judged), indent=1) + "\n")
     print("\n".join(lines))
 
 
-def repeat(out: pathlib.Path, first: pathlib.Path) -> None:
-    """Each cell's step time in two runs of the same sets (`first`, then `out`): how much the machine moved."""
-    lines = ["| set | engine | first run s | second run s | second / first |", "|---|---|---:|---:|---:|"]
-    ratios = []
-    for cell_set in SETS:
-        before, _ = _measured(first / cell_set["name"])
-        after, _ = _measured(out / cell_set["name"])
-        for engine in [e for e in before if e in after]:
-            ratios.append(after[engine] / before[engine])
-            lines.append(f"| {cell_set['name']} | {engine} | {before[engine]:.2f} | {after[engine]:.2f} | "
-                         f"{ratios[-1]:.2f} |")  # fmt: skip
-    if ratios:
-        lines.append(f"\n{len(ratios)} cells, second / first: min {min(ratios):.2f}, median "
-                     f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}")  # fmt: skip
-    (out / "repeat.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+def _record_duration_constants(out: pathlib.Path) -> None:
+    """The duration constants the benches run with (report recovers each bench's probe rate from them)."""
+    from zero_train.bench import duration
+
+    names = ("STEP_SHARE_OF_MATMUL", "RUN_START_S", "LAUNCH_START_S")
+    record = {n: getattr(duration, n) for n in names}
+    (out / "duration_constants.json").write_text(json.dumps(record) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("run", "report", "repeat"))
+    parser.add_argument("action", choices=("run", "report"))
     parser.add_argument("--out", default="runs/steptime")
-    parser.add_argument("--machine", help="report: another calibration JSON than OUT/machine.json")
-    parser.add_argument("--name", default="check", help="report: OUT/NAME.md and OUT/NAME.json")
-    parser.add_argument("--first", help="repeat: the OUT of an earlier run of the same sets")
+    parser.add_argument("--role", choices=("calibration", "held-out"), help="run: which sets")
+    parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
     args = parser.parse_args()
+    out = pathlib.Path(args.out)
     if args.action == "run":
-        run(pathlib.Path(args.out))
-    elif args.action == "repeat":
-        repeat(pathlib.Path(args.out), pathlib.Path(args.first))
+        if not args.role:
+            parser.error("run needs --role calibration or --role held-out")
+        out.mkdir(parents=True, exist_ok=True)
+        _record_duration_constants(out)
+        run(out, args.role, args.sets.split(",") if args.sets else None)
     else:
-        report(pathlib.Path(args.out), pathlib.Path(args.machine) if args.machine else None, args.name)
+        report(out)
 
 
 if __name__ == "__main__":

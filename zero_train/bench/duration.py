@@ -26,10 +26,13 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 def step_flops(meta: dict) -> float:
-    """FLOPs of one rank's forward and backward over its micro-batch (meta: bench_meta's)."""
-    tokens = meta["micro_batch_size"] * meta["block_size"]
+    """FLOPs of one rank's optimizer step: forward and backward over its micro-batch, times the accumulation;
+    checkpointing runs the forward again in backward, 8 instead of 6 FLOPs per parameter per token (meta:
+    bench_meta's; grad_accum and gradient_checkpointing optional)."""
+    tokens = meta["micro_batch_size"] * meta["block_size"] * meta.get("grad_accum", 1)
     attention = 12 * meta["num_layers"] * meta["hidden_size"] * meta["block_size"]
-    return tokens * (6 * meta["num_params"] + attention)
+    recompute = 8 / 6 if meta.get("gradient_checkpointing") else 1.0
+    return tokens * (6 * meta["num_params"] + attention) * recompute
 
 
 def matmul_rate(precision: str, width: int, *, seconds: float = 0.3) -> float:

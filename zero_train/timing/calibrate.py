@@ -213,6 +213,7 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
         overlap=0.0,
         shared=True,
         measured=measured,
+        cores=cores,
         sources={
             "all": f"zero-train calibrate: one thread x {cores} cores, torch {torch.__version__}, gloo, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"

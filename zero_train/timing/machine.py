@@ -78,12 +78,29 @@ class Machine:
     """memory_gbps x this for a precision (calibration: a CPU's bf16 elementwise ops differ from fp32's)."""
     measured: dict[str, dict[int, Measured]] = field(default_factory=dict)
     """Collectives measured per op and world size (calibration); used instead of `intra` where present."""
+    cores: int = 0
+    """The machine's cores (calibration; 0: unknown): with a rank's thread count they decide its share."""
+    engine_host: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per engine, its host work per step beyond what the terms count (Python, hooks, flattening copies),
+    FITTED on training steps measured on this machine (timing.host_work): {"per_micro_batch_s": a,
+    "per_param_s": b}, seconds on one core; empty: none counted."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each figure came from."""
 
-    def per_rank(self, ranks_on_node: int) -> float:
-        """The share of compute and memory bandwidth one rank gets."""
-        return 1.0 / ranks_on_node if self.shared else 1.0
+    def per_rank(self, ranks_on_node: int, threads: int | None = None) -> float:
+        """The share of compute and memory bandwidth one rank gets: 1/ranks of a shared machine, or, when each
+        rank runs `threads` threads on a machine of known cores, those threads' cores (at most 1/ranks)."""
+        if not self.shared:
+            return 1.0
+        if threads and self.cores:
+            return min(threads / self.cores, 1.0 / ranks_on_node)
+        return 1.0 / ranks_on_node
+
+    def host_cores_per_rank(self, ranks_on_node: int) -> float:
+        """Cores a rank's single-threaded host work (Python, hooks) gets: 1, less when ranks outnumber cores."""
+        if not self.shared or not self.cores:
+            return 1.0
+        return min(1.0, self.cores / ranks_on_node)
 
     def link(self, nodes: int, gpus_per_node: int) -> Link:
         """The link a collective over `nodes` machines runs at: within one, the intra-node link; across several,

@@ -13,7 +13,8 @@
   gathers hide behind the forward / backward they prefetch for but the first unit's; blocking and after-step
   collectives stay exposed (a machine's `overlap`: 1 on GPUs, 0 on CPU ranks, whose gloo threads share the cores);
 - optimizer: the bytes AdamW reads and writes over the rank's shard / the machine's optimizer bandwidth;
-  offload: the shard's bytes over PCIe and the host's optimizer rate (shared by the machine's ranks).
+  offload: the shard's bytes over PCIe and the host's optimizer rate (shared by the machine's ranks);
+- host work: on a machine whose engines' host work was fitted (timing.host_work), that engine's.
 The step is the sum; tokens/s, MFU and the time to train N tokens follow. Pure arithmetic: microseconds.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 from zero_train.memory.model.theory import ModelShape
 from zero_train.registry import engine_spec
-from zero_train.timing import constants
+from zero_train.timing import constants, host_work
 from zero_train.timing.comm import CommSetup, engine_calls
 from zero_train.timing.machine import Machine
 
@@ -46,6 +47,9 @@ class StepSetup:
     """The config's reduce_bucket_size."""
     overlap_comm: bool | None = None
     """The config's overlap_comm: True makes blocking reductions overlapped ones; None: the engine's default."""
+    threads_per_rank: int | None = None
+    """CPU ranks: each rank's threads (OMP_NUM_THREADS; the bench's launches set 1); None: the machine's cores
+    shared equally (runtime.dist.share_cpu_threads)."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -148,7 +152,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     """
     spec = engine_spec(setup.engine)
     ranks_on_node = min(setup.gpus_per_node, setup.world_size)
-    share = machine.per_rank(ranks_on_node)
+    share = machine.per_rank(ranks_on_node, setup.threads_per_rank)
     work = Compute.of(shape, count, setup.micro_batch_size * setup.block_size)
     size = (
         (setup.micro_batch_size * setup.block_size * shape.hidden_size**2) ** (1 / 3)
@@ -171,6 +175,14 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     exposed, hidden, comm = _overlap(calls, setup, machine, forward_s, backward_s)
     terms.update(exposed)
     terms.update(_optimizer_terms(shape, spec.sharding, setup, machine, share, ranks_on_node))
+    if setup.engine in machine.engine_host:
+        terms[host_work.TERM] = host_work.host_seconds(
+            machine,
+            setup.engine,
+            grad_accum=setup.grad_accum,
+            num_params=shape.num_params,
+            ranks_on_node=ranks_on_node,
+        )
     model_flops = setup.grad_accum * (work.forward_flops + work.backward_flops - work.recompute_flops)
     return StepTime(
         terms=terms,

@@ -1,0 +1,63 @@
+"""An engine's fitted host work (zero_train.timing.host_work) and a CPU rank's share of the machine: the fit recovers
+the per-micro-batch and per-parameter costs it was given, the term scales with accumulation and with ranks beyond
+the cores, and the step model adds it only for engines fitted on the machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zero_train.memory.model.theory import ModelShape
+from zero_train.timing.host_work import TERM, fit_host_work, host_seconds, with_host_work
+from zero_train.timing.machine import preset_machine
+from zero_train.timing.step import StepSetup, step_time
+
+pytestmark = pytest.mark.tier("quick")
+
+
+def _cpu(cores: int = 2):
+    """A 2-core CPU machine (the figures are a GPU preset's: only the sharing matters here)."""
+    return dataclasses.replace(preset_machine("a100-80"), device="cpu", shared=True, overlap=0.0, cores=cores)
+
+
+def test_the_fit_recovers_per_micro_batch_and_per_parameter_costs():
+    a, b = 0.05, 4e-9  # 50 ms per forward/backward, 4 ns per parameter
+    rows = [
+        dict(engine="ds1", grad_accum=k, num_params=n, host_cores=1.0, residual_s=a * k + b * n)
+        for k, n in ((1, 24_800_000), (1, 620_000))
+    ]
+    rows.append(dict(engine="ddp", grad_accum=1, num_params=620_000, host_cores=0.5, residual_s=0.2))
+    fits = fit_host_work(rows)
+    assert fits["ds1"]["per_micro_batch_s"] == pytest.approx(a)
+    assert fits["ds1"]["per_param_s"] == pytest.approx(b)
+    # one size measured: all of it per micro-batch, on the host share it ran on (half a core: 0.2 s -> 0.1 s)
+    assert fits["ddp"] == dict(per_micro_batch_s=pytest.approx(0.1), per_param_s=0.0, cells=1)
+
+
+def test_the_term_scales_with_accumulation_and_ranks_beyond_the_cores():
+    machine = with_host_work(_cpu(), {"zero1": dict(per_micro_batch_s=0.1, per_param_s=1e-9, cells=2)})
+
+    def host(engine="zero1", grad_accum=1, ranks=2):
+        return host_seconds(machine, engine, grad_accum=grad_accum, num_params=10**8, ranks_on_node=ranks)
+
+    assert host() == pytest.approx(0.1 + 0.1)
+    assert host(grad_accum=2, ranks=1) == pytest.approx(0.3)  # one rank: still one core, not two
+    assert host(ranks=4) == pytest.approx(2 * host())  # four ranks on two cores: half a core each
+    assert host("ddp") == 0.0
+
+
+def test_a_rank_on_one_thread_gets_one_core_not_the_machine():
+    machine = _cpu(cores=2)
+    assert machine.per_rank(1) == 1.0  # the cores shared equally: one rank has both
+    assert machine.per_rank(1, threads=1) == 0.5  # OMP_NUM_THREADS=1: one of two cores
+    assert machine.per_rank(4, threads=1) == 0.25  # four ranks on two cores: half a core each
+    shape = ModelShape(num_params=10**8)
+    setup = dict(engine="ddp", world_size=1, gpus_per_node=1, micro_batch_size=2, block_size=64)
+    setup["precision"] = "fp32"
+    whole = step_time(shape, None, StepSetup(**setup), machine)
+    single = step_time(shape, None, StepSetup(**setup, threads_per_rank=1), machine)
+    assert single.terms["matmuls forward"] == pytest.approx(2 * whole.terms["matmuls forward"])
+    assert TERM not in single.terms
+    fitted = with_host_work(machine, {"ddp": dict(per_micro_batch_s=0.25, per_param_s=0.0)})
+    assert step_time(shape, None, StepSetup(**setup), fitted).terms[TERM] == pytest.approx(0.25)
