@@ -13,7 +13,9 @@ once under OUT/models/), checkpointing on/off, accumulation 1/4, world sizes 2/3
 cell is what a `zero-train profile` cell runs (scripts/train.py's training loop with --memory-report, 2
 optimizer steps, a generated DeepSpeed config), its record under OUT/<architecture>/cells/; to spare 64 x 2-3
 interpreter starts on a loaded machine, the cells of one world size run in the same rank processes one after
-another (zero_train.testing.run_ranks), DeepSpeed ZeRO-3 last. The comparison is per run (peak minus that run's "other"), so what earlier cells
+another (zero_train.testing.run_ranks), DeepSpeed ZeRO-3 last, two such groups at once (--parallel: a 1-rank
+group alone leaves a core idle; a peak is per process, so concurrent groups do not change one); each group
+says its wall time and its ranks' CPU seconds, the run its totals (the CPU seconds do not depend on the load). The comparison is per run (peak minus that run's "other"), so what earlier cells
 leave behind cancels out of the headline figure; it does raise the "baseline". Then every record goes through the report's comparison
 (zero_train.report.compare.compare_cell) and OUT/matrix.md + OUT/matrix.json get the headline figure, ours
 / (peak - other), per cell with its distribution, and per phase where a cell misses.
@@ -27,6 +29,7 @@ import json
 import pathlib
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from zero_train.ds_config import write_config
@@ -77,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--steps", type=positive_int, default=2, help="optimizer steps per cell (default 2)")
     parser.add_argument("--timeout", type=positive_float, default=300, help="seconds per cell (default 300)")
+    parser.add_argument(
+        "--parallel", type=positive_int, default=2,
+        help="groups of rank processes at once (default 2, this machine's cores; the 0.36B cells always alone)",
+    )  # fmt: skip
     parser.add_argument(
         "--extensions-dir", default="/tmp/zt-ext",
         help="TORCH_EXTENSIONS_DIR for the offload cells' DeepSpeedCPUAdam kernel (built once, default /tmp/zt-ext)",
@@ -147,8 +154,10 @@ def _with_offload(config: dict, engine: str) -> dict:
     return config
 
 
-def _train_cells(rank: int, world_size: int, argvs: list[list[str]]) -> list[str | None]:
-    """In each rank: train every cell in turn (one process for all: no per-cell imports); errors by cell."""
+def _train_cells(rank: int, world_size: int, argvs: list[list[str]]) -> tuple[list[str | None], float]:
+    """In each rank: train every cell in turn (one process for all: no per-cell imports); (errors by cell,
+    this rank's CPU seconds for the group, its imports included)."""
+    cpu_started = time.process_time()
     from zero_train.runtime.dist import init_distributed
     from zero_train.train.loop import Trainer
 
@@ -161,7 +170,7 @@ def _train_cells(rank: int, world_size: int, argvs: list[list[str]]) -> list[str
         except Exception as err:  # noqa: BLE001 - one cell's failure is recorded, the matrix goes on
             errors.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         gc.collect()
-    return errors
+    return errors, time.process_time() - cpu_started
 
 
 def _chunks(cells: list, size: int) -> list[list]:
@@ -197,8 +206,11 @@ def recorded(cells: list, args: argparse.Namespace) -> dict[str, dict]:
 
 def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
     """Run the cells (by world size, DeepSpeed ZeRO-3 last: transformers keeps its config global), each rank
-    one process for its whole group; returns every cell's run record by name."""
-    from zero_train.testing import run_ranks
+    one process for its whole group, `--parallel` groups at once (a 1-rank group keeps one core busy, and a
+    peak is per process: concurrent groups do not change one); the 0.36B cells' groups alone, after the rest
+    (GBs per rank). Returns every cell's run record by name; adds the wall and CPU seconds to args.timing."""
+    from zero_train.report.matrix import LARGE_ARCHITECTURE
+    from zero_train.testing import rank_context
 
     records, todo = {}, []
     for cell in cells:
@@ -209,33 +221,65 @@ def run_cells(cells: list, args: argparse.Namespace) -> dict[str, dict]:
             record_path.unlink(missing_ok=True)
             todo.append(cell)
     chunker = _chunks if args.design == "compact" else _ordered_chunks
-    for group in chunker(todo, DESIGNS[args.design][2]):
-        world_size = group[0].world_size
-        argvs = [_train_argv(cell, args) for cell in group]
-        started = time.perf_counter()
-        errors = run_ranks(_train_cells, world_size, args=(argvs,), timeout_s=args.timeout * len(group))[0]
-        print(
-            f"world size {world_size}: {len(group)} cells in {time.perf_counter() - started:.0f} s",
-            flush=True,
+    size = DESIGNS[args.design][2]
+    small = chunker([cell for cell in todo if cell.architecture != LARGE_ARCHITECTURE], size)
+    large = chunker([cell for cell in todo if cell.architecture == LARGE_ARCHITECTURE], size)
+    prepared = [
+        (group, [_train_argv(cell, args) for cell in group]) for group in small + large
+    ]  # models built once
+    rank_context()  # the forkserver, started once before any thread uses it
+    started, cpu = time.perf_counter(), []
+
+    def run_group(group: list, argvs: list[list[str]]) -> None:
+        group_started = time.perf_counter()
+        results = _run_group(group, argvs, args)
+        cpu.append(sum(seconds for _, seconds in results))
+        records.update(_recorded_group(group, [errors for errors, _ in results][0], args))
+        print(f"world size {group[0].world_size}: {len(group)} cells in {time.perf_counter() - group_started:.0f} s "
+              f"({cpu[-1]:.0f} CPU-s over its ranks)", flush=True)  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        for future in [pool.submit(run_group, *item) for item in prepared[: len(small)]]:
+            future.result()
+    for item in prepared[len(small) :]:
+        run_group(*item)
+    args.timing = dict(wall_s=round(time.perf_counter() - started), cpu_s=round(sum(cpu)), groups=len(prepared),
+                       parallel=args.parallel)  # fmt: skip
+    return records
+
+
+def _run_group(group: list, argvs: list[list[str]], args: argparse.Namespace) -> list[tuple[list, float]]:
+    """One group's ranks: [(errors by cell, CPU seconds)] by rank; a group that fails as a whole (a rank
+    killed, its time out) records that error in every cell."""
+    from zero_train.testing import run_ranks
+
+    try:
+        return run_ranks(
+            _train_cells, group[0].world_size, args=(argvs,), timeout_s=args.timeout * len(group)
         )
-        for cell, error in zip(group, errors, strict=True):
-            record_path = _paths(cell, args)[1]
-            meta = model_meta(str(build_model_folder(cell.architecture, pathlib.Path(args.out))), BLOCK_SIZE)
-            meta.pop("hidden_size")
-            if cell.lora_r:
-                meta.pop(
-                    "num_params"
-                )  # the run's own count has the adapters (the folder's has the base only)
-            if error or not record_path.exists():
-                record = error_record(
-                    error or "no run record written", engine=base_engine(cell.engine), world_size=world_size
-                )
-            else:
-                record = load_record(record_path)
-            engine = base_engine(cell.engine)  # the offload is in the record's ds_config
-            record.update(meta, engine=engine, zero_stage=engine_spec(engine).stage)
-            write_record(record, record_path)
-            records[cell.name] = record
+    except RuntimeError as err:
+        return [([f"group failed: {str(err).splitlines()[-1]}"] * len(group), 0.0)]
+
+
+def _recorded_group(group: list, errors: list, args: argparse.Namespace) -> dict[str, dict]:
+    """The group's run records, each with its model's facts (an error record where the cell failed)."""
+    records = {}
+    for cell, error in zip(group, errors, strict=True):
+        record_path = _paths(cell, args)[1]
+        meta = model_meta(str(build_model_folder(cell.architecture, pathlib.Path(args.out))), BLOCK_SIZE)
+        meta.pop("hidden_size")
+        if cell.lora_r:
+            meta.pop("num_params")  # the run's own count has the adapters (the folder's has the base only)
+        if error or not record_path.exists():
+            record = error_record(
+                error or "no run record written", engine=base_engine(cell.engine), world_size=cell.world_size
+            )
+        else:
+            record = load_record(record_path)
+        engine = base_engine(cell.engine)  # the offload is in the record's ds_config
+        record.update(meta, engine=engine, zero_stage=engine_spec(engine).stage)
+        write_record(record, record_path)
+        records[cell.name] = record
     return records
 
 
@@ -302,7 +346,7 @@ def main(argv: list[str]) -> int:
         ratio = (rows[-1].get("peak") or {}).get("ratio_without_other")
         status = records[cell.name].get("error") or (f"ours / (peak - other) {ratio:.3f}" if ratio else "n/a")
         print(f"  {cell.name:<36} {status}", flush=True)
-    summary = dict(summarize(rows, goal), design_cells=len(cells))
+    summary = dict(summarize(rows, goal), design_cells=len(cells), timing=getattr(args, "timing", None))
     out = pathlib.Path(args.out)
     (out / "matrix.json").write_text(json.dumps(dict(summary=summary, rows=rows), indent=1, default=str))
     from zero_train.report.matrix_lora import render_lora
@@ -312,6 +356,9 @@ def main(argv: list[str]) -> int:
     ratio = summary["ratio"]
     print(f"{summary['within']} of {len(rows) - len(summary['failed'])} cells within {goal:.0%}; ours / (peak - "
           f"other): min {ratio['min']}, median {ratio['median']}, max {ratio['max']} -> {out / 'matrix.md'}")  # fmt: skip
+    if summary["timing"]:
+        print("ran {groups} groups, {parallel} at a time: {wall_s} s of wall time, {cpu_s} CPU-s over the ranks".format(
+            **summary["timing"]))  # fmt: skip
     return 0 if not summary["failed"] else 1
 
 
