@@ -11,10 +11,10 @@ import torch
 
 from zero_train.hf.models import build_model, model_config
 from zero_train.runtime.errors import UsageError
+from zero_train.sharding.state_dict import cut
 from zero_train.sharding.zero3.meta_build import MetaBuild
 from zero_train.sharding.zero3.model import Zero3Model
 from zero_train.sharding.zero3.optim import Zero3Optimizer
-from zero_train.sharding.zero3.state import _cut
 
 pytestmark = pytest.mark.tier("quick")
 
@@ -117,10 +117,10 @@ def test_state_of_a_piece_is_cut_from_saved_pieces_of_any_cutting():
         [0, 3, {"exp_avg": exp_avg[:3], "step": torch.tensor(4.0)}],
         [3, 7, {"exp_avg": exp_avg[3:], "step": 4.0}],
     ]
-    state = _cut(saved, 2, 5, torch.empty(5))
+    state = cut(saved, 2, 5, (5,))
     assert torch.equal(state["exp_avg"], exp_avg[2:7]) and float(state["step"]) == 4.0
     with pytest.raises(UsageError, match="a rank's shard is missing"):
-        _cut(saved[:1], 2, 5, torch.empty(5))
+        cut(saved[:1], 2, 5, (5,))
 
 
 def test_each_block_is_gathered_only_around_its_own_forward_and_backward_with_the_next_one_prefetched():

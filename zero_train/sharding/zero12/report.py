@@ -1,7 +1,7 @@
 """What a sharder reports about itself: bytes held by category, bytes sent per step, how even the slices are.
 
-ShardedOptimizer mixes these methods in; they read its segments, inner optimizer and receive buffer and
-call accounting.py, the pure arithmetic the memory model and the report share.
+ShardedOptimizer (sharded.py) subclasses ShardedReport; its methods read the segments, the inner optimizer and
+the receive buffer and call accounting.py, the pure arithmetic the memory model and the report share.
 """
 
 from __future__ import annotations
@@ -9,11 +9,28 @@ from __future__ import annotations
 import torch
 
 from zero_train.sharding import accounting
+from zero_train.sharding.comm.overlap import ReductionQueue
 from zero_train.sharding.partition import balance_report
+from zero_train.sharding.step import PieceOptimizer
+from zero_train.sharding.zero12.segments import Segment
 
 
-class ShardedReport:
-    """memory_bytes(), comm_bytes_per_step(), balance_report(), pieces_of() of a ShardedOptimizer."""
+class ShardedReport(PieceOptimizer):
+    """memory_bytes(), comm_bytes_per_step(), balance_report(), pieces_of() of a ShardedOptimizer, which
+    subclasses it and sets the attributes declared here."""
+
+    reduces_every_backward: bool
+    """ZeRO-2: every backward reduces its gradients (ZeRO-1: only the step's last one)."""
+    backend: str
+    """The group's backend ("gloo", "nccl", ...)."""
+    _segments: list[Segment]
+    """Every segment, oldest first; `_params` is their parameters, in segment order."""
+    _queue: ReductionQueue
+    """The bucket reductions in flight (and the gloo rings' receive buffer)."""
+
+    def _gradient_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        """(accumulation, reduction) dtype of the gradients (ShardedOptimizer's)."""
+        raise NotImplementedError
 
     def _grad_bytes(self) -> int:
         """Bytes of model-dtype gradients this rank holds now (without padding or comm buffers)."""

@@ -17,8 +17,8 @@ global-norm clipping, skip on fp16 overflow); `_publish` all-gathers the updated
 The trainable parameters live in segments: one for the parameters trainable at construction, one more for
 each group added later or unfrozen after construction, so that no slice ever moves and no optimizer state
 ever changes rank. The hooks (hooks.py) report each gradient of backward to the stage, which reduces its
-buckets in one order for all segments (schedule.BucketSchedule). State dicts: state_dict.py; bytes held
-and sent: report.py.
+buckets in one order for all segments (schedule.BucketSchedule). State dicts: state.py; bytes held and
+sent: report.py.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from zero_train.runtime.errors import UsageError
 from zero_train.sharding.comm import collectives, gloo
 from zero_train.sharding.comm.groups import backend_name
 from zero_train.sharding.comm.overlap import ReductionQueue
-from zero_train.sharding.state_dict import ShardedStateDict
-from zero_train.sharding.step import OwnedPiece, PieceOptimizer
+from zero_train.sharding.step import OwnedPiece
 from zero_train.sharding.zero12.hooks import BackwardHooks
 from zero_train.sharding.zero12.report import ShardedReport
 from zero_train.sharding.zero12.schedule import BucketSchedule, GradientStore
 from zero_train.sharding.zero12.segments import Segment
+from zero_train.sharding.zero12.state import ShardedState
 
 
-class ShardedOptimizer(ShardedStateDict, ShardedReport, PieceOptimizer):
+class ShardedOptimizer(ShardedState, ShardedReport):
     """Shards the state of an elementwise torch optimizer over the data-parallel ranks, element by element.
 
     Args:
@@ -65,23 +65,15 @@ class ShardedOptimizer(ShardedStateDict, ShardedReport, PieceOptimizer):
         or devices.
     """
 
-    reduces_every_backward: bool
-    """ZeRO-2: every backward reduces its gradients (ZeRO-1: only the step's last one)."""
     bucket_elements: int | None
     grad_dtype: torch.dtype | None
     reduce_dtype: torch.dtype | None
-    backend: str
-    """The group's backend ("gloo", "nccl", ...)."""
     _ready: bool
     """Construction is over (add_param_group is then collective and makes a segment)."""
-    _segments: list[Segment]
-    """Every segment, oldest first; `_params` is their parameters, in segment order."""
     _stores: list[GradientStore]
     """The gradient store of each segment (the subclass's kind)."""
     _where: dict[int, tuple[GradientStore, int]]
     """id(param) -> (its segment's store, its index in the segment)."""
-    _queue: ReductionQueue
-    """The bucket reductions in flight."""
     _schedule: BucketSchedule
     """Every segment's buckets in the one order all ranks reduce them in."""
     _hooks: BackwardHooks | None

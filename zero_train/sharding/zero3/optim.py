@@ -14,13 +14,13 @@ import torch
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.partition import Piece
-from zero_train.sharding.step import OwnedPiece, PieceOptimizer
+from zero_train.sharding.step import OwnedPiece
 from zero_train.sharding.zero3.model import Zero3Model
-from zero_train.sharding.zero3.state import Zero3StateDict
+from zero_train.sharding.zero3.state import Zero3State
 from zero_train.sharding.zero3.units import Unit
 
 
-class Zero3Optimizer(Zero3StateDict, PieceOptimizer):
+class Zero3Optimizer(Zero3State):
     """Steps this rank's slices of a Zero3Model with an elementwise torch optimizer.
 
     Args:
@@ -32,11 +32,8 @@ class Zero3Optimizer(Zero3StateDict, PieceOptimizer):
         **defaults: the inner optimizer's keyword arguments (lr, betas, weight_decay, ...).
     """
 
-    sharded: Zero3Model
     has_master_copies: bool
     """The model's dtype is not the master dtype: trainable units get master copies of their slices."""
-    masters: dict[int, torch.Tensor]
-    """id(unit) -> its master slice, for units that held a trainable parameter."""
     _views: dict[tuple[int, Piece], torch.Tensor]
     """(id(unit), piece) -> its master view (the same object every call: the inner optimizer's key)."""
     _trainable: tuple[bool, ...]

@@ -1,16 +1,11 @@
-"""Zero3Optimizer's state dicts and weights: per-rank shards of pieces, re-cut at any world size.
+"""Zero3Optimizer's state dicts and weights: the shared shard format (state_dict.py), re-cut at any world size.
 
-A shard has the format of our ZeRO-1/2 shards (state_dict.py's "zero_train.flat_shard/2"): the inner-optimizer
-state of each piece this rank owns, keyed by the parameter's index in torch's numbering (all parameters of all
-param groups, in order) and the piece's first element and length:
-
-    shard["state"][index] = [[first element, length, {"exp_avg": 1-D piece, "step": tensor(3.), ...}], ...]
-
-Pieces are a property of the data, not of the unit layout, so loading is one rule at any world size: every
-piece this rank owns now takes, from the saved pieces of the same parameter, the elements it overlaps
-(`load_shards`). At the same world size they coincide; from N to M ranks each rank reads the saved shards
-(memory-mapped: only what it cuts out is read) and keeps its own 1/M. The weights travel separately, as whole
-tensors (`gathered_param` to write them, `load_weights` to read this rank's pieces back).
+A shard holds the inner-optimizer state of each piece this rank owns (state_dict.shard_of, without masters).
+Loading is state_dict.py's one rule at any world size: every piece this rank owns now takes, from the saved
+pieces of the same parameter, the elements it overlaps (`load_shards`). At the same world size they
+coincide; from N to M ranks each rank reads the saved shards (memory-mapped: only what it cuts out is read)
+and keeps its own 1/M. The weights travel separately, as whole tensors (`gathered_param` to write them,
+`load_weights` to read this rank's pieces back).
 """
 
 from __future__ import annotations
@@ -18,45 +13,32 @@ from __future__ import annotations
 import torch
 
 from zero_train.runtime.errors import UsageError
+from zero_train.sharding import state_dict as shards
 from zero_train.sharding.comm.gather import gather_tensor
-from zero_train.sharding.state_dict import SHARD_FORMAT, check_groups_match, hyperparameters
+from zero_train.sharding.step import PieceOptimizer
+from zero_train.sharding.zero3.model import Zero3Model
 
 
-class Zero3StateDict:
-    """state_dict / load_state_dict / load_shards / gathered_param / load_weights of Zero3Optimizer."""
+class Zero3State(PieceOptimizer):
+    """state_dict / load_state_dict / load_shards / gathered_param / load_weights of Zero3Optimizer (optim.py),
+    which subclasses it and sets the attributes declared here."""
 
-    def _global_indices(self) -> dict[int, int]:
-        """id(param) -> its index in torch's state_dict numbering (all params of all groups, in order)."""
-        return {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+    sharded: Zero3Model
+    """The sharded model whose slices the optimizer steps."""
+    masters: dict[int, torch.Tensor]
+    """id(unit) -> its master slice, for units that held a trainable parameter."""
 
     def state_dict(self) -> dict:
-        """This rank's shard: the inner-optimizer state of its pieces (the weights are not in it).
-
-        Returns:
-            {"format", "world_size", "rank", "state": {index: [[first element, length, state], ...]},
-            "master_params": {}, "shapes": {index: shape}, "param_groups", "loss_scaler"}.
-        """
-        index = self._global_indices()
-        states, shapes = {}, {}
-        for owned in self._pieces:
-            key = index[id(owned.param)]
-            shapes[key] = list(owned.param.shape)
-            if self._inner.state.get(owned.master):
-                place = [owned.piece.tensor_offset, owned.piece.length]
-                states.setdefault(key, []).append([*place, dict(self._inner.state[owned.master])])
-        groups = [
-            {**hyperparameters(g), "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups
-        ]
-        return {
-            "format": SHARD_FORMAT,
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "state": states,
-            "param_groups": groups,
-            "master_params": {},
-            "shapes": shapes,
-            "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict(),
-        }
+        """This rank's shard: the inner-optimizer state of its pieces (the weights are not in it)."""
+        return shards.shard_of(
+            self._pieces,
+            self._inner,
+            self.param_groups,
+            rank=self.rank,
+            world_size=self.world_size,
+            loss_scaler=self.loss_scaler,
+            masters=False,
+        )
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load this rank's own shard (same world size); for another world size use `load_shards`."""
@@ -67,33 +49,22 @@ class Zero3StateDict:
             )
         self.load_shards([state_dict])
 
-    def load_shards(self, shards: list[dict]) -> None:
+    def load_shards(self, saved: list[dict]) -> None:
         """Take this rank's pieces of optimizer state from saved shards (all of one save, or just the own one).
 
         Raises:
             UsageError: not shards of this format, other param groups, or a piece they cover only in part.
         """
-        if not shards or any(s.get("format") != SHARD_FORMAT for s in shards):
-            raise UsageError(f"not {SHARD_FORMAT} optimizer shards (saved by another engine or version?)")
-        check_groups_match(shards[0]["param_groups"], self.param_groups)
-        for group, saved in zip(self.param_groups, shards[0]["param_groups"], strict=True):
-            group.update(hyperparameters(saved))
-        index = self._global_indices()
-        saved: dict[int, list] = {}
-        for shard in shards:
-            for key, pieces in shard["state"].items():
-                saved.setdefault(int(key), []).extend(pieces)
-        inner = self._inner.state_dict()
-        inner["state"] = {}
-        for position, owned in enumerate(self._pieces):
-            found = saved.get(index[id(owned.param)])
-            if found:
-                inner["state"][position] = _cut(
-                    found, owned.piece.tensor_offset, owned.piece.length, owned.master
-                )
-        self._inner.load_state_dict(inner)
-        if self.loss_scaler is not None and shards[0].get("loss_scaler"):
-            self.loss_scaler.load_state_dict(shards[0]["loss_scaler"])
+        if not saved or any(s.get("format") != shards.SHARD_FORMAT for s in saved):
+            raise UsageError(
+                f"not {shards.SHARD_FORMAT} optimizer shards (saved by another engine or version?)"
+            )
+        shards.check_groups_match(saved[0]["param_groups"], self.param_groups)
+        for group, saved_group in zip(self.param_groups, saved[0]["param_groups"], strict=True):
+            group.update(shards.hyperparameters(saved_group))
+        shards.load_states(self._pieces, self._inner, shards.saved_pieces(saved), self.param_groups)
+        if self.loss_scaler is not None and saved[0].get("loss_scaler"):
+            self.loss_scaler.load_state_dict(saved[0]["loss_scaler"])
 
     # -------------------------------------------------------------- weights
     def gathered_param(self, param: torch.nn.Parameter, *, to: int = 0) -> torch.Tensor | None:
@@ -134,28 +105,3 @@ class Zero3StateDict:
                     )
             if target is not unit.shard:
                 unit.shard.copy_(target)
-
-
-def _cut(saved: list, offset: int, length: int, like: torch.Tensor) -> dict:
-    """The state of elements [offset, offset + length) of a parameter, from its saved pieces (any cutting)."""
-    stop, covered, state = offset + length, 0, {}
-    for first, count, values in sorted(saved, key=lambda piece: piece[0]):
-        low, high = max(offset, first), min(stop, first + count)
-        if high <= low:
-            continue
-        covered += high - low
-        for key, value in values.items():
-            if torch.is_tensor(value) and value.dim() > 0 and value.numel() == count:
-                if key not in state:
-                    state[key] = torch.empty(length, dtype=value.dtype)
-                state[key][low - offset : high - offset] = value.reshape(-1)[low - first : high - first]
-            elif key not in state:
-                state[key] = value.clone() if torch.is_tensor(value) else value  # per tensor: Adam's step
-    if covered != length:
-        raise UsageError(
-            f"the saved shards cover {covered} of {length} elements of a piece: a rank's shard is missing"
-        )
-    return {
-        k: v.view(like.shape).to(like.device) if torch.is_tensor(v) and v.dim() > 0 else v
-        for k, v in state.items()
-    }
