@@ -5,7 +5,9 @@ input). On a link given by bus bandwidth (GPU presets) a call of B bytes over N 
 latency + hops x hop latency + factor x B / bus bandwidth, with the ring's factor 2(N-1)/N for an all-reduce and
 (N-1)/N for a reduce-scatter or an all-gather (a broadcast: 1), as nccl-tests define bus bandwidth. A calibrated
 machine's measured collectives replace the formula: latency + B / measured payload rate, at the nearest world size
-measured (scaled by the ring factor when it differs).
+measured (scaled by the ring factor when it differs). A bucketed reduction's calls are its buckets, each a run of
+whole tensors up to the bucket size, a larger tensor alone (sharding.partition.bucket_groups: our ZeRO-1/2's
+cut; DeepSpeed's ZeRO-1/2 cut alike).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from zero_train.registry import Collective, EngineSpec
+from zero_train.sharding.partition import bucket_groups
 from zero_train.timing import constants
 from zero_train.timing.machine import Machine, Measured, ring_hops
 
@@ -33,6 +36,8 @@ class CommSetup:
     """Modules gathered one at a time (ZeRO-3, FSDP2): the blocks, the embedding, the head."""
     bucket_elements: int
     """The config's reduce_bucket_size."""
+    tensor_numels: tuple[int, ...] = ()
+    """Elements of every trainable tensor, in the model's order (buckets hold whole tensors); (): unknown."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +85,8 @@ def call_count(collective: Collective, setup: CommSetup, payload: int) -> int:
     if per == "ddp_bucket":
         return max(1, math.ceil(payload / constants.DDP_BUCKET_BYTES))
     if per == "bucket":
+        if setup.tensor_numels:  # whole tensors per bucket, as the engines cut them (sharding.partition)
+            return max(1, len(bucket_groups(setup.tensor_numels, max(1, setup.bucket_elements))))
         return max(1, math.ceil(payload / (setup.bucket_elements * element)))
     if per == "unit":
         return max(1, setup.units)

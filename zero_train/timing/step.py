@@ -170,6 +170,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
         num_tensors=len(shape.trained_numels) or 1,
         units=shape.num_layers + 2,
         bucket_elements=setup.bucket_elements,
+        tensor_numels=tuple(shape.trained_numels),
     )
     calls = engine_calls(spec, comm_setup, machine)
     exposed, hidden, comm = _overlap(calls, setup, machine, forward_s, backward_s)
