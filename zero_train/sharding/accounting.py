@@ -88,14 +88,7 @@ def zero1_buffers(
         backend: "gloo" or "nccl" (any non-gloo backend runs torch's collectives).
         bucket_elements: zero_optimization.reduce_bucket_size (the receive buffer fits the largest bucket).
     """
-    receive = _receive_elements(partition, backend, bucket_elements)
-    return BufferBytes(
-        padding=partition.padding() * element_size,
-        receive_elements=receive,
-        receive=receive * element_size,
-        partition_elements=partition.partition_size,
-        flat_buffers=2,
-    )
+    return _buffers(partition, element_size, backend, bucket_elements, flat_buffers=2)
 
 
 def zero2_buffers(
@@ -104,18 +97,25 @@ def zero2_buffers(
     """Our ZeRO-2's buffers: the flat parameter buffer's padding, two bucket buffers, on gloo the receive buffer.
 
     The bucket buffers hold the largest bucket that is copied (a tensor of bucket_elements or more is
-    reduced in its own gradient); two, so that a bucket can fill while the previous one travels.
+    reduced in its own gradient); two, so that a bucket can fill while the previous one travels. Arguments
+    as zero1_buffers.
     """
     buckets = gradient_buckets(partition, bucket_elements)
     copied = max((b.size for b in buckets if not b.direct), default=0)
+    bucket = 2 * copied * element_size
+    return _buffers(partition, element_size, backend, bucket_elements, flat_buffers=1, bucket=bucket)
+
+
+def _buffers(
+    partition: FlatPartition, element_size: int, backend: str, bucket_elements: int, **stage
+) -> BufferBytes:
     receive = _receive_elements(partition, backend, bucket_elements)
     return BufferBytes(
         padding=partition.padding() * element_size,
         receive_elements=receive,
         receive=receive * element_size,
         partition_elements=partition.partition_size,
-        flat_buffers=1,
-        bucket=2 * copied * element_size,
+        **stage,
     )
 
 

@@ -21,6 +21,11 @@ A buffer in another dtype than the parameters (fp32 for a bf16/fp16 model: the d
 ds_config.parse.gradient_dtypes) cannot hold their `.grad`: each gradient is then added into its slot as
 the hook sees it (copied by the first micro-step) and released, so micro-batches add up in the buffer's
 dtype and autograd never accumulates in 16 bit.
+
+ZeRO-2's store (grad_buckets.GradientBuckets) shares the buckets and the interface (schedule.GradientStore)
+but not the buffer, by the definition of the stages: here every gradient keeps its slot for the whole step
+(micro-steps accumulate without communication) and is reduced once, in place; there each bucket is copied
+out, reduced every micro-step and released, and the owner accumulates the averages.
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ from __future__ import annotations
 import torch
 
 from zero_train.sharding.comm.overlap import ReductionQueue
-from zero_train.sharding.partition import Bucket, gradient_buckets
+from zero_train.sharding.zero12.schedule import GradientStore
 from zero_train.sharding.zero12.segments import Segment
 
 
-class FlatGradients:
+class FlatGradients(GradientStore):
     """One segment's gradients in a flat buffer, and the reduction of its buckets to their owners.
 
     Args:
@@ -85,11 +90,6 @@ class FlatGradients:
     def has_grad(self, param: torch.Tensor) -> bool:
         """This rank brought a gradient of `param` to this step."""
         return param.grad is not None or id(param) in self.written
-
-    def set_active(self, active: tuple[bool, ...]) -> None:
-        """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
-        self.buckets: list[Bucket] = gradient_buckets(self.segment.partition, self.bucket_elements, active)
-        self.bucket_of = {index: k for k, bucket in enumerate(self.buckets) for index in bucket.indices}
 
     def accept(self, param: torch.Tensor, *, boundary: bool) -> None:
         """Move `param.grad` into its slot (divided by N in the boundary backward)."""

@@ -21,8 +21,9 @@ from __future__ import annotations
 import torch
 
 from zero_train.sharding.comm.overlap import ReductionQueue
-from zero_train.sharding.partition import Bucket, gradient_buckets
+from zero_train.sharding.partition import Bucket
 from zero_train.sharding.zero12.flat_grads import dense_grad
+from zero_train.sharding.zero12.schedule import GradientStore
 from zero_train.sharding.zero12.segments import Segment
 
 
@@ -53,7 +54,7 @@ class BucketBuffers:
         self.free.append(buffer)
 
 
-class GradientBuckets:
+class GradientBuckets(GradientStore):
     """One segment's buckets and this rank's accumulator of the averaged gradients of its slice.
 
     Args:
@@ -89,11 +90,6 @@ class GradientBuckets:
         )
         self.seen: set[int] = set()  # parameters whose gradient this rank brought to this step
         self.set_active(segment.active)
-
-    def set_active(self, active: tuple[bool, ...]) -> None:
-        """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
-        self.buckets: list[Bucket] = gradient_buckets(self.segment.partition, self.bucket_elements, active)
-        self.bucket_of = {index: k for k, bucket in enumerate(self.buckets) for index in bucket.indices}
 
     def copied_elements(self) -> int:
         """The largest bucket that is copied into a bucket buffer (a direct one is reduced in its gradient)."""

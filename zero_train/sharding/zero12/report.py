@@ -54,6 +54,16 @@ class ShardedReport(PieceOptimizer):
             bucket=bucket,
         )
 
+    def _loose_grad_bytes(self, held: list[torch.Tensor]) -> int:
+        """Bytes of gradients outside the stores' buffers `held` (e.g. computed before the optimizer existed, or
+        not yet taken into a bucket), each parameter once."""
+        ends = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in held]
+        return sum(
+            _nbytes(p.grad)
+            for p in {id(p): p for g in self.param_groups for p in g["params"]}.values()
+            if p.grad is not None and not any(low <= p.grad.data_ptr() < high for low, high in ends)
+        )
+
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds, by category (params, grads, master_params, optimizer_states, comm_buffers).
 

@@ -8,17 +8,21 @@ gradient in one flat buffer, ZeRO-2's grad_buckets.GradientBuckets only the owne
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 from zero_train.sharding.comm.overlap import ReductionQueue
-from zero_train.sharding.partition import Bucket
+from zero_train.sharding.partition import Bucket, gradient_buckets
+from zero_train.sharding.zero12.segments import Segment
 
 
-class GradientStore(Protocol):
-    """One segment's gradients on their way to their owners (ZeRO-1: FlatGradients, ZeRO-2: GradientBuckets)."""
+class GradientStore:
+    """One segment's gradients on their way to their owners: the interface of ZeRO-1's FlatGradients and
+    ZeRO-2's GradientBuckets, and the buckets they share."""
 
+    segment: Segment
+    """The segment (its parameters, partition, this rank's slice, active flags)."""
+    bucket_elements: int | None
+    """The largest bucket, in elements (None: one bucket per run of trainable tensors)."""
     buckets: list[Bucket]
     """The segment's buckets of trainable tensors, in backward order (partition.gradient_buckets)."""
     bucket_of: dict[int, int]
@@ -26,21 +30,28 @@ class GradientStore(Protocol):
 
     def set_active(self, active: tuple[bool, ...]) -> None:
         """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
+        self.buckets = gradient_buckets(self.segment.partition, self.bucket_elements, active)
+        self.bucket_of = {index: k for k, bucket in enumerate(self.buckets) for index in bucket.indices}
 
     def accept(self, param: torch.Tensor, *, boundary: bool) -> None:
         """`param`'s gradient of this backward is complete (`boundary`: its bucket will be reduced now)."""
+        raise NotImplementedError
 
     def has_grad(self, param: torch.Tensor) -> bool:
         """This rank brought a gradient of `param` to this step."""
+        raise NotImplementedError
 
     def launch(self, k: int) -> None:
         """Start reducing bucket `k` to its owners (missing gradients count as zeros)."""
+        raise NotImplementedError
 
     def owned(self) -> torch.Tensor:
         """This rank's slice of the averaged gradients (after every bucket's reduction was waited for)."""
+        raise NotImplementedError
 
     def new_step(self) -> None:
         """Forget this step's gradients (after the step or zero_grad)."""
+        raise NotImplementedError
 
 
 class BucketSchedule:

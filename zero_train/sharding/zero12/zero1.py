@@ -146,13 +146,7 @@ class Zero1Optimizer(ShardedOptimizer):
 
     def _grad_bytes(self) -> int:
         """The flat gradient buffers without their padding, plus any gradient not yet moved into them."""
-        slots = {key: slot for store in self._stores for key, slot in store.slots.items()}
-        loose = sum(
-            p.grad.numel() * p.grad.element_size()
-            for p in {id(p): p for g in self.param_groups for p in g["params"]}.values()
-            if p.grad is not None and (id(p) not in slots or p.grad.data_ptr() != slots[id(p)].data_ptr())
-        )
         held = sum(
             (s.buffer.numel() - s.segment.partition.padding()) * s.buffer.element_size() for s in self._stores
         )
-        return held + loose
+        return held + self._loose_grad_bytes([store.buffer for store in self._stores])

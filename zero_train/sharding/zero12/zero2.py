@@ -129,11 +129,6 @@ class Zero2Optimizer(ShardedOptimizer):
         """The owned accumulators' data (Psi/N; the last rank's few padding elements aside) plus any gradient
         backward holds before its bucket is reduced."""
         owned = [store.owned() for store in self._stores]
-        ends = [(o.data_ptr(), o.data_ptr() + o.numel() * o.element_size()) for o in owned]
-        loose = sum(
-            p.grad.numel() * p.grad.element_size()
-            for p in {id(p): p for g in self.param_groups for p in g["params"]}.values()
-            if p.grad is not None and not any(low <= p.grad.data_ptr() < high for low, high in ends)
-        )
+        loose = self._loose_grad_bytes(owned)
         element_size = owned[0].element_size()
         return sum(s.segment.partition.loads()[self.rank] for s in self._stores) * element_size + loose
