@@ -134,6 +134,10 @@ CASES = [
          "FILE.yaml"),
     Case("check-accelerate-garbage", "zero-train", ["config", "check", "{w}/wrong-type.json", "--accelerate",
          "{w}/garbage.bin"], "accelerate config"),
+    # zero-train train's launch flags
+    Case("train-launcher-without-ranks", "zero-train", ["train", "--launcher", "deepspeed"],
+         "--launcher deepspeed starts ranks: give --nproc-per-node N too"),
+    Case("train-no-ranks", "zero-train", ["train", "--nproc-per-node", "0"], "--nproc-per-node"),
     # scripts/train.py flags
     Case("train-huge-max-steps", "train.py", ["--max-steps", "1e400"], "--max-steps"),
     Case("train-lr-wrong-type", "train.py", ["--lr", "fast"], "--lr"),

@@ -2,7 +2,7 @@
 any of them (each lives in its own module, zero_train.cli.NAME, which registers its flags)."""
 
 COMMANDS = {
-    "train": "train a model: one run in this process (under a launcher: python -m zero_train.train)",
+    "train": "train a model: one run in this process, or on --nproc-per-node ranks (torchrun or deepspeed)",
     "config": "generate a DeepSpeed ZeRO config (or: config check FILE)",
     "export": "export a checkpoint (any engine, ZeRO-3 included) as a Hugging Face model folder",
     "estimate": "per-rank memory of ZeRO stages 0-3 (device and host): paper, DeepSpeed's estimator, ours; which fit",

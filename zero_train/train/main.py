@@ -59,6 +59,17 @@ def train(config: RunConfig) -> int:
     return 0
 
 
+def check_run(config: RunConfig, *, world_size: int) -> None:
+    """Plan the run as each of `world_size` ranks will (zero_train.train.setup.plan_run): UsageError on anything
+    the user can fix, before a launcher starts the ranks."""
+    check_local_path(config.data.dataset)
+    with collector_paused():
+        pin_deepspeed_accelerator()  # the ranks inherit it: a DeepSpeed config is checked on their accelerator
+        from zero_train.train.setup import plan_run
+
+        plan_run(config, world_size=world_size)
+
+
 def main(argv: list[str] | None = None, *, prog: str = "python -m zero_train.train") -> None:
     """Parse the flags (and --config file) and train; errors a user can fix print one line and exit 2."""
     run_cli(lambda: train(parse_args(sys.argv[1:] if argv is None else argv, prog=prog)))
