@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 class LocalEngine:
     """Base class: builds the model in the settings' dtype and counts micro-steps and steps.
 
-    Subclasses implement `_forward_module`, `_no_sync`, `_apply_step`; `_backward` and `loss_scale` where the
-    sharder keeps the fp16 loss scaler (zero1, zero3), not `self.loss_scaler`.
+    Subclasses implement `_forward_module`, `_no_sync`, `_apply_step`; the fp16 loss scaler is
+    `self.loss_scaler` (our sharders' engines hand the same one to their optimizer: engines/sharded.py).
     """
 
     name = "local"
@@ -42,7 +42,7 @@ class LocalEngine:
         self.settings = settings
         self.dist_info = dist_info
         self.process_group = None  # the default (world) group; engines take it explicitly
-        self.loss_scaler: DynamicLossScaler | None = None  # fp16 only; our sharders keep theirs inside
+        self.loss_scaler: DynamicLossScaler | None = None  # fp16 only
         warn_unsupported(settings, engine=self.name)
         self.micro_steps = self.global_steps = self.applied_steps = 0
 

@@ -7,7 +7,6 @@ WarmupLR / WarmupDecayLR / WarmupCosineLR, so that every engine follows the same
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -110,15 +109,3 @@ def client_lr_scheduler(settings: TrainSettings):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: hf_lambda(settings, step))
 
     return build
-
-
-def sharded_step(optimizer, lr: float, grad_clip: float):
-    """Our sharders' update (zero1/zero2, zero3): clip by the global norm (one all-reduce; no clipping at
-    grad_clip 0), step this rank's slice at `lr`, zero the gradients. Returns (the norm, left on the device: the
-    loop reads it when it logs; whether an fp16 overflow skipped the step)."""
-    grad_norm = optimizer.clip_grad_norm_(grad_clip if grad_clip > 0 else math.inf)
-    set_lr(optimizer, lr)
-    optimizer.step()
-    skipped = optimizer.last_step_skipped
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm, skipped

@@ -20,13 +20,11 @@ from zero_train.checkpoint.files import (
     read_weights,
     unique_state_dict,
 )
-from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.ds_config.keys import deepspeed_default
 from zero_train.ds_config.parse import reduce_bucket_elements
-from zero_train.engines.base import tensor_bytes
-from zero_train.engines.local import LocalEngine
-from zero_train.engines.optim import optimizer_spec, scheduled_lr, sharded_step
+from zero_train.engines.optim import optimizer_spec, scheduled_lr
 from zero_train.engines.precision import grad_dtypes, make_loss_scaler
+from zero_train.engines.sharded import ShardedEngine
 from zero_train.sharding import Zero1Optimizer
 from zero_train.sharding.partition import default_bucket_elements
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
@@ -43,7 +41,7 @@ def reduce_bucket_size(ds_config: dict, params) -> int:
     return default_bucket_elements([p.numel() for p in params if p.requires_grad], cap)
 
 
-class Zero1Engine(LocalEngine):
+class Zero1Engine(ShardedEngine):
     """Plain model + Zero1Optimizer (optimizer state and fp32 masters sharded over the ranks)."""
 
     name = "zero1"
@@ -52,13 +50,14 @@ class Zero1Engine(LocalEngine):
         super().__init__(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
         optimizer_class, kwargs = optimizer_spec(settings, dist_info.device)
         kwargs["lr"] = scheduled_lr(settings, 0)
+        self.loss_scaler = make_loss_scaler(settings)  # the optimizer's: it unscales and skips
         self.optimizer = self._build_optimizer(
             list(self.model.parameters()),
             optimizer_class,
             ds_config,
             process_group=self.process_group,
             master_dtype=torch.float32,
-            loss_scaler=make_loss_scaler(settings),
+            loss_scaler=self.loss_scaler,
             **kwargs,
         )
 
@@ -73,20 +72,6 @@ class Zero1Engine(LocalEngine):
         """The last micro-batch's hooks write gradients already divided by N (one pass fewer) and reduce
         each complete bucket while backward goes on."""
         return self.optimizer.boundary_backward() if boundary else contextlib.nullcontext()
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        self.optimizer.scale_loss(loss).backward()
-
-    def loss_scale(self) -> float | None:
-        """The current fp16 loss scale, None without loss scaling."""
-        scaler = getattr(self.optimizer, "loss_scaler", None)
-        return None if scaler is None else float(scaler.loss_scale)
-
-    def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
-        """Finish the reduction (backward did most of it), clip by the global norm (one all-reduce), update
-        this rank's slice, all-gather the parameters. The norm stays on the device (the loop reads it)."""
-        self.optimizer.reduce_gradients()
-        return sharded_step(self.optimizer, lr, self.settings.grad_clip)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The model's weights on rank 0, in CPU memory (fp32: exact; bf16/fp16: the fp32 masters, gathered)."""
@@ -104,17 +89,6 @@ class Zero1Engine(LocalEngine):
             return None
         return {id(p): m for p, m in zip(self.model.parameters(), full, strict=True)}
 
-    def save_checkpoint(self, out, *, client_state: dict) -> None:
-        """Rank 0: model/ (full fp32 weights); every rank: its optimizer shard, counters, client_state.
-
-        `out` is a StagedWrites (zero_train.checkpoint.writes) or a folder to write into at once.
-        """
-        weights = self.full_state_dict()
-        writes = as_staged_writes(out)
-        self.write_checkpoint(
-            writes, weights, client_state=client_state, optimizer=self.optimizer.state_dict()
-        )
-
     def load_checkpoint(self, path) -> dict:
         """Restore weights, this rank's optimizer shard and counters; returns this rank's client_state."""
         weights = read_weights(path, self.model)
@@ -125,22 +99,3 @@ class Zero1Engine(LocalEngine):
         self.optimizer.load_state_dict(optimizer_state)
         self.restore_counters(own["counters"])
         return own["client_state"]
-
-    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
-        """The sharder's own account (params, grads, master_params, optimizer_states, comm_buffers).
-
-        device: count only tensors on it. All the sharder's buffers live on the model's device; the inner
-        optimizer's state may not (torch's Adam keeps "step" counters on the CPU when the model is on CUDA).
-        """
-        categories = dict(self.optimizer.memory_bytes())
-        if device is None:
-            return categories
-        inner = (
-            self.optimizer._inner
-        )  # the inner torch optimizer over the owned masters (sharding/zero12/zero1.py)
-        states = [v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
-        states_there = tensor_bytes(states, device=device)
-        if torch.device(device).type != self.dist_info.device.type:  # none of the sharder's buffers are there
-            return {name: (states_there if name == "optimizer_states" else 0) for name in categories}
-        categories["optimizer_states"] -= tensor_bytes(states) - states_there
-        return categories

@@ -29,11 +29,9 @@ from zero_train.checkpoint.files import (
     read_weights,
     saved_tensors,
 )
-from zero_train.checkpoint.writes import as_staged_writes
-from zero_train.engines.base import tensor_bytes
-from zero_train.engines.local import LocalEngine
-from zero_train.engines.optim import optimizer_spec, scheduled_lr, sharded_step
+from zero_train.engines.optim import optimizer_spec, scheduled_lr
 from zero_train.engines.precision import PRECISION_DTYPES, grad_dtypes, make_loss_scaler
+from zero_train.engines.sharded import ShardedEngine
 from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.zero3.meta_build import MetaBuild
@@ -41,7 +39,7 @@ from zero_train.sharding.zero3.model import Zero3Model
 from zero_train.sharding.zero3.optim import Zero3Optimizer
 
 
-class Zero3Engine(LocalEngine):
+class Zero3Engine(ShardedEngine):
     """A model sharded by Zero3Model (parameters, gradients, optimizer state: 1/N each) and its optimizer."""
 
     name = "zero3"
@@ -62,26 +60,10 @@ class Zero3Engine(LocalEngine):
         )
         optimizer_class, kwargs = optimizer_spec(settings, dist_info.device)
         kwargs["lr"] = scheduled_lr(settings, 0)
+        self.loss_scaler = make_loss_scaler(settings)  # the optimizer's: it unscales and skips
         self.optimizer = Zero3Optimizer(
-            self.sharded,
-            optimizer_class,
-            master_dtype=torch.float32,
-            loss_scaler=make_loss_scaler(settings),
-            **kwargs,
+            self.sharded, optimizer_class, master_dtype=torch.float32, loss_scaler=self.loss_scaler, **kwargs
         )
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        self.optimizer.scale_loss(loss).backward()  # the hooks reduce-scatter each unit's gradients
-
-    def loss_scale(self) -> float | None:
-        """The current fp16 loss scale, None without loss scaling."""
-        scaler = self.optimizer.loss_scaler
-        return None if scaler is None else float(scaler.loss_scale)
-
-    def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
-        """The gradients are reduce-scattered already: clip by the global norm (one all-reduce), update the slices.
-        The norm stays on the device (the loop reads it when it logs): the step reads nothing back (fp16 aside)."""
-        return sharded_step(self.optimizer, lr, self.settings.grad_clip)
 
     # ------------------------------------------------------------- weights
     def _named_tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -101,14 +83,6 @@ class Zero3Engine(LocalEngine):
             if value is not None:
                 state[name] = value.contiguous()
         return state if self.dist_info.is_main else None
-
-    def save_checkpoint(self, out, *, client_state: dict) -> None:
-        """Rank 0: model/ (full fp32 weights); every rank: its optimizer shard, counters and client_state."""
-        weights = self.full_state_dict()
-        writes = as_staged_writes(out)
-        self.write_checkpoint(
-            writes, weights, client_state=client_state, optimizer=self.optimizer.state_dict()
-        )
 
     def load_checkpoint(self, path) -> dict:
         """This rank's pieces of the weights and of the optimizer state, at any saved world size.
@@ -169,21 +143,6 @@ class Zero3Engine(LocalEngine):
             lambda param, offset, length: by_id[id(param)].reshape(-1)[offset : offset + length],
             params=[param for _, param in adapters],
         )
-
-    def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
-        """The sharder's own account (Zero3Optimizer.memory_bytes); `device`: count only tensors on it.
-
-        Every buffer lives on the model's device except, on CUDA, torch's Adam "step" counters (CPU)."""
-        categories = dict(self.optimizer.memory_bytes())
-        if device is None:
-            return categories
-        inner = self.optimizer._inner
-        states = [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)]
-        states_there = tensor_bytes(states, device=device)
-        if torch.device(device).type != self.dist_info.device.type:
-            return {name: (states_there if name == "optimizer_states" else 0) for name in categories}
-        categories["optimizer_states"] -= tensor_bytes(states) - states_there
-        return categories
 
 
 def _buffers_to(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
