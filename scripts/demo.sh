@@ -12,14 +12,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds() { echo $(( $(date +%s) - $1 )); }
+# CPU_S: CPU seconds of every finished child so far (bash's `times`, its second line: the children's user and
+# system time; run in this shell, not in $(...), whose subshell has no children yet): the part of a duration
+# that does not depend on what else the machine runs
+cpu_now() {
+  local file
+  file=$(mktemp)
+  times >"$file"
+  CPU_S=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' "$file")
+  rm -f "$file"
+}
 started=$(date +%s)
 ZT_SETUP_DEEPSPEED_OPS=0 bash scripts/setup.sh
 setup_s=$(seconds "$started")
+cpu_now
+cpu_before=$CPU_S
 export ZT_OFFLINE=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1
 export PATH="$PWD/.venv/bin:$PATH"  # as an activated venv: its ninja, should a run build an op (setup.sh)
 model=${ZT_DEMO_MODEL:-gpt2-25m}
 precision=${ZT_DEMO_PRECISION:-fp32}
-steps=${ZT_DEMO_STEPS:-3}
+steps=${ZT_DEMO_STEPS:-2}  # the peak is reached at step 2 (the optimizer's state exists from step 1 on)
 world_sizes=${ZT_DEMO_WORLD_SIZES:-2}
 engines=ddp,zero1,zero2,zero3,ds1,ds2,ds3,fsdp2-z3
 out=${ZT_DEMO_OUT:-runs/demo}
@@ -42,5 +54,7 @@ echo "[demo] 3/3 report"
 "$zt" report "$out" --out "$out/report"
 report_s=$(seconds "$part")
 echo "[demo] done: $out/report/report.md (the ladder: $out/report/bytes_per_param*.png)"
+cpu_now
 echo "[demo] took: set-up ${setup_s} s, estimate ${estimate_s} s, profile ${profile_s} s, report ${report_s} s;" \
-  "$(seconds "$started") s in all"
+  "$(seconds "$started") s in all; after set-up $(( $(seconds "$started") - setup_s )) s of wall time," \
+  "$(( CPU_S - cpu_before )) CPU-s over all its processes (the 2 ranks' share of 2 cores: wall >= CPU-s / cores)"
