@@ -1,14 +1,13 @@
 """The step-time model out of sample on this machine: calibrate, fit each engine's host work on calibration
 cells, then predict bench cells neither ever saw.
 
-    .venv/bin/python scripts/steptime_check.py run --role calibration --out runs/steptime   # calibrate + 2 sets
-    .venv/bin/python scripts/steptime_check.py run --role held-out --out runs/steptime      # the 6 judged sets
-    .venv/bin/python scripts/steptime_check.py report --out runs/steptime                  # fit, predict, judge
+    .venv/bin/python scripts/steptime_check.py run --role all --out runs/steptime   # calibrate + all sets (~8 min)
+    .venv/bin/python scripts/steptime_check.py report --out runs/steptime           # fit, predict, judge
 
 The design, fixed before any of it was measured (issue 39 item 4):
-- `run --role calibration` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training
+- `run --role all` (or `calibration`, then `held-out`) writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training
   step) and runs the CALIBRATION sets: every engine at 2 ranks, no checkpointing, no accumulation, on both model
-  shapes (gpt2-25m, 24.8M parameters; llama-tiny, 0.62M);
+  shapes (gpt2-25m, 24.8M parameters; llama-tiny, 0.62M), then the held-out sets, back to back;
 - `report` predicts the calibration cells from machine.json, fits each engine's host work on their residuals
   (zero_train.timing.host_work: per micro-batch + per parameter, exact on the two shapes), writes
   OUT/machine-fitted.json, and predicts the HELD-OUT sets from it: 1 and 4 ranks, checkpointing, accumulation,
@@ -58,12 +57,12 @@ def run(out: pathlib.Path, role: str, names: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
     started = time.time()
-    if role == "calibration" and not names:
+    if role in ("calibration", "all") and not names:
         subprocess.run([*zero_train, "calibrate", "--world-sizes", "2,4", "-o", str(out / "machine.json"),
                         "--force"], check=True)  # fmt: skip
         print(f"[{time.time() - started:.0f} s] calibrated", flush=True)
     for cell_set in SETS:
-        if cell_set["role"] != role or (names and cell_set["name"] not in names):
+        if role not in (cell_set["role"], "all") or (names and cell_set["name"] not in names):
             continue
         flags = ["--model", cell_set["model"], "--engines", cell_set["engines"], "--precisions", "fp32",
                  "--world-size", str(cell_set["world_size"]), "--micro-batch-size", str(cell_set["micro_batch_size"]),
@@ -276,13 +275,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("run", "report"))
     parser.add_argument("--out", default="runs/steptime")
-    parser.add_argument("--role", choices=("calibration", "held-out"), help="run: which sets")
+    parser.add_argument("--role", choices=("calibration", "held-out", "all"),
+                        help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     if args.action == "run":
         if not args.role:
-            parser.error("run needs --role calibration or --role held-out")
+            parser.error("run needs --role calibration, held-out or all")
         out.mkdir(parents=True, exist_ok=True)
         _record_duration_constants(out)
         run(out, args.role, args.sets.split(",") if args.sets else None)

@@ -14,7 +14,7 @@ import torch
 from zero_train.hf.models import model_config
 from zero_train.memory.model.activations import count_activations
 from zero_train.memory.model.theory import model_shape
-from zero_train.timing.machine import preset_machine
+from zero_train.timing.machine import load_machine, preset_machine
 from zero_train.timing.step import StepSetup, step_time
 
 pytestmark = pytest.mark.tier("quick")
@@ -33,18 +33,25 @@ SETUPS = [
          block_size=1024, grad_accum=2),
     dict(model="gpt2-25m", gpu="h200", engine="zero2", world_size=32, gpus_per_node=8, micro_batch_size=16,
          block_size=1024, grad_accum=2),
+    dict(model="gpt2-25m", machine="epyc-2core", engine="ds3", world_size=4, gpus_per_node=4, micro_batch_size=2,
+         block_size=64, grad_accum=2, precision="fp32", threads_per_rank=1),
+    dict(model="llama-tiny", machine="epyc-2core", engine="zero1", world_size=1, gpus_per_node=1, micro_batch_size=4,
+         block_size=128, gradient_checkpointing=True, precision="fp32", threads_per_rank=1),
 ]  # fmt: skip
-"""Set-ups across engines, GPUs, precisions, one and several machines, checkpointing, accumulation, offload."""
+"""Set-ups across engines, GPUs, precisions, one and several machines, checkpointing, accumulation, offload; and CPU
+ranks on a calibrated machine with its engines' fitted host work (machine_epyc-2core.json: docs/steptime.md's
+check on this 2-core EPYC)."""
 
 
 def _predict(case: dict) -> dict:
     case = dict(case)
-    config, gpu = model_config(case.pop("model")), case.pop("gpu")
+    config, gpu, stored = model_config(case.pop("model")), case.pop("gpu", None), case.pop("machine", None)
     setup = StepSetup(**case)
     dtype = torch.float32 if setup.precision == "fp32" else torch.bfloat16
     count = count_activations(config, micro_batch_size=setup.micro_batch_size, block_size=setup.block_size,
                               dtype=dtype, gradient_checkpointing=setup.gradient_checkpointing)  # fmt: skip
-    step = step_time(model_shape(config), count, setup, preset_machine(gpu))
+    machine = load_machine(GOLDEN.with_name(f"machine_{stored}.json")) if stored else preset_machine(gpu)
+    step = step_time(model_shape(config), count, setup, machine)
     return dict(seconds=step.seconds, tokens_per_s=step.tokens_per_s, mfu=step.mfu)
 
 
