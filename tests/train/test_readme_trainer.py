@@ -1,0 +1,72 @@
+"""README.md's "Use with the Hugging Face Trainer", run as printed: its bash block's commands, in a fresh folder
+holding its python block under the name the block gives itself (train_hf.py), on the offline default and CPU ranks.
+
+The run must exit 0 without a warning line (DeepSpeed's deprecated collectives quiet), log the Trainer's own
+linear schedule for its arguments (transformers.get_scheduler: the --hf-auto config has no scheduler block to
+replace it) with losses below a uniform guess over the vocabulary (ln 8192), and leave a folder that
+AutoModelForCausalLM.from_pretrained loads with the tokenizer beside it.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.tier("slow")
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+SECTION = "## Use with the Hugging Face Trainer"
+
+
+def _blocks(language: str) -> list[str]:
+    section = README.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+
+
+def _commands() -> list[str]:
+    lines = [line.split("#", 1)[0].strip() for line in _blocks("bash")[0].splitlines()]
+    return [line for line in lines if line]
+
+
+def test_the_readme_trainer_snippet_runs_as_printed(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
+
+    script = _blocks("python")[0]
+    name = re.match(r"# (\S+\.py)", script).group(1)
+    (tmp_path / name).write_text(script)
+    commands = _commands()
+    assert commands[-1] == f"torchrun --nproc_per_node 2 {name}"
+    env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
+    output = []
+    for command in commands:
+        done = subprocess.run(
+            command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+        )
+        output += (done.stdout + done.stderr).splitlines()
+        assert done.returncode == 0, "\n".join(output[-40:])
+    assert not [line for line in output if "Warning" in line or "unrecognized" in line], "\n".join(output)
+    logs = [ast.literal_eval(log) for log in re.findall(r"\{'loss': [^}]*\}", "\n".join(output))]
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=5e-5)
+    schedule = get_scheduler("linear", optimizer, num_warmup_steps=0, num_training_steps=10)
+    expected = []
+    for step in range(1, 11):
+        optimizer.step()
+        schedule.step()
+        if step % 5 == 0:
+            expected.append(schedule.get_last_lr()[0])
+    assert len(logs) == 2, "\n".join(output)
+    assert [float(log["learning_rate"]) for log in logs] == pytest.approx(expected, abs=1e-12)
+    assert all(float(log["loss"]) < math.log(8192) for log in logs)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert (
+        model.config.model_type == "llama"
+        and AutoTokenizer.from_pretrained(tmp_path / "out").vocab_size == 8192
+    )
