@@ -4,15 +4,17 @@ cells, then predict bench cells neither ever saw.
     .venv/bin/python scripts/steptime_check.py run --role all --out runs/steptime   # calibrate + all sets (~8 min)
     .venv/bin/python scripts/steptime_check.py report --out runs/steptime           # fit, predict, judge
 
-The design, fixed before any of it was measured (issue 39 item 4):
-- `run --role all` (or `calibration`, then `held-out`) writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training
-  step) and runs the CALIBRATION sets: every engine at 2 ranks, no checkpointing, no accumulation, on both model
-  shapes (gpt2-25m, 24.8M parameters; llama-tiny, 0.62M), then the held-out sets, back to back;
+The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
+verdict, each committed before its own run):
+- `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
+  design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
+  24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 at 1 and 2) and HELD-OUT sets (other rank counts,
+  checkpointing, accumulation; v2 alternates them with the calibration sets);
 - `report` predicts the calibration cells from machine.json, fits each engine's host work on their residuals
-  (zero_train.timing.host_work: per micro-batch + per parameter, exact on the two shapes), writes
-  OUT/machine-fitted.json, and predicts the HELD-OUT sets from it: 1 and 4 ranks, checkpointing, accumulation,
-  both shapes, cells no fit saw. Only held-out cells are judged: each within 25%, median |error| within 10%,
-  every pair of engines of one set whose measured step times differ by more than 15% ordered right.
+  (zero_train.timing.host_work; v1: per micro-batch + per parameter, v2: + per second of communication), writes
+  OUT/machine-fitted.json, and predicts the held-out cells from it. Only held-out cells are judged: each within
+  25%, median |error| within 10%, every pair of engines of one set whose measured step times differ by more
+  than 15% ordered right;
 - every set is one `zero-train bench` launch, its engines interleaved, fp32, 5 steps of which the first 2 are
   warm-up (left out of the median), the bench's ranks on one thread each (its launches' OMP_NUM_THREADS=1: the
   model is told threads_per_rank=1).
@@ -33,7 +35,7 @@ import time
 ENGINES = "ddp,zero1,zero2,zero3,ds1,ds2,ds3,fsdp2-z2,fsdp2-z3"
 GPT2 = dict(model="gpt2-25m", micro_batch_size=2, block_size=64)
 TINY = dict(model="llama-tiny", micro_batch_size=4, block_size=128)
-SETS = [
+SETS_V1 = [
     dict(name="cal-gpt2-25m-w2", role="calibration", world_size=2, engines=ENGINES, **GPT2),
     dict(name="cal-llama-tiny-w2", role="calibration", world_size=2, engines=ENGINES, **TINY),
     dict(name="gpt2-25m-w1", role="held-out", world_size=1, engines="ddp,zero1,ds1", **GPT2),
@@ -46,22 +48,55 @@ SETS = [
          engines="ddp,zero1,zero3,ds1,ds3,fsdp2-z2", **TINY),
     dict(name="llama-tiny-w1", role="held-out", world_size=1, engines="ddp,zero1,ds1", **TINY),
 ]  # fmt: skip
-"""Calibration: 18 cells (9 engines x 2 shapes at 2 ranks). Held out: 27 cells; every engine in at least two
-sets; 1, 2 and 4 ranks; checkpointing, accumulation and both; both shapes."""
+"""Design v1 (run 2026-11-28 10:22 UTC, docs/steptime.md). Calibration: 18 cells (9 engines x 2 shapes at 2
+ranks). Held out: 27 cells; every engine in at least two sets; 1, 2 and 4 ranks; checkpointing, accumulation and
+both; both shapes. Host work fitted per micro-batch + per parameter."""
+SETS_V2 = [
+    dict(name="cal-gpt2-25m-w2", role="calibration", world_size=2, engines=ENGINES, **GPT2),
+    dict(name="gpt2-25m-w4", role="held-out", world_size=4, engines="ddp,zero2,zero3,ds2,ds3,fsdp2-z3", **GPT2),
+    dict(name="cal-llama-tiny-w2", role="calibration", world_size=2, engines=ENGINES, **TINY),
+    dict(name="llama-tiny-w2-accum2", role="held-out", world_size=2, grad_accum=2,
+         engines="ddp,zero2,ds3,fsdp2-z3", **TINY),
+    dict(name="cal-gpt2-25m-w1", role="calibration", world_size=1, engines=ENGINES, **GPT2),
+    dict(name="gpt2-25m-w2-ckpt", role="held-out", world_size=2, gradient_checkpointing=True,
+         engines="zero1,zero3,ds2,fsdp2-z2", **GPT2),
+    dict(name="cal-llama-tiny-w1", role="calibration", world_size=1, engines=ENGINES, **TINY),
+    dict(name="llama-tiny-w4-ckpt-accum2", role="held-out", world_size=4, grad_accum=2, gradient_checkpointing=True,
+         engines="ddp,zero1,zero3,ds1,ds3,fsdp2-z2", **TINY),
+    dict(name="gpt2-25m-w1-ckpt-accum2", role="held-out", world_size=1, grad_accum=2, gradient_checkpointing=True,
+         engines="ddp,zero1,ds1,fsdp2-z3", **GPT2),
+]  # fmt: skip
+"""Design v2, fixed after v1's verdict and before its own run: v1's host work, fitted at 2 ranks only, carried
+the cost of communicating on a loaded machine into 1-rank cells. v2 calibrates every engine at 1 and 2 ranks on
+both shapes (36 cells) and fits per micro-batch + per parameter + per second of the model's communication; it
+runs calibration and held-out sets alternately, so that the machine's drift reaches both. Held out: 24 cells;
+1 rank (gpt2-25m with checkpointing and accumulation), 2 and 4 ranks, checkpointing, accumulation, both shapes;
+every engine in at least two held-out sets but ds1 and fsdp2-z2 (two each) and ds2 (two)."""
+DESIGNS = {"v1": (SETS_V1, ("per_micro_batch_s", "per_param_s")),
+           "v2": (SETS_V2, ("per_micro_batch_s", "per_param_s", "per_comm_s"))}  # fmt: skip
+
+
+def _design(out: pathlib.Path) -> tuple[list[dict], tuple[str, ...]]:
+    """The sets and fitted terms of the design OUT was run with (v1 where the run wrote none)."""
+    path = out / "design.json"
+    return DESIGNS[json.loads(path.read_text())["design"] if path.exists() else "v1"]
+
+
 STEPS = dict(steps=5, warmup=2)
 RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None) -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v2") -> None:
     out.mkdir(parents=True, exist_ok=True)
+    (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
     started = time.time()
     if role in ("calibration", "all") and not names:
         subprocess.run([*zero_train, "calibrate", "--world-sizes", "2,4", "-o", str(out / "machine.json"),
                         "--force"], check=True)  # fmt: skip
         print(f"[{time.time() - started:.0f} s] calibrated", flush=True)
-    for cell_set in SETS:
+    for cell_set in DESIGNS[design][0]:
         if role not in (cell_set["role"], "all") or (names and cell_set["name"] not in names):
             continue
         flags = ["--model", cell_set["model"], "--engines", cell_set["engines"], "--precisions", "fp32",
@@ -125,22 +160,24 @@ def _measured(folder: pathlib.Path) -> tuple[dict[str, float], tuple]:
     return cells, (bench["load_average"]["start"][0], bench["load_average"]["end"][0])
 
 
-def fit(out: pathlib.Path, machine):
+def fit(out: pathlib.Path, machine, sets: list[dict], terms: tuple[str, ...]):
     """Each engine's host work fitted on the calibration sets' residuals: (fitted machine, calibration rows)."""
     from zero_train.hf.models import model_config
     from zero_train.memory.model.theory import model_shape
     from zero_train.timing.host_work import fit_host_work, with_host_work
 
     rows = []
-    for cell_set in [s for s in SETS if s["role"] == "calibration"]:
+    for cell_set in [s for s in sets if s["role"] == "calibration"]:
         measured, _ = _measured(out / cell_set["name"])
         params = model_shape(model_config(cell_set["model"])).num_params
         for engine, seconds in measured.items():
-            predicted = predict(cell_set, engine, machine).seconds
-            rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=predicted,
+            step = predict(cell_set, engine, machine)
+            predicted = step.seconds
+            comm_s = sum(value for name, value in step.terms.items() if name.startswith("comm: "))
+            rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=predicted, comm_s=comm_s,
                              residual_s=seconds - predicted, grad_accum=cell_set.get("grad_accum", 1),
                              num_params=params, host_cores=machine.host_cores_per_rank(cell_set["world_size"])))  # fmt: skip
-    fitted = with_host_work(machine, fit_host_work(rows))
+    fitted = with_host_work(machine, fit_host_work(rows, terms))
     (out / "machine-fitted.json").write_text(json.dumps(fitted.as_dict(), indent=1) + "\n")
     return fitted, rows
 
@@ -150,9 +187,10 @@ def report(out: pathlib.Path) -> dict:
     from zero_train.timing.machine import load_machine
 
     machine = load_machine(out / "machine.json")
-    fitted, calibration = fit(out, machine)
+    sets, terms = _design(out)
+    fitted, calibration = fit(out, machine, sets, terms)
     rows, pairs, loads = [], [], []
-    for cell_set in [s for s in SETS if s["role"] == "held-out"]:
+    for cell_set in [s for s in sets if s["role"] == "held-out"]:
         measured, load_average = _measured(out / cell_set["name"])
         if not measured:
             continue
@@ -182,7 +220,7 @@ def report(out: pathlib.Path) -> dict:
                    within_25=sum(abs(e) <= 0.25 for e in errors),
                    median_abs_error_without_host=statistics.median(bare) if bare else None,
                    pairs=len(pairs), pairs_right=sum(p["right"] for p in pairs), load_average=loads,
-                   calibration_load=[(s["name"], *_measured(out / s["name"])[1]) for s in SETS
+                   calibration_load=[(s["name"], *_measured(out / s["name"])[1]) for s in sets
                                      if s["role"] == "calibration"])  # fmt: skip
     (out / "check.json").write_text(json.dumps(dict(summary=summary, rows=rows, pairs=pairs,
                                                     calibration=calibration, host_work=fitted.engine_host),
@@ -202,13 +240,14 @@ def report(out: pathlib.Path) -> dict:
               "|---|---|---:|---:|---:|"]  # fmt: skip
     lines += [f"| {r['set']} | {r['engine']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | "
               f"{r['residual_s']:+.3f} |" for r in calibration]  # fmt: skip
-    lines += ["", "| engine | per micro-batch s | per parameter ns |", "|---|---:|---:|"]
-    lines += [f"| {e} | {f['per_micro_batch_s']:+.4f} | {f['per_param_s'] * 1e9:+.3f} |"
+    lines += ["", "| engine | per micro-batch s | per parameter ns | per second of communication |",
+              "|---|---:|---:|---:|"]  # fmt: skip
+    lines += [f"| {e} | {f['per_micro_batch_s']:+.4f} | {f['per_param_s'] * 1e9:+.3f} | {f.get('per_comm_s', 0):+.2f} |"
               for e, f in fitted.engine_host.items()]  # fmt: skip
     lines += ["", json.dumps(summary)]
     (out / "check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    duration_report(out)
+    duration_report(out, sets)
     return summary
 
 
@@ -218,13 +257,13 @@ def _duration_runs(bench: dict) -> list[dict]:
             for s in bench["samples"] if not s.get("error") and s.get("step_times_s")]  # fmt: skip
 
 
-def duration_report(out: pathlib.Path) -> None:
+def duration_report(out: pathlib.Path, sets: list[dict]) -> None:
     """bench/duration.py's constants fitted on the calibration sets' runs, judged on the held-out sets' wall times:
     RUN_START_S the median of (run wall - its steps), STEP_SHARE_OF_MATMUL the median of (predicted step at share 1)
     / (measured mean step); the probe's rate recovered from each bench's own predicted_s and the constants then."""
     then = json.loads((out / "duration_constants.json").read_text())
     fits, judged = {"start": [], "share": []}, []
-    benches = {s["name"]: (s, _bench(out / s["name"])) for s in SETS}
+    benches = {s["name"]: (s, _bench(out / s["name"])) for s in sets}
     for cell_set, bench in benches.values():
         if bench is None or bench.get("predicted_s") is None:
             continue
@@ -278,6 +317,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v2", help="run: the design's sets")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     if args.action == "run":
@@ -285,7 +325,7 @@ def main() -> None:
             parser.error("run needs --role calibration, held-out or all")
         out.mkdir(parents=True, exist_ok=True)
         _record_duration_constants(out)
-        run(out, args.role, args.sets.split(",") if args.sets else None)
+        run(out, args.role, args.sets.split(",") if args.sets else None, args.design)
     else:
         report(out)
 

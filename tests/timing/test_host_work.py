@@ -61,3 +61,31 @@ def test_a_rank_on_one_thread_gets_one_core_not_the_machine():
     assert TERM not in single.terms
     fitted = with_host_work(machine, {"ddp": dict(per_micro_batch_s=0.25, per_param_s=0.0)})
     assert step_time(shape, None, StepSetup(**setup), fitted).terms[TERM] == pytest.approx(0.25)
+
+
+def test_a_fit_with_communication_separates_it_from_host_work():
+    a, b, c = 0.08, 3e-9, 0.6  # 80 ms per micro-batch, 3 ns per parameter, 60% more than the modelled comm
+    cells = [
+        (1, 24_800_000, 1.0, 0.0),
+        (1, 620_000, 1.0, 0.0),
+        (1, 24_800_000, 1.0, 0.4),
+        (1, 620_000, 1.0, 0.02),
+    ]
+    rows = [
+        dict(
+            engine="zero3",
+            grad_accum=k,
+            num_params=n,
+            host_cores=h,
+            comm_s=comm,
+            residual_s=(a * k + b * n) / h + c * comm,
+        )
+        for k, n, h, comm in cells
+    ]
+    fit = fit_host_work(rows, ("per_micro_batch_s", "per_param_s", "per_comm_s"))["zero3"]
+    assert (fit["per_micro_batch_s"], fit["per_param_s"], fit["per_comm_s"]) == pytest.approx((a, b, c))
+    machine = with_host_work(_cpu(), {"zero3": fit})
+    one_rank = host_seconds(machine, "zero3", grad_accum=2, num_params=10**6, ranks_on_node=1)
+    assert one_rank == pytest.approx(2 * a + b * 1e6)  # no communication at one rank: none of its excess
+    four = host_seconds(machine, "zero3", grad_accum=1, num_params=10**6, ranks_on_node=4, comm_s=1.0)
+    assert four == pytest.approx(2 * (a + b * 1e6) + c)

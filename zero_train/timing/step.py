@@ -183,6 +183,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
             grad_accum=setup.grad_accum,
             num_params=shape.num_params,
             ranks_on_node=ranks_on_node,
+            comm_s=sum(value for name, value in terms.items() if name.startswith("comm: ")),
         )
     model_flops = setup.grad_accum * (work.forward_flops + work.backward_flops - work.recompute_flops)
     return StepTime(
