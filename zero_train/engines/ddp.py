@@ -25,7 +25,7 @@ from zero_train.checkpoint.files import (
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
-from zero_train.engines.optim import build_optimizer, set_lr
+from zero_train.engines.optim import build_optimizer
 from zero_train.engines.precision import MasterWeights, make_loss_scaler
 from zero_train.sharding.norms import global_norm
 
@@ -63,21 +63,11 @@ class DDPEngine(LocalEngine):
         inv_scale = 1.0 if self.loss_scaler is None else 1.0 / self.loss_scaler.loss_scale
         self.master.grads_to_master(inv_scale=inv_scale)
         grad_norm = global_norm([p.grad for p in self.master.master_params if p.grad is not None])
-        if self.loss_scaler is not None:
-            overflow = not bool(torch.isfinite(grad_norm))  # fp16: whether the step happens is read back
-            self.loss_scaler.update_scale(overflow)
-            if overflow:
-                self.master.zero_grad()
-                return grad_norm, True
-        if self.settings.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(
-                self.master.master_params, self.settings.grad_clip, grad_norm
-            )
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        self.master.master_to_model()
+        skipped = self._step_unless_overflow(grad_norm, self.master.master_params, lr)
+        if not skipped:
+            self.master.master_to_model()
         self.master.zero_grad()
-        return grad_norm, False
+        return grad_norm, skipped
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The fp32 master weights under the model's names (rank 0; None elsewhere)."""

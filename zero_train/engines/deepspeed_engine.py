@@ -115,6 +115,7 @@ class DeepSpeedEngine:
         # deepspeed.comm must wrap our process group before zero.Init reads the world size
         deepspeed.init_distributed(dist_backend=dist_info.backend)
         if settings.zero_stage == 3:
+            # expensive: imports transformers (seconds), which this module does not otherwise; ZeRO-3 only
             from transformers.integrations import HfDeepSpeedConfig
 
             # must stay referenced while the model is built (transformers keeps only a weak reference)
@@ -300,6 +301,7 @@ class DeepSpeedEngine:
             return
         self.ds_engine.destroy()
         if self.hf_ds_config is not None:
+            # expensive: transformers (seconds), only after a ZeRO-3 build, which has imported it already
             from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
             unset_hf_deepspeed_config()

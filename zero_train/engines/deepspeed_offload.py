@@ -53,6 +53,7 @@ def build_cpu_adam(extensions_dir: str | os.PathLike) -> float:
     if locks:
         raise UsageError(f"stale JIT build lock {locks[0]} (an interrupted build); remove it and run again")
     os.environ[EXTENSIONS_ENV] = str(extensions_dir)
+    # expensive: DeepSpeed (seconds), needed only for the build; the attribution here reads attributes only
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
     started = time.perf_counter()

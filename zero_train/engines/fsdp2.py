@@ -44,7 +44,7 @@ from zero_train.checkpoint.files import saved_tensors
 from zero_train.checkpoint.writes import as_staged_writes
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
-from zero_train.engines.optim import build_optimizer, set_lr
+from zero_train.engines.optim import build_optimizer
 from zero_train.engines.precision import PRECISION_DTYPES, make_loss_scaler
 from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
@@ -155,18 +155,9 @@ class FSDP2Engine(LocalEngine):
                 param.grad.mul_(1.0 / self.loss_scaler.loss_scale)
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         grad_norm = grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
-        if self.loss_scaler is not None:
-            overflow = not bool(torch.isfinite(grad_norm))
-            self.loss_scaler.update_scale(overflow)
-            if overflow:
-                self.optimizer.zero_grad(set_to_none=True)
-                return grad_norm, True
-        if self.settings.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, grad_norm)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
+        skipped = self._step_unless_overflow(grad_norm, params, lr)
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, False
+        return grad_norm, skipped
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The fp32 weights (a LoRA run's adapters only), gathered on rank 0 (collective); a tied tensor once."""

@@ -15,7 +15,7 @@ import torch
 
 from zero_train.checkpoint.files import load_rank_file, rank_file, save_rank_file, write_model
 from zero_train.engines.base import StepResult
-from zero_train.engines.optim import scheduled_lr
+from zero_train.engines.optim import scheduled_lr, set_lr
 from zero_train.engines.precision import PRECISION_DTYPES, DynamicLossScaler
 from zero_train.registry import ENGINES, find_engine
 
@@ -139,6 +139,21 @@ class LocalEngine:
 
     def _apply_step(self, lr: float) -> tuple[torch.Tensor | float | None, bool]:
         raise NotImplementedError
+
+    def _step_unless_overflow(self, grad_norm: torch.Tensor, params: list[torch.Tensor], lr: float) -> bool:
+        """ddp's and fsdp2's step once the gradients are averaged and unscaled: with fp16 loss scaling, the
+        overflow is read back (it decides the step) and the scale updated; then clip `params` by `grad_norm`
+        (grad_clip > 0) and step `self.optimizer` at `lr`. Returns whether an overflow skipped the step."""
+        if self.loss_scaler is not None:
+            overflow = not bool(torch.isfinite(grad_norm))
+            self.loss_scaler.update_scale(overflow)
+            if overflow:
+                return True
+        if self.settings.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, grad_norm)
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        return False
 
 
 def warn_unsupported(settings: TrainSettings, *, engine: str) -> None:

@@ -148,26 +148,28 @@ def flat_partition(numels: Sequence[int], world_size: int) -> FlatPartition:
     )
 
 
-def balance_report(partition: FlatPartition, element_size: int) -> dict:
+def balance_report(partitions: FlatPartition | Sequence[FlatPartition], element_size: int) -> dict:
     """How evenly the parameters are spread (bytes each rank owns, and the padding).
 
     Args:
-        partition: the flat partition.
+        partitions: one flat partition, or several over the same ranks (a sharder's segments: their sums).
         element_size: bytes per element (4 for fp32, 2 for bf16/fp16).
 
     Returns:
         {"bytes_per_rank": [...], "max_bytes", "min_bytes", "max_over_mean", "padding_bytes",
         "pieces_per_rank": [...]} ; max_over_mean is 1.0 for a perfect balance.
     """
-    loads = partition.loads()
-    mean = sum(loads) / partition.world_size
+    partitions = [partitions] if isinstance(partitions, FlatPartition) else list(partitions)
+    ranks = partitions[0].ranks
+    loads = [sum(loads) for loads in zip(*(p.loads() for p in partitions), strict=True)]
+    mean = sum(loads) / len(ranks)
     return dict(
         bytes_per_rank=[load * element_size for load in loads],
         max_bytes=max(loads) * element_size,
         min_bytes=min(loads) * element_size,
         max_over_mean=(max(loads) / mean) if mean else 1.0,
-        padding_bytes=partition.padding() * element_size,
-        pieces_per_rank=[len(partition.pieces(rank)) for rank in partition.ranks],
+        padding_bytes=sum(p.padding() for p in partitions) * element_size,
+        pieces_per_rank=[sum(len(p.pieces(rank)) for p in partitions) for rank in ranks],
     )
 
 

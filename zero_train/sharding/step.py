@@ -36,7 +36,7 @@ from zero_train.sharding.comm import collectives
 from zero_train.sharding.comm.groups import group_rank_and_size
 from zero_train.sharding.loss_scale import DynamicLossScaler
 from zero_train.sharding.partition import Piece
-from zero_train.sharding.state_dict import hyperparameters
+from zero_train.sharding.state_dict import hyperparameters, shard_of
 
 ELEMENTWISE_OPTIMIZERS = (
     torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.Adamax,
@@ -266,6 +266,24 @@ class PieceOptimizer(torch.optim.Optimizer):
         if grads and not math.isinf(max_norm):
             torch._foreach_mul_(grads, norms.clip_coefficient(total, max_norm))
         return total
+
+    def _masters_in_shard(self) -> bool:
+        """Whether this stage's shard carries the masters (ZeRO-1/2 in mixed precision; ZeRO-3's weights travel
+        apart)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """This rank's shard: the state (and, where the stage keeps them there, the masters) of its pieces, in
+        the format every stage shares (state_dict.shard_of)."""
+        return shard_of(
+            self._pieces,
+            self._inner,
+            self.param_groups,
+            rank=self.rank,
+            world_size=self.world_size,
+            loss_scaler=self.loss_scaler,
+            masters=self._masters_in_shard(),
+        )
 
     # -------------------------------------------------------------- the step
     def _overflow(self) -> bool:

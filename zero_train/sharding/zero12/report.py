@@ -132,18 +132,7 @@ class ShardedReport(PieceOptimizer):
     def balance_report(self) -> dict:
         """How evenly the parameters are spread over the ranks, summed over the segments
         (partition.balance_report)."""
-        element_size = self._params[0].element_size()
-        reports = [balance_report(s.partition, element_size) for s in self._segments]
-        per_rank = [sum(r["bytes_per_rank"][k] for r in reports) for k in range(self.world_size)]
-        mean = sum(per_rank) / self.world_size
-        return dict(
-            bytes_per_rank=per_rank,
-            max_bytes=max(per_rank),
-            min_bytes=min(per_rank),
-            max_over_mean=max(per_rank) / mean if mean else 1.0,
-            padding_bytes=sum(r["padding_bytes"] for r in reports),
-            pieces_per_rank=[sum(r["pieces_per_rank"][k] for r in reports) for k in range(self.world_size)],
-        )
+        return balance_report(self.partitions, self._params[0].element_size())
 
 
 def _nbytes(tensor: torch.Tensor | None) -> int:

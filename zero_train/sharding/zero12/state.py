@@ -29,17 +29,8 @@ class ShardedState(PieceOptimizer):
     def _mixed(self) -> bool:
         return any(segment.has_master_copies for segment in self._segments)
 
-    def state_dict(self) -> dict:
-        """This rank's shard: the state (and, mixed precision, the fp32 masters) of its pieces (state_dict.shard_of)."""
-        return shards.shard_of(
-            self._pieces,
-            self._inner,
-            self.param_groups,
-            rank=self.rank,
-            world_size=self.world_size,
-            loss_scaler=self.loss_scaler,
-            masters=self._mixed(),
-        )
+    def _masters_in_shard(self) -> bool:
+        return self._mixed()
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load this rank's shard, or a consolidated (plain torch) state dict at any world size.

@@ -28,17 +28,8 @@ class Zero3State(PieceOptimizer):
     masters: dict[int, torch.Tensor]
     """id(unit) -> its master slice, for units that held a trainable parameter."""
 
-    def state_dict(self) -> dict:
-        """This rank's shard: the inner-optimizer state of its pieces (the weights are not in it)."""
-        return shards.shard_of(
-            self._pieces,
-            self._inner,
-            self.param_groups,
-            rank=self.rank,
-            world_size=self.world_size,
-            loss_scaler=self.loss_scaler,
-            masters=False,
-        )
+    def _masters_in_shard(self) -> bool:
+        return False  # the weights travel apart, as whole tensors (gathered_param, load_weights)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load this rank's own shard (same world size); for another world size use `load_shards`."""
