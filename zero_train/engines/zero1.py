@@ -46,26 +46,23 @@ class Zero1Engine(ShardedEngine):
 
     name = "zero1"
 
+    sharder: type[ShardedOptimizer] = Zero1Optimizer
+    """Our optimizer of this stage (Zero2Engine: Zero2Optimizer)."""
+
     def __init__(self, *, model_fn, settings, ds_config, dist_info):
         super().__init__(model_fn=model_fn, settings=settings, ds_config=ds_config, dist_info=dist_info)
         optimizer_class, kwargs = optimizer_spec(settings, dist_info.device)
-        kwargs["lr"] = scheduled_lr(settings, 0)
+        params = list(self.model.parameters())
         self.loss_scaler = make_loss_scaler(settings)  # the optimizer's: it unscales and skips
-        self.optimizer = self._build_optimizer(
-            list(self.model.parameters()),
+        self.optimizer = self.sharder(
+            params,
             optimizer_class,
-            ds_config,
             process_group=self.process_group,
             master_dtype=torch.float32,
             loss_scaler=self.loss_scaler,
-            **kwargs,
-        )
-
-    def _build_optimizer(self, params, optimizer_class, ds_config: dict, **kwargs) -> ShardedOptimizer:
-        """Our ZeRO-1 over the model's parameters, reducing in buckets of the config's reduce_bucket_size."""
-        bucket = reduce_bucket_size(ds_config, params)
-        return Zero1Optimizer(
-            params, optimizer_class, bucket_elements=bucket, **grad_dtypes(ds_config), **kwargs
+            bucket_elements=reduce_bucket_size(ds_config, params),  # reduced while backward goes on
+            **grad_dtypes(ds_config),
+            **{**kwargs, "lr": scheduled_lr(settings, 0)},
         )
 
     def _no_sync(self, boundary: bool):

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from zero_train.engines.precision import grad_dtypes
-from zero_train.engines.zero1 import Zero1Engine, reduce_bucket_size
+from zero_train.engines.zero1 import Zero1Engine
 from zero_train.sharding import Zero2Optimizer
 
 
@@ -20,12 +19,7 @@ class Zero2Engine(Zero1Engine):
 
     name = "zero2"
 
-    def _build_optimizer(self, params, optimizer_class, ds_config: dict, **kwargs) -> Zero2Optimizer:
-        """Our ZeRO-2 with the config's reduce bucket."""
-        bucket = reduce_bucket_size(ds_config, params)
-        return Zero2Optimizer(
-            params, optimizer_class, bucket_elements=bucket, **grad_dtypes(ds_config), **kwargs
-        )
+    sharder = Zero2Optimizer
 
     def _no_sync(self, boundary: bool):
         """Nothing to defer: every micro-batch's backward reduces its buckets (DeepSpeed's stage 2 rule)."""

@@ -82,9 +82,8 @@ class GradientBuckets(GradientStore):
         self.segment, self.world_size, self.bucket_elements = segment, world_size, bucket_elements
         self.queue, self.buffers = queue, buffers
         param = segment.params[0]
-        self.in_place = (
-            reduce_dtype or param.dtype
-        ) == param.dtype  # a direct bucket travels in its gradient
+        # a direct bucket travels in its own gradient when that is in the reduction dtype
+        self.in_place = (reduce_dtype or param.dtype) == param.dtype
         self.accumulated = torch.zeros(
             segment.stop - segment.start, dtype=dtype or param.dtype, device=param.device
         )

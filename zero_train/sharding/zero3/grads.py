@@ -44,9 +44,8 @@ class GradientReducer:
         self.units, self.process_group, self.world_size = units, process_group, world_size
         self.reduce_dtype, self.grad_dtype = reduce_dtype, grad_dtype
         self.order: list[Unit] = list(reversed(units))
-        self.had_grad: set[int] = (
-            set()
-        )  # ids of parameters that brought a gradient this step (any micro-batch)
+        # ids of parameters that brought a gradient this step (any micro-batch)
+        self.had_grad: set[int] = set()
         self._arrived: dict[int, set[int]] = {}
         self._launched = 0
         self._in_flight: tuple[Unit, torch.Tensor, Pending] | None = None
