@@ -222,8 +222,8 @@ _OURS_SHARDING_GRADIENTS = tuple(spec.name for spec in ENGINES if spec.ours and 
 def wide_design() -> list[MatrixCell]:
     """The full product, no fraction: every engine of the registry with a peak model x fp32/bf16 x 1/2/4
     ranks x WIDE_VARIANTS on both WIDE_ARCHITECTURES (480 cells), then the 0.36B cells (LARGE_ENGINES at 2
-    ranks, fp32, plain: 5). bf16 cells of our ZeRO-2/3 come last (their bf16 gradient accumulation dtype is
-    being changed: the others measure first)."""
+    ranks, fp32, plain: 5). bf16 cells of our ZeRO-2/3 come last (their bf16 gradient accumulation dtype was
+    being changed when the design was written; it is fp32 since, and every such cell was measured after)."""
     engines = [spec.name for spec in ENGINES if spec.peak_model]
     variants = dict(
         plain={}, ckpt=dict(gradient_checkpointing=True), ga4=dict(grad_accum=4), lora8=dict(lora_r=LORA_R)
