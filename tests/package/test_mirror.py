@@ -59,3 +59,13 @@ def test_no_test_file_exceeds_400_lines():
     }
     assert len(sizes) > 60  # the walk found the suite
     assert {path: lines for path, lines in sizes.items() if lines > 400} == {}
+
+
+def test_no_two_test_files_share_a_name():
+    """tests/ folders are not packages, so pytest imports every test file by its basename: two of one name fail
+    collection ("import file mismatch") on whichever runs second. Name the second after what it tests."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert len(names) > 60  # the walk found the suite
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
