@@ -13,6 +13,10 @@ import platform
 import subprocess
 
 import torch
+import torch.distributed as dist
+import transformers
+
+from zero_train.runtime.ports import free_port
 
 CPU_WORLD_SIZE = 2
 """Gloo ranks of `--cpu`: the multi-rank checks need two."""
@@ -21,8 +25,6 @@ MAX_GPUS = 8
 
 def machine_facts(*, cpu: bool) -> dict:
     """The device the ranks use (CUDA when torch sees a GPU and `cpu` is False), world size and versions."""
-    import transformers
-
     facts = dict(
         torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version()
     )
@@ -54,10 +56,6 @@ def machine_facts(*, cpu: bool) -> dict:
 def measure_fixed_terms() -> dict:
     """On GPU 0: the device memory the CUDA context takes (free before torch's first CUDA call minus after it,
     through the driver's own count) and what a one-rank NCCL communicator adds after its first all-reduce."""
-    import torch.distributed as dist
-
-    from zero_train.runtime.ports import free_port
-
     free_before = _driver_free_bytes()
     torch.cuda.init()
     torch.zeros(1, device="cuda:0")

@@ -24,6 +24,7 @@ from zero_train.acceptance.launch import run_plan
 from zero_train.acceptance.machine import machine_facts, measure_fixed_terms
 from zero_train.acceptance.markdown import render
 from zero_train.acceptance.plan import Settings, elastic_runs, main_runs
+from zero_train.hf.models import load_tokenizer, seeded_model
 
 OFFLINE_ENV = dict(ZT_OFFLINE="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 """The check needs no network: every run's model, tokenizer and corpus are local."""
@@ -50,7 +51,6 @@ def write_model_folder(preset: str, folder: pathlib.Path) -> None:
     """The preset's seeded weights and the offline tokenizer as a save_pretrained folder (seed 0, as train.py)."""
     if (folder / "config.json").is_file():
         return
-    from zero_train.hf.models import load_tokenizer, seeded_model
 
     tokenizer = load_tokenizer()
     seeded_model(preset, seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)

@@ -16,6 +16,10 @@ from __future__ import annotations
 import math
 import pathlib
 
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as transformers_logging
+
 from zero_train.acceptance.check import Check, cannot_run, failed, losses, max_gap, within
 from zero_train.acceptance.plan import RESUME_STEP, Run, Settings
 from zero_train.bench.cells import BENCH_REGISTRY
@@ -118,10 +122,6 @@ def resume(runs: list[Run], errors: dict, out: pathlib.Path, *, device_kind: str
 
 def export(runs: list[Run], errors: dict, out: pathlib.Path) -> list[Check]:
     """Per resume run: its export loads with transformers and every tensor is within EXPORT_TOLERANCE of DDP's."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as transformers_logging
-
     transformers_logging.disable_progress_bar()  # one bar per export loaded is noise in gpu_check's output
 
     def load(path: pathlib.Path) -> dict:

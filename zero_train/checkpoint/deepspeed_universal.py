@@ -141,6 +141,7 @@ def _convert_or_verify(ds_root: pathlib.Path, source_tag: str) -> None:
 
 def _run_ds_to_universal(source: pathlib.Path, output: pathlib.Path) -> None:
     """deepspeed.checkpoint.ds_to_universal in this process (one worker: no process pool), quietly."""
+    # expensive: DeepSpeed's converter, only for another world size
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
     options = argparse.Namespace(

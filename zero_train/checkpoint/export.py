@@ -23,11 +23,16 @@ import shutil
 import uuid
 
 import torch
+from safetensors.torch import load_file, save_file
+from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils import logging as hf_logging
 
 from zero_train.checkpoint import atomic as checkpoint
 from zero_train.checkpoint.files import ADAPTER_CONFIG, DEEPSPEED_DIR, MODEL_DIR, WEIGHTS_FILE
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
 from zero_train.checkpoint.rotation import reading
+from zero_train.hf.models import load_tokenizer
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
 
@@ -84,8 +89,6 @@ def export_model(
     """
     out = check_export_dir(out_dir, force=force)
     if isinstance(tokenizer, (str, type(None))):
-        from zero_train.hf.models import load_tokenizer
-
         tokenizer = load_tokenizer(tokenizer)
     weights = _unique_tensors(_state_dict_of(model_or_state_dict), dtype=dtype)
     if len(tokenizer) > config.vocab_size:
@@ -108,9 +111,6 @@ def export_model(
 
 def _verify_folder(folder: pathlib.Path, weights: dict[str, torch.Tensor]) -> None:
     """UsageError unless from_pretrained(folder) loads every weight, unchanged, with nothing left over."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # transformers prints its own load report; ours is one line
     hf_logging.disable_progress_bar()
@@ -178,15 +178,11 @@ def _floating_dtype(weights: dict[str, torch.Tensor]) -> torch.dtype:
 
 
 def _write_weights(weights: dict[str, torch.Tensor], folder: pathlib.Path) -> None:
-    from safetensors.torch import save_file
-
     save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
 def _write_config(config, dtype: torch.dtype, folder: pathlib.Path) -> None:
     """config.json with `architectures` (read by pipelines and serving tools) and the weights' dtype."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     config = config.__class__.from_dict(config.to_dict())  # a copy: the caller's config stays untouched
     architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
     if architecture is not None:
@@ -234,7 +230,6 @@ def export_checkpoint(
             f"checkpoint {str(ckpt)!r} is a LoRA run's: export it with zero_train.checkpoint.export_lora "
             "(`zero-train export` does)"
         )
-    from zero_train.hf.models import load_tokenizer
 
     with reading(ckpt):  # a training run's --save-total-limit keeps it until it is read
         run = read_run_info(ckpt)
@@ -270,8 +265,6 @@ def own_tokenizer(ckpt: pathlib.Path, run: dict) -> str | None:
 
 def _read_config(ckpt: pathlib.Path, run: dict):
     """model/config.json (written by every engine), else the config dict recorded in run.json."""
-    from transformers import CONFIG_MAPPING, AutoConfig
-
     if (ckpt / MODEL_DIR / "config.json").is_file():
         return AutoConfig.from_pretrained(str(ckpt / MODEL_DIR))
     recorded = run.get("model_config")
@@ -286,11 +279,9 @@ def _read_config(ckpt: pathlib.Path, run: dict):
 def _read_weights(ckpt: pathlib.Path) -> dict[str, torch.Tensor]:
     weights_file = ckpt / MODEL_DIR / WEIGHTS_FILE
     if weights_file.is_file():
-        from safetensors.torch import load_file
-
         return load_file(str(weights_file))
     if (ckpt / DEEPSPEED_DIR).is_dir():
-        # imported here: DeepSpeed's import takes seconds and logs; only exports of its checkpoints pay it
+        # expensive: DeepSpeed (seconds), only a DeepSpeed checkpoint needs it
         from zero_train.checkpoint.deepspeed_weights import deepspeed_state_dict
 
         return deepspeed_state_dict(ckpt / DEEPSPEED_DIR)

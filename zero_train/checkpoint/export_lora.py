@@ -21,6 +21,9 @@ import shutil
 import tempfile
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
 
 from zero_train.checkpoint import atomic as checkpoint
 from zero_train.checkpoint.export import check_export_dir, export_model, own_tokenizer, staging_dir
@@ -28,6 +31,7 @@ from zero_train.checkpoint.files import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_DIR
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
 from zero_train.checkpoint.rotation import reading
 from zero_train.hf.lora import adapter_config_json, peft_names, quiet_peft, to_peft_state_dict
+from zero_train.hf.models import is_random_init, load_tokenizer, seeded_model
 from zero_train.registry import DEEPSPEED, find_engine
 from zero_train.runtime.errors import UsageError
 
@@ -50,8 +54,6 @@ def export_adapter(model, adapters: dict[str, torch.Tensor], tokenizer, out_dir,
     Returns:
         out_dir as a Path.
     """
-    from safetensors.torch import save_file
-
     out = check_export_dir(out_dir, force=force)
     weights = {
         name: tensor.detach().to("cpu").contiguous()
@@ -87,8 +89,6 @@ def export_lora_checkpoint(
     Returns:
         out_dir as a Path; UsageError for a checkpoint that is not a LoRA run's, or a base that cannot be rebuilt.
     """
-    from zero_train.hf.models import load_tokenizer
-
     check_export_dir(out_dir, force=force)
     ckpt = checkpoint.resolve(ckpt_dir)
     if not is_lora_checkpoint(ckpt):
@@ -129,8 +129,6 @@ def _copy_adapter(model_dir: pathlib.Path) -> pathlib.Path:
 
 def _rebuild_base(run: dict, *, vocab_size: int, merge: bool):
     """The run's base model on CPU in fp32, as train.py built it (UsageError when that cannot be reproduced)."""
-    from zero_train.hf.models import is_random_init, seeded_model
-
     name = run.get("model")
     if not isinstance(name, str):
         raise UsageError(f"{RUN_FILE} records no --model; is it a zero_train checkpoint?")
@@ -152,8 +150,8 @@ def _rebuild_base(run: dict, *, vocab_size: int, merge: bool):
 
 def _with_adapter(base, folder: pathlib.Path):
     """peft's PeftModel.from_pretrained(base, folder), every adapter tensor checked against the model first."""
+    # expensive: peft (seconds), only a LoRA export needs it
     from peft import PeftConfig, PeftModel, get_peft_model
-    from safetensors import safe_open
 
     try:
         config = PeftConfig.from_pretrained(str(folder))
@@ -175,8 +173,6 @@ def _with_adapter(base, folder: pathlib.Path):
 
 
 def _meta_copy(base):
-    from transformers import AutoModelForCausalLM
-
     return AutoModelForCausalLM.from_config(base.config)
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 from zero_train.checkpoint.storage import StorageError, describe_failure
 
@@ -66,8 +67,6 @@ class StagedWrites:
         self, relpath: str, tensors: dict[str, torch.Tensor], metadata: dict | None = None
     ) -> None:
         """safetensors save_file(tensors) into `<staging>/<relpath>`."""
-        from safetensors.torch import save_file
-
         payload = snapshot(tensors) if self.defer else tensors
         self._add(relpath, lambda target: save_file(payload, str(target), metadata=metadata))
 

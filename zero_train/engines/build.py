@@ -29,21 +29,21 @@ if TYPE_CHECKING:
 
 def _torch_zero() -> type:
     """Imported when built (start-up: torch.distributed.optim takes seconds to import)."""
-    from zero_train.engines.torch_zero import TorchZeroEngine
+    from zero_train.engines.torch_zero import TorchZeroEngine  # expensive: torch.distributed.optim (seconds)
 
     return TorchZeroEngine
 
 
 def _fsdp2() -> type:
     """Imported when built (start-up: torch.distributed.fsdp and its checkpoint take seconds to import)."""
-    from zero_train.engines.fsdp2 import FSDP2Engine
+    from zero_train.engines.fsdp2 import FSDP2Engine  # expensive: torch.distributed.fsdp (seconds)
 
     return FSDP2Engine
 
 
 def _deepspeed() -> type:
     """Imported when built (start-up, and only deepspeed*.py import DeepSpeed)."""
-    from zero_train.engines.deepspeed_engine import DeepSpeedEngine
+    from zero_train.engines.deepspeed_engine import DeepSpeedEngine  # expensive: DeepSpeed (seconds)
 
     return DeepSpeedEngine
 

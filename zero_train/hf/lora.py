@@ -19,6 +19,8 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from transformers import AutoModelForCausalLM
+from transformers.pytorch_utils import Conv1D
 
 from zero_train.runtime.errors import UsageError
 
@@ -61,6 +63,7 @@ class LoraShapes:
 
 def target_modules(spec: LoraSpec, model_type: str) -> list[str] | str | None:
     """peft's target_modules for `spec` on an architecture (None: peft's own default for it)."""
+    # expensive: peft (seconds), only LoRA runs need it
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
     if spec.target_modules is None:
@@ -72,8 +75,7 @@ def target_modules(spec: LoraSpec, model_type: str) -> list[str] | str | None:
 
 def peft_config(spec: LoraSpec, model: torch.nn.Module):
     """peft's LoraConfig for `spec` on `model` (a transformers causal LM, on any device)."""
-    from peft import LoraConfig, TaskType
-    from transformers.pytorch_utils import Conv1D
+    from peft import LoraConfig, TaskType  # expensive: peft (seconds), only LoRA runs need it
 
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
@@ -100,7 +102,7 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, *, base_name: str | None 
     Raises:
         UsageError: a target module names nothing in the model (peft's message, one line).
     """
-    from peft import get_peft_model
+    from peft import get_peft_model  # expensive: peft (seconds), only LoRA runs need it
 
     if base_name is not None:
         model.config._name_or_path = base_name  # peft writes it as base_model_name_or_path
@@ -127,8 +129,6 @@ def lora_shapes(hf_config, spec: LoraSpec) -> LoraShapes:
 
     Call it with no ZeRO-3 HfDeepSpeedConfig alive (transformers would build the model under zero.Init).
     """
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = apply_lora(AutoModelForCausalLM.from_config(hf_config), spec)
     trainable = {id(p): p for p in model.parameters() if p.requires_grad}
@@ -155,7 +155,7 @@ def peft_names(model: torch.nn.Module) -> dict[str, str]:
     peft's own get_peft_model_state_dict does the renaming (it drops the adapter name); it passes the values
     through, so each renamed entry is matched to its parameter by identity.
     """
-    from peft import get_peft_model_state_dict
+    from peft import get_peft_model_state_dict  # expensive: peft (seconds), only LoRA runs need it
 
     trainable = {name: param for name, param in model.named_parameters() if param.requires_grad}
     by_id = {id(param): name for name, param in trainable.items()}

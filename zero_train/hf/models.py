@@ -24,7 +24,9 @@ import pathlib
 
 import torch
 import transformers
+from huggingface_hub.errors import HFValidationError
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto.configuration_auto import model_type_to_module_name
 
 from zero_train.hf import hub
 from zero_train.hf.offline import (
@@ -181,7 +183,6 @@ def import_model_module(name_or_path: str) -> None:
         model_type = shape_config(name_or_path).model_type
     else:
         return
-    from transformers.models.auto.configuration_auto import model_type_to_module_name
 
     module = model_type_to_module_name(model_type)
     with contextlib.suppress(ImportError):
@@ -352,8 +353,6 @@ def did_you_mean(name: str) -> str:
 @contextlib.contextmanager
 def _hub_errors_as_usage(name: str, what: str):
     """Turn 'not found / not cached / offline' from the hub (or a broken folder) into one UsageError."""
-    from huggingface_hub.errors import HFValidationError
-
     try:
         yield
     except (OSError, HFValidationError) as exc:

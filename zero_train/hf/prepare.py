@@ -36,7 +36,8 @@ def prepare_text(
             lambda is_first: stdlib_blocks(tokenizer, block_size=block_size, seed=seed),
             process_group=process_group,
         )
-    from zero_train.hf.data import prepare_datasets  # datasets only for a source that needs it
+    # expensive: datasets; the offline default trains without it
+    from zero_train.hf.data import prepare_datasets
 
     return prepare_datasets(
         spec,

@@ -16,6 +16,7 @@ import difflib
 import json
 import pathlib
 
+import torch
 import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -143,8 +144,6 @@ def config_errors_as_usage(what: str):
 def check_buildable(config: transformers.PretrainedConfig, where: str) -> None:
     """Build the model on the meta device (no memory, no weights) so that transformers' own validation (a hidden
     size that the heads do not divide, ...) is one line now, before any rank starts work."""
-    import torch
-
     try:
         with torch.device("meta"):
             transformers.AutoModelForCausalLM.from_config(config)

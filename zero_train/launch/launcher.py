@@ -44,7 +44,10 @@ def model_meta(model: str, block_size: int) -> dict:
     Raises:
         UsageError: an unknown model, or a block size above its context (before any cell runs).
     """
+    # expensive: transformers; a subcommand's start-up imports this module
     from zero_train.hf.models import check_block_size, model_config
+
+    # expensive: ~50 ms; a subcommand's start-up imports this module
     from zero_train.memory.model.theory import model_shape
 
     config = model_config(model)
@@ -89,6 +92,7 @@ def run_logged(
     Returns:
         The exit code, or None if the run was stopped.
     """
+    # expensive: ~30 ms; a subcommand's start-up imports this module
     from zero_train.runtime.vitals import RUN_DIR_ENV
 
     with tempfile.TemporaryDirectory(prefix="zero_train-run-") as run_dir, open(log_path, "w") as log:
@@ -129,6 +133,7 @@ def run_logged(
 def killed_lines(run_dir: pathlib.Path) -> list[str]:
     """One line per rank killed without a word (zero_train.runtime.vitals): how it ended, what it held and, when
     it was most likely out of memory, why and the cheapest change that fits (zero_train.memory.oom)."""
+    # expensive: ~30 ms; a subcommand's start-up imports this module
     from zero_train.runtime.vitals import describe_ended, killed_ranks
 
     lines = []
@@ -140,6 +145,7 @@ def killed_lines(run_dir: pathlib.Path) -> list[str]:
             and not record.get("crash")
             and "not out of memory" not in line
         ):
+            # expensive: torch; a subcommand's start-up imports this module
             from zero_train.memory.oom import explain
 
             try:
@@ -203,7 +209,7 @@ def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> list[int]:
     Returns:
         The pids still running after SIGKILL and another `grace_s` (none, unless a process cannot die).
     """
-    import psutil
+    import psutil  # expensive: ~40 ms; a subcommand's start-up imports this module
 
     tree: dict[int, psutil.Process] = {}
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -222,7 +228,7 @@ def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> list[int]:
 
 def _process_tree(pid: int) -> list:
     """The process `pid` and all its descendants (empty if it is gone)."""
-    import psutil
+    import psutil  # expensive: ~40 ms; a subcommand's start-up imports this module
 
     try:
         root = psutil.Process(pid)
@@ -233,7 +239,7 @@ def _process_tree(pid: int) -> list:
 
 def _running(processes) -> bool:
     """Whether any of `processes` still runs (a zombie waiting for its parent does not)."""
-    import psutil
+    import psutil  # expensive: ~40 ms; a subcommand's start-up imports this module
 
     for process in processes:
         with contextlib.suppress(psutil.Error):

@@ -17,6 +17,10 @@ import os
 import signal
 import subprocess
 
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
 from zero_train.launch.command import Launch, launch_command
 from zero_train.runtime import lifeline
 from zero_train.runtime.errors import error_line
@@ -49,10 +53,6 @@ def launch_ranks(launch: Launch, argv: list[str]) -> int:
 
 def _torchrun_here(torchrun_argv: list[str]) -> int:
     """torchrun's own main without its report of a failed rank: the failed rank's exit code, 0 on success."""
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if name.startswith(TORCH_LAUNCH_LOGGERS) and isinstance(logger, logging.Logger):
             logger.setLevel(logging.CRITICAL)

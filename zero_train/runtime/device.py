@@ -62,7 +62,7 @@ def choose_device(
     Raises:
         UsageError: the request, the group and the machine disagree (one line naming the fix).
     """
-    import torch
+    import torch  # expensive: torch (seconds); zero-train --help imports this module
 
     cpu_group = existing_backend is not None and "nccl" not in existing_backend  # gloo, mpi, ...
     nccl_group = existing_backend == "nccl"  # "cpu:gloo,cuda:nccl" serves both devices
@@ -103,7 +103,7 @@ def launched_device_type() -> str:
     For records written by a parent process (a profile cell that failed before its ranks did): the same
     choice init_distributed makes, without a process group.
     """
-    import torch
+    import torch  # expensive: torch (seconds); zero-train --help imports this module
 
     requested = requested_device()
     if requested is not None:
@@ -126,12 +126,13 @@ def synchronize(device: torch.device | str) -> None:
 
     CUDA kernels run asynchronously: a wall-clock timing is only right if the queue is empty at both ends.
     """
-    import torch
+    import torch  # expensive: torch (seconds); zero-train --help imports this module
 
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     else:  # a CPU run counts it as the CUDA run's sync it stands for
+        # expensive: imports torch; zero-train --help imports this module
         from zero_train.runtime.host_syncs import note_emulated_synchronize
 
         note_emulated_synchronize()

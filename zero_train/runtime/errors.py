@@ -94,6 +94,7 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
         _fault(str(err))
     except RuntimeError as err:
         _hold_sigterm()
+        # expensive: faults and vitals, ~30 ms on every start-up
         from zero_train.runtime.faults import describe_fault, is_distributed_fault
 
         if isinstance(err, NonFiniteError):
@@ -117,6 +118,7 @@ def _hold_sigterm() -> None:
     failure; the handler zero_train.runtime.faults installs would raise inside this report (or in an atexit
     hook) and print a traceback, and its watcher thread would print a second line.
     """
+    # expensive: faults and vitals, ~30 ms on every start-up
     from zero_train.runtime.faults import mark_reporting
 
     mark_reporting()

@@ -6,6 +6,8 @@ import contextlib
 import pathlib
 import subprocess
 
+import pytest
+
 
 @contextlib.contextmanager
 def tmpfs(path: pathlib.Path, size: str):
@@ -15,8 +17,6 @@ def tmpfs(path: pathlib.Path, size: str):
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
     )
     if mounted.returncode != 0:
-        import pytest  # a test helper: pytest is there whenever this runs
-
         pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     try:
         yield path

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pathlib
 import shutil
+import tempfile
 
 from zero_train.checkpoint.files import MODEL_DIR
 from zero_train.checkpoint.resume import capture_rng, restore_rng
@@ -130,8 +131,6 @@ class RunCheckpoints:
         checkpoint's model/ beside config.json, as the HF Trainer does: the checkpoint exports on its own,
         from any directory, moved or not."""
         if self.side_folder is None:
-            import tempfile
-
             self.side_folder = pathlib.Path(tempfile.mkdtemp(prefix="zt-side-files-"))
             self.plan.tokenizer.save_pretrained(str(self.side_folder))
             generation = getattr(model, "generation_config", None)

@@ -101,6 +101,7 @@ class LoraConfig:
         """The adapters as zero_train.hf.lora.LoraSpec, None when off (r = 0)."""
         if not self.enabled:
             return None
+        # expensive: hf.lora imports torch; this module stays free of it
         from zero_train.hf.lora import LoraSpec  # here: the config module stays free of torch
 
         names = target_module_names(self.target_modules) if self.target_modules is not None else None

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from zero_train.hf.batches import rank_batches, steps_per_epoch
+from zero_train.hf.prepare import prepare_text
 from zero_train.runtime.errors import UsageError
 from zero_train.train.config import DataConfig
 
@@ -52,6 +54,7 @@ class RunData:
         """
         options = dict(column=config.text_column, config_name=config.dataset_config, chat=config.sft)
         if config.streaming:
+            # expensive: datasets; only streamed data needs it
             from zero_train.hf.streaming import prepare_streams
 
             streams = prepare_streams(
@@ -73,8 +76,6 @@ class RunData:
                 micro_batch_size=micro_batch_size,
                 seed=seed,
             )
-        from zero_train.hf.batches import steps_per_epoch
-        from zero_train.hf.prepare import prepare_text
 
         packed = prepare_text(
             config.dataset,
@@ -108,7 +109,6 @@ class RunData:
         """Optimizer steps in one pass, as the HF Trainer counts them (at least 1); None for a stream."""
         if self.stream is not None:
             return None
-        from zero_train.hf.batches import steps_per_epoch
 
         micro = steps_per_epoch(
             self.train, world_size=self.dist_info.world_size, micro_batch_size=self.micro_batch_size
@@ -130,7 +130,6 @@ class RunData:
                     )
                 self.stream = self.stream.resumed(position)
             return iter(lambda: self.stream.next_batch(self.micro_batch_size), None)
-        from zero_train.hf.batches import rank_batches
 
         return rank_batches(
             self.train,

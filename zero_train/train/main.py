@@ -20,10 +20,12 @@ import sys
 from zero_train.hf.sources import check_local_path
 from zero_train.runtime.device import pin_deepspeed_accelerator
 from zero_train.runtime.errors import Fault, run_cli
+from zero_train.runtime.faults import mark_reporting
 from zero_train.runtime.memory_limit import is_out_of_memory
 from zero_train.runtime.startup import collector_paused
 from zero_train.train.args import parse_args
 from zero_train.train.config import RunConfig
+from zero_train.train.out_of_memory import out_of_memory_line
 
 
 def train(config: RunConfig) -> int:
@@ -36,10 +38,13 @@ def train(config: RunConfig) -> int:
     check_local_path(config.data.dataset)  # a missing path: one line now, not after seconds of imports
     with collector_paused():  # less start-up per rank (zero_train.runtime.startup)
         pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
-        from zero_train.runtime.dist import read_env
+        from zero_train.runtime.dist import read_env  # expensive: torch, imported with the collector paused
+
+        # expensive: torch and transformers, imported with the collector paused
         from zero_train.train.setup import import_run_modules, plan_run
 
         plan = plan_run(config, world_size=read_env()[1])
+        # expensive: torch and the engines, imported with the collector paused
         from zero_train.train.loop import run_training
 
         import_run_modules(config)
@@ -51,9 +56,6 @@ def train(config: RunConfig) -> int:
             raise
         failure = err.with_traceback(None)  # its frames held the model and the engine
     if failure is not None:
-        from zero_train.runtime.faults import mark_reporting
-        from zero_train.train.out_of_memory import out_of_memory_line
-
         mark_reporting()  # a launcher's SIGTERM must not cut the explanation short
         raise Fault(out_of_memory_line(failure))
     return 0
@@ -65,6 +67,7 @@ def check_run(config: RunConfig, *, world_size: int) -> None:
     check_local_path(config.data.dataset)
     with collector_paused():
         pin_deepspeed_accelerator()  # the ranks inherit it: a DeepSpeed config is checked on their accelerator
+        # expensive: torch and transformers, imported with the collector paused
         from zero_train.train.setup import plan_run
 
         plan_run(config, world_size=world_size)

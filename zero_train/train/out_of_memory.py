@@ -59,6 +59,7 @@ def out_of_memory_line(err: BaseException) -> str:
     record = vitals.current_record()
     if not record or "run" not in record or "limit" not in record:
         return f"out of memory: {first}"
+    # expensive: torch; train.main imports this module before its paused imports
     from zero_train.memory.oom import explain
 
     try:

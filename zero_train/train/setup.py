@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import shutil
 from dataclasses import dataclass, replace
 from typing import Any
 
+from zero_train.checkpoint.export import check_export_dir
+from zero_train.checkpoint.resume import read_run_info, resume_path
 from zero_train.ds_config import load_config, resolve_auto, train_settings
 from zero_train.ds_config.accelerate import agreement_problems, launch_fields
 from zero_train.ds_config.auto import get_key
@@ -30,6 +33,22 @@ from zero_train.ds_config.keys import (
     UNSET,
     ConfigKey,
 )
+from zero_train.ds_config.rules import check_rules
+from zero_train.engines.build import engine_class
+from zero_train.engines.precision import PRECISION_DTYPES
+from zero_train.hf.lora import apply_lora, lora_shapes
+from zero_train.hf.models import (
+    PRESETS,
+    check_block_size,
+    enable_gradient_checkpointing,
+    import_model_module,
+    is_pretrained,
+    model_config,
+    seeded_model,
+)
+from zero_train.hf.prepare import is_offline_default
+from zero_train.hf.shapes import SHAPE_PRESETS, check_buildable
+from zero_train.hf.tokenizer import check_vocabulary, run_tokenizer, tokenizer_source
 from zero_train.registry import DEEPSPEED, EngineSpec, resolve_engine
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir, check_output_file
@@ -91,8 +110,6 @@ def check_outputs(config: RunConfig) -> None:
         if path:
             check_output_file(path, flag=flag)
     if config.checkpoint.export_hf:
-        from zero_train.checkpoint.export import check_export_dir
-
         check_export_dir(config.checkpoint.export_hf)
 
 
@@ -111,8 +128,6 @@ def check_earlier_run(config: RunConfig) -> None:
         )
     save_dir = pathlib.Path(config.checkpoint.save_dir or folder / "checkpoints").expanduser()
     if os.environ.get("LOCAL_RANK", "0") == "0" and save_dir.is_dir():  # one rank per host deletes
-        import shutil
-
         for old in save_dir.iterdir():
             if old.name == "latest" or old.name.startswith("step-"):
                 shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
@@ -122,10 +137,9 @@ def check_user_config(cfg: dict, source: str, *, engine: EngineSpec, world_size:
     """`zero-train config check`'s checks, on every engine: a typo'd key is one line naming the nearest known
     key, not a DeepSpeed traceback (ds*) or a setting silently ignored (ours). DeepSpeed's own classes check the
     values too where the engine imports DeepSpeed anyway."""
-    from zero_train.ds_config.rules import check_rules
-
     check_rules(cfg, world_size=world_size).raise_if_invalid(source)
     if engine.family == DEEPSPEED:  # the engine imports DeepSpeed anyway
+        # expensive: DeepSpeed (seconds), only for a DeepSpeed engine
         from zero_train.ds_config.check import check_config
 
         check_config(cfg, world_size=world_size).raise_if_invalid(source)
@@ -153,11 +167,6 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
     Returns:
         The RunPlan; UsageError on anything the user can fix.
     """
-    from zero_train.checkpoint.resume import resume_path
-    from zero_train.hf.models import PRESETS, check_block_size, is_pretrained, model_config
-    from zero_train.hf.shapes import SHAPE_PRESETS, check_buildable
-    from zero_train.hf.tokenizer import check_vocabulary, run_tokenizer, tokenizer_source
-
     check_outputs(config)
     checkpoint = config.checkpoint
     resume_checkpoint = resume_path(checkpoint.resume, checkpoint.save_dir)  # a damaged checkpoint fails here
@@ -192,8 +201,6 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
         check_buildable(hf_config, model.model)
     lora = config.lora.spec()
     if lora is not None:
-        from zero_train.hf.lora import lora_shapes
-
         lora_shapes(hf_config, lora)  # a target module that names nothing fails here, on the meta device
     max_steps = planned_steps(config.training)
     plan = RunPlan(
@@ -217,8 +224,6 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
 
 def check_resume_lora(ckpt: pathlib.Path, asked: dict | None) -> None:
     """UsageError unless the checkpoint was saved with the LoRA settings this run asks for (both none too)."""
-    from zero_train.checkpoint.resume import read_run_info
-
     saved = read_run_info(ckpt).get("lora")
     if saved == asked:
         return
@@ -259,8 +264,6 @@ def with_max_steps(plan: RunPlan, config: RunConfig, max_steps: int | None) -> R
     )
     ckpt = plan.resume_checkpoint
     if ckpt is not None and max_steps is not None:
-        from zero_train.checkpoint.resume import read_run_info
-
         info = read_run_info(ckpt)
         step = info.get("step", int(ckpt.name.split("-")[-1]) if ckpt.name.startswith("step-") else 0)
         settings = resumed_schedule(settings, saved=info.get("settings", {}), step=step, ckpt=ckpt)
@@ -337,9 +340,6 @@ def model_builder(model: ModelConfig, plan: RunPlan, *, seed: int, probe=None):
     right after the base (under ZeRO-3's zero.Init the base is built partitioned; DeepSpeed partitions the
     adapters when it wraps the model, as it does for the HF Trainer + peft).
     """
-    from zero_train.engines.precision import PRECISION_DTYPES
-    from zero_train.hf.models import enable_gradient_checkpointing, seeded_model
-
     dtype = PRECISION_DTYPES[model.load_dtype]
 
     def build():
@@ -352,8 +352,6 @@ def model_builder(model: ModelConfig, plan: RunPlan, *, seed: int, probe=None):
         if model.gradient_checkpointing:
             enable_gradient_checkpointing(built)
         if plan.lora is not None:
-            from zero_train.hf.lora import apply_lora
-
             built = apply_lora(built, plan.lora, base_name=model.model)
         return built
 
@@ -374,16 +372,12 @@ def num_params(model) -> int:
 def import_run_modules(config: RunConfig) -> None:
     """Import what the run will import (datasets, the model's transformers module, the engine's module and
     with it DeepSpeed), so that an entry point does it inside zero_train.runtime.startup.collector_paused."""
-    from zero_train.engines.build import engine_class
-    from zero_train.hf.models import import_model_module
-    from zero_train.hf.prepare import is_offline_default
-
     data = config.data
     offline = is_offline_default(
         data.dataset, column=data.text_column, config_name=data.dataset_config, chat=data.sft
     )
     if data.streaming or not offline:
-        import zero_train.hf.data  # noqa: F401  (datasets: the offline default trains without it)
+        import zero_train.hf.data  # noqa: F401  # expensive: datasets; the offline default trains without it
 
     import_model_module(config.model.model)
     engine_class(resolve_engine(config.engine.engine).name)

@@ -175,6 +175,7 @@ class TensorBoardTracker(_ScalarTracker):
     """Event files in runs/tensorboard; a restart at step s hides the events an earlier run wrote from step s+1."""
 
     def __init__(self, runs: pathlib.Path, *, name: str, hparams: dict, start_step: int) -> None:
+        # optional: tensorboard, installed by who logs to it
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         self.writer = SummaryWriter(str(runs / "tensorboard"), purge_step=start_step + 1, flush_secs=10)
@@ -197,7 +198,7 @@ class TrackioTracker(_ScalarTracker):
         os.environ.setdefault(
             "TRACKIO_DIR", str((runs / "trackio").resolve())
         )  # read when trackio is imported
-        import trackio
+        import trackio  # optional: trackio, installed by who logs to it
 
         self.trackio = trackio
         self.run = trackio.init(
@@ -222,7 +223,7 @@ class WandbTracker(_ScalarTracker):
 
     def __init__(self, runs: pathlib.Path, *, name: str, hparams: dict, start_step: int) -> None:
         os.environ.setdefault("WANDB_MODE", "offline")
-        import wandb
+        import wandb  # optional: wandb, installed by who logs to it
 
         (runs / "wandb").mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=PROJECT, name=name, dir=str(runs / "wandb"), config=hparams)
@@ -238,7 +239,7 @@ class MlflowTracker(_ScalarTracker):
     """MLflow in runs/mlflow.db (SQLite, MLflow's own default store), unless MLFLOW_TRACKING_URI is set."""
 
     def __init__(self, runs: pathlib.Path, *, name: str, hparams: dict, start_step: int) -> None:
-        import mlflow
+        import mlflow  # optional: mlflow, installed by who logs to it
 
         runs.mkdir(parents=True, exist_ok=True)
         if "MLFLOW_TRACKING_URI" not in os.environ:
