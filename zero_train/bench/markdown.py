@@ -39,9 +39,14 @@ def _cell_row(cell: dict) -> str:
     return (
         f"| {label} | {_spread(cell['step_time_s'], 1000)} | {_spread(cell['tokens_per_s'], 1)} | "
         f"{_payload(comm['payload'])} | {comm['wire']['total'] / MB:.1f} | {comm['paper_wire'] / MB:.1f} | "
-        f"{comm['wire_vs_paper']:.2f} | {peaks} ({cell['peak_bytes_per_param']:.1f} B/param) | "
+        f"{_ratio(comm['wire_vs_paper'])} | {peaks} ({cell['peak_bytes_per_param']:.1f} B/param) | "
         f"{_per_step(cell.get('per_step'))} |"
     )
+
+
+def _ratio(value: float | None) -> str:
+    """sent / paper; n/a where the paper's volume is 0 (one rank sends nothing)."""
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _per_step(counts: dict | None) -> str:
