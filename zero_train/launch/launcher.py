@@ -47,7 +47,7 @@ def model_meta(model: str, block_size: int) -> dict:
     # expensive: transformers; a subcommand's start-up imports this module
     from zero_train.hf.models import check_block_size, model_config
 
-    # expensive: ~50 ms; a subcommand's start-up imports this module
+    # expensive: torch; a subcommand's start-up imports this module
     from zero_train.memory.model.theory import model_shape
 
     config = model_config(model)

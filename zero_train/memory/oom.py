@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from zero_train.hf.lora import LoraSpec
+from zero_train.memory.model import plan
+from zero_train.memory.model.engine_estimate import estimate_engine
+from zero_train.memory.model.offload import OffloadSettings
 from zero_train.memory.model.peak import TERM_WORDS
+from zero_train.memory.model.plan import PlanRequest, evaluate, setup_order
+from zero_train.memory.model.theory import model_shape
 from zero_train.registry import DEEPSPEED, engine_spec
 
 GB = 1e9
@@ -98,8 +104,6 @@ def phase_words(phase: dict | None, grad_accum: int = 1) -> str:
 
 def explain(record: dict) -> Explanation:
     """The explanation of a rank's out-of-memory end from its record (it has `run` and `limit`)."""
-    from zero_train.memory.model import plan
-
     run = record["run"]
     request, setup = (
         _request(run, record),
@@ -135,10 +139,8 @@ def explain(record: dict) -> Explanation:
 
 
 def _request(run: dict, record: dict):
-    from zero_train.hf.lora import LoraSpec
+    # expensive: transformers; a record's own out-of-memory line needs none
     from zero_train.hf.models import model_config
-    from zero_train.memory.model.plan import PlanRequest
-    from zero_train.memory.model.theory import model_shape
 
     config = model_config(run["model"], vocab_size=run.get("vocab_size"))
     lora = run.get("lora")
@@ -171,9 +173,6 @@ def _request(run: dict, record: dict):
 
 def _estimate(request, setup, run: dict, counts):
     """Our estimate of the run as it ran: its own DeepSpeed config, micro-batch and accumulation."""
-    from zero_train.memory.model.engine_estimate import estimate_engine
-    from zero_train.memory.model.offload import OffloadSettings
-
     ds_config = run.get("ds_config")
     return estimate_engine(
         setup.engine,
@@ -213,8 +212,6 @@ def _headroom(request, target: int) -> float:
 
 def _cheapest(request, current, run: dict, counts):
     """The first fitting candidate: the run's engine (micro-batch split, then checkpointing), then the plan's."""
-    from zero_train.memory.model.plan import evaluate, setup_order
-
     own = [current, dataclasses.replace(current, checkpointing=True)]
     for setup in dict.fromkeys([*own, *setup_order()]):
         if run["device"] != "cuda" and (setup.offload_optimizer or setup.offload_param):
@@ -256,8 +253,6 @@ def closeness(record: dict) -> str:
 
 def predicted_peak(record: dict) -> int:
     """Our estimate's peak per rank for the run of `record`."""
-    from zero_train.memory.model import plan
-
     run = record["run"]
     request, setup = (
         _request(run, record),

@@ -32,6 +32,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from zero_train.memory.model.stored import stored
 from zero_train.memory.model.watch import Counter
@@ -130,8 +131,6 @@ def count_activations(
 
 def _count_fake(config, *, dtype: torch.dtype, lora=None, **settings) -> ActivationCount:
     """The count of the whole model on fake tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     with FakeTensorMode():
         model = build_for_counting(
             config,
@@ -197,6 +196,7 @@ def build_for_counting(config, *, dtype: torch.dtype, lora=None, gradient_checkp
     `lora` wrapped by peft as train.py wraps it: after checkpointing is on, so that peft makes the
     embeddings' output require grad (PeftModel's _prepare_model_for_gradient_checkpointing) as in training."""
     # built as training builds it (its loss named: no transformers warning at the first loss)
+    # expensive: transformers; estimate --params imports this module without it
     from zero_train.hf.models import build_model
 
     if lora is not None:
@@ -214,9 +214,10 @@ def _with_adapters(config, lora, *, dtype: torch.dtype, gradient_checkpointing: 
     2.13) and fails: the model is wrapped on the meta device (outside any fake mode), then every tensor is
     made again on the current one, each tied tensor once.
     """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
+    # expensive: transformers; estimate --params imports this module without it
     from zero_train.hf.lora import apply_lora
+
+    # expensive: transformers; estimate --params imports this module without it
     from zero_train.hf.models import build_model, enable_gradient_checkpointing
 
     with unset_fake_temporarily(), torch.device("meta"), _quiet():
@@ -302,6 +303,7 @@ def _block_saved_bytes(model, blocks: list, ids: torch.Tensor) -> tuple[int, int
 def _blocks(model) -> list[torch.nn.Module]:
     """The transformer blocks: the modules HF checkpoints (GradientCheckpointingLayer), else the longest
     ModuleList."""
+    # expensive: transformers; estimate --params imports this module without it
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -338,6 +340,7 @@ def _unpacked_positions():
     b x 1 x T x T float attention mask that the real run never builds. The engines pass no position ids, so
     the real answer is "not packed" (None): the fake run is told so.
     """
+    # expensive: transformers; estimate --params imports this module without it
     from transformers import masking_utils
 
     original = getattr(masking_utils, "find_packed_sequence_indices", None)
@@ -354,6 +357,7 @@ def _unpacked_positions():
 @contextlib.contextmanager
 def _quiet():
     """transformers' deprecation and "use_cache is incompatible" notices are not for the estimate's user."""
+    # expensive: transformers; estimate --params imports this module without it
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()

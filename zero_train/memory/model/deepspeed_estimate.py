@@ -86,6 +86,9 @@ def deepspeed_model_states(
 def load_estimators():
     """DeepSpeed's (estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs), imported."""
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
+        # expensive: DeepSpeed (seconds), only for its estimator's column
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+        # expensive: DeepSpeed (seconds), only for its estimator's column
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
     return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs

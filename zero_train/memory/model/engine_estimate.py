@@ -14,8 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zero_train.memory.model import offload, theory
+from zero_train.memory.model.deepspeed_estimate import deepspeed_model_states
+from zero_train.memory.model.flat_partition import partition_of
 from zero_train.memory.model.gpu_terms import gpu_margin, transient
 from zero_train.memory.model.host_build import model_build_bytes
+from zero_train.memory.model.peak import backend_for, engine_peak
+from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run
 from zero_train.registry import engine_spec
 
 
@@ -82,8 +86,6 @@ def estimate_engine(
     the margin), and DeepSpeed's own estimate beside it (`deepspeed_peer`). `run`: precision, micro_batch_size,
     block_size, grad_accum, gradient_checkpointing, ds_config; `gpu_slack`: a GPU keeps the allocator's slack free
     too. estimate_setup calls it for each stage, `zero-train plan` for each set-up it tries."""
-    from zero_train.memory.model.peak import backend_for, engine_peak
-
     spec = engine_spec(engine)
     stage = spec.stage
     model = engine_peak(
@@ -139,7 +141,6 @@ def _deepspeed_peer(shape, world_size: int, stage: int, per_node: int, settings:
     LoRA: its estimators know no frozen base)."""
     if shape.frozen_base:
         return None
-    from zero_train.memory.model.deepspeed_estimate import deepspeed_model_states
 
     moved = stage > 0 and settings.active
     return deepspeed_model_states(
@@ -155,9 +156,6 @@ def _deepspeed_peer(shape, world_size: int, stage: int, per_node: int, settings:
 
 def _offload_inputs(stage, shape, world_size, rank, run) -> offload.OffloadInputs:
     """The partition of the modelled rank (DeepSpeed's flat slices; ZeRO-3 splits every tensor)."""
-    from zero_train.memory.model.flat_partition import partition_of
-    from zero_train.memory.model.peak_terms import DeepSpeedSettings, Run
-
     deepspeed = DeepSpeedSettings.from_config(run["ds_config"], stage)
     probe = Run(
         shape=shape,

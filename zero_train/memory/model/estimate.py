@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 from zero_train.ds_config.keys import LOAD_DTYPES
 from zero_train.memory.model import limits, offload, theory
+from zero_train.memory.model.activations import count_activations
 from zero_train.memory.model.engine_estimate import StageEstimate, estimate_engine
 from zero_train.memory.model.gpu_terms import gpu_margin
 from zero_train.registry import ENGINES
@@ -221,7 +224,7 @@ def _margin(device: str, gpu_memory_bytes, gpu_margin_bytes, world_size: int) ->
 
 def default_block_size(config) -> int:
     """Tokens per sample when none is given: the model's context, at most DEFAULT_BLOCK_SIZE."""
-    from zero_train.hf.models import max_context
+    from zero_train.hf.models import max_context  # expensive: transformers; estimate --params runs without it
 
     return min(max_context(config), DEFAULT_BLOCK_SIZE)
 
@@ -243,10 +246,6 @@ def counted_activations(
     config, *, precision: str, micro_batch_size: int, block_size: int, gradient_checkpointing: bool, lora=None
 ):
     """The ActivationCount of one micro-batch of a config (fake tensors), as estimate_setup counts it."""
-    import torch
-
-    from zero_train.memory.model.activations import count_activations
-
     return count_activations(
         config,
         micro_batch_size=micro_batch_size,

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
+
 from zero_train.ds_config.keys import DEEPSPEED_BUCKET_ELEMENTS
 from zero_train.memory.model.stored import stored
 
@@ -172,13 +174,14 @@ def model_shape(config, lora=None) -> ModelShape:
 
 
 def _meta_shape(config, lora=None) -> ModelShape:
-    import torch
+    # expensive: transformers; estimate --params imports this module without it
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
         init_gather = _largest_init_gather(model)  # the base's: zero.Init builds it before peft wraps it
         if lora is not None:
+            # expensive: transformers; estimate --params imports this module without it
             from zero_train.hf.lora import apply_lora
 
             model = apply_lora(model, lora)
@@ -204,6 +207,7 @@ def _meta_shape(config, lora=None) -> ModelShape:
 def _largest_init_gather(model) -> tuple[int, ...]:
     """The largest set of tensors transformers' initialize_weights_zero3 gathers at once, largest first: it
     initialises each module with its parameters and its direct children's (a nested PreTrainedModel apart)."""
+    # expensive: transformers; estimate --params imports this module without it
     from transformers import PreTrainedModel
 
     def gathered(module) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 
 def storage_key(tensor: torch.Tensor) -> tuple[int, int]:
@@ -202,7 +203,6 @@ class LiveBytes(TorchDispatchMode):
 def _cpu_attention_flops():
     """FLOP formulas for CPU's fused attention (torch's counter has the CUDA kernels' only): the same
     counts, two batched matmuls forward and four backward, as for the flash kernels."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     def forward(query, key, value, *args, **kwargs) -> int:
         return sdpa_flop_count(query.shape, key.shape, value.shape)
@@ -230,7 +230,6 @@ class OpCost(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        from torch.utils.flop_counter import flop_registry
 
         self.formulas = dict(flop_registry)
         self.attention = {packet for packet in self.formulas if "attention" in str(packet)}
