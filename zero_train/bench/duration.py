@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 STEP_SHARE_OF_MATMUL = 0.2
 """A training step's FLOP rate / a bare matmul's on one thread, fp32 and bf16 (measured:
 docs/bench.md#how-long-a-bench-takes)."""
@@ -37,8 +39,6 @@ def step_flops(meta: dict) -> float:
 
 def matmul_rate(precision: str, width: int, *, seconds: float = 0.3) -> float:
     """FLOP/s of one thread multiplying width x width matrices in `precision`, measured for ~`seconds`."""
-    import torch
-
     width = max(64, min(width, 1024))
     a = torch.randn(width, width, dtype=getattr(torch, DTYPES[precision]))
     threads = torch.get_num_threads()

@@ -151,7 +151,7 @@ def run_peer(config: RunConfig) -> None:
         peers = " | ".join(spec.name for spec in ENGINES if spec.hf_peer)
         raise UsageError(f"the HF Trainer peer runs --engine {peers} (or deepspeed), not {plan.engine.name}")
     if plan.engine.family == DEEPSPEED:  # the Trainer's deepspeed.initialize, as our DeepSpeed engine does
-        from zero_train.engines.deepspeed_engine import import_muon_uncompiled  # imports DeepSpeed
+        from zero_train.engines.deepspeed_engine import import_muon_uncompiled  # expensive: imports DeepSpeed
 
         import_muon_uncompiled(plan.ds_config)
     dist_info = init_distributed()  # gloo/nccl as in scripts/train.py; DeepSpeed and accelerate reuse it

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m zero_train.ben
         config = parse_args(sys.argv[1:] if argv is None else argv, prog=prog)
         with collector_paused():
             pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
+            # expensive: transformers' Trainer, torch, imported with the collector paused
             from zero_train.bench.hf_peer import run_peer
             from zero_train.train.setup import import_run_modules
 

@@ -46,6 +46,7 @@ def settled_bytes(device) -> int:
 
 def preload() -> None:
     """Import what any run imports, so that the baseline already holds every module (not the first run)."""
+    # expensive: transformers, DeepSpeed, the engines (seconds): imported here, before the baseline, on purpose
     import transformers  # noqa: F401
     from transformers import Trainer  # noqa: F401
 
@@ -61,11 +62,12 @@ def train_one(run: dict) -> None:
     environment = dict(os.environ)
     try:
         if run["peer"]:
+            # expensive: transformers' Trainer, preloaded by preload()
             from zero_train.bench.hf_peer import run_peer
 
             run_peer(config)
         else:
-            from zero_train.train.loop import run_training
+            from zero_train.train.loop import run_training  # expensive: the engines, preloaded by preload()
 
             run_training(config)
     finally:  # the Trainer's accelerate sets ACCELERATE_USE_DEEPSPEED & co.; the next run must not see them

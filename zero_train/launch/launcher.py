@@ -44,10 +44,8 @@ def model_meta(model: str, block_size: int) -> dict:
     Raises:
         UsageError: an unknown model, or a block size above its context (before any cell runs).
     """
-    # expensive: transformers; a subcommand's start-up imports this module
+    # expensive: torch, transformers; a subcommand's start-up imports this module
     from zero_train.hf.models import check_block_size, model_config
-
-    # expensive: torch; a subcommand's start-up imports this module
     from zero_train.memory.model.theory import model_shape
 
     config = model_config(model)

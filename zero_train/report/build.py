@@ -35,6 +35,7 @@ def analyze(records: list[dict]) -> list[dict]:
     Returns:
         One row per record; successful rows carry "explanations" (a list of sentences).
     """
+    # expensive: torch, transformers (the memory model); a subcommand's start-up imports this module
     from zero_train.report.compare import cell_sort_key, compare_cell
     from zero_train.report.explain import explain_cell
     from zero_train.report.models import model_facts
@@ -68,6 +69,7 @@ def _load(directory: pathlib.Path) -> list[dict]:
 
 def _summary_rows(path: pathlib.Path) -> tuple[list[dict], str]:
     """The rows (cells, then failed cells) and the records' source of a report's summary.json."""
+    # expensive: torch; a subcommand's start-up imports this module
     from zero_train.report.summary import CELL_KEYS, SCHEMA
 
     try:
@@ -89,12 +91,13 @@ def _summary_rows(path: pathlib.Path) -> tuple[list[dict], str]:
 
 def _generate(rows: list[dict], source: str, staging: pathlib.Path, *, plots: bool) -> list[str]:
     """Write the plots (if asked), summary.json, cells.json and report.md into `staging`; return the file names."""
+    # expensive: torch (the memory model); a subcommand's start-up imports this module
     from zero_train.report.markdown import render_report
     from zero_train.report.summary import build_summary, write_cells, write_summary
 
     images: dict[str, list[str]] = {"bytes_per_param": [], "categories": []}
     if plots:
-        from zero_train.report.plots import write_plots
+        from zero_train.report.plots import write_plots  # expensive: matplotlib (seconds), only with plots
 
         images = write_plots(rows, staging)
     files = [REPORT_NAME, SUMMARY_NAME, CELLS_NAME, *images["bytes_per_param"], *images["categories"]]

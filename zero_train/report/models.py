@@ -12,8 +12,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from zero_train.hf.models import model_config
 from zero_train.memory.model.theory import ModelShape, model_shape
 from zero_train.runtime.errors import UsageError
+from zero_train.train.config import LoraConfig
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -42,8 +44,6 @@ class FactsLookup:
 
 @functools.lru_cache(maxsize=16)
 def _facts_of(name: str, lora=None) -> FactsLookup:
-    from zero_train.hf.models import model_config
-
     try:
         config = model_config(name)
     except (UsageError, OSError, ValueError) as err:
@@ -57,7 +57,6 @@ def lora_of(recorded: dict | None):
     """The LoraSpec of a run record's "lora" (train.py's [lora] settings), None without."""
     if not recorded:
         return None
-    from zero_train.train.config import LoraConfig
 
     settings = {key: recorded[key] for key in ("r", "alpha", "dropout", "target_modules") if key in recorded}
     return LoraConfig(**settings).spec()

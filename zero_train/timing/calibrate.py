@@ -20,6 +20,8 @@ import os
 import time
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from zero_train.runtime.ports import free_port
@@ -95,8 +97,6 @@ def optimizer_gbps() -> float:
 
 
 def _rank_main(rank: int, world_size: int, port: int, results) -> None:
-    import torch.distributed as dist
-
     torch.set_num_threads(max(1, _cores() // world_size))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     fits = {}
@@ -123,8 +123,6 @@ def _line(points: list[tuple[int, float]]) -> dict[str, float]:
 
 def _collective(op: str, elements: int, rank: int, world_size: int):
     """(work, payload bytes) of one call; payload as the CommLedger counts it."""
-    import torch.distributed as dist
-
     flat = torch.randn(elements - elements % world_size)
     part = torch.empty(flat.numel() // world_size)
     nbytes = flat.numel() * 4
@@ -155,8 +153,6 @@ def _cores() -> int:
 
 def measure_collectives(world_size: int) -> dict[str, dict]:
     """Every COMM_OPS fit at this world size (spawned gloo ranks on this machine)."""
-    import torch.multiprocessing as mp
-
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
     mp.start_processes(

@@ -38,9 +38,8 @@ def train(config: RunConfig) -> int:
     check_local_path(config.data.dataset)  # a missing path: one line now, not after seconds of imports
     with collector_paused():  # less start-up per rank (zero_train.runtime.startup)
         pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
-        from zero_train.runtime.dist import read_env  # expensive: torch, imported with the collector paused
-
         # expensive: torch and transformers, imported with the collector paused
+        from zero_train.runtime.dist import read_env
         from zero_train.train.setup import import_run_modules, plan_run
 
         plan = plan_run(config, world_size=read_env()[1])

@@ -216,8 +216,6 @@ def _with_adapters(config, lora, *, dtype: torch.dtype, gradient_checkpointing: 
     """
     # expensive: transformers; estimate --params imports this module without it
     from zero_train.hf.lora import apply_lora
-
-    # expensive: transformers; estimate --params imports this module without it
     from zero_train.hf.models import build_model, enable_gradient_checkpointing
 
     with unset_fake_temporarily(), torch.device("meta"), _quiet():

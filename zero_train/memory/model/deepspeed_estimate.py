@@ -88,7 +88,5 @@ def load_estimators():
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
         # expensive: DeepSpeed (seconds), only for its estimator's column
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-
-        # expensive: DeepSpeed (seconds), only for its estimator's column
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
     return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
