@@ -12,7 +12,6 @@ import argparse
 import pathlib
 
 from zero_train.cli.commands import COMMANDS
-from zero_train.report.build import REPORT_NAME, write_report
 
 
 def report_command_parser(subparsers) -> argparse.ArgumentParser:
@@ -44,6 +43,8 @@ def report_command_parser(subparsers) -> argparse.ArgumentParser:
 
 def report_command(args: argparse.Namespace) -> int:
     """Write the report; print where each file went."""
+    from zero_train.report.build import REPORT_NAME, write_report  # the memory model: torch, transformers
+
     source = pathlib.Path(args.directory)
     default_out = source.parent if source.is_file() else source / "report"
     out = pathlib.Path(args.out) if args.out else default_out

@@ -18,6 +18,11 @@ import tempfile
 
 from zero_train.memory.record import load_records
 from zero_train.registry import REFERENCE
+from zero_train.report.compare import cell_sort_key, compare_cell
+from zero_train.report.explain import explain_cell
+from zero_train.report.markdown import render_report
+from zero_train.report.models import model_facts
+from zero_train.report.summary import CELL_KEYS, SCHEMA, build_summary, write_cells, write_summary
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.outputs import check_output_dir
 
@@ -35,10 +40,6 @@ def analyze(records: list[dict]) -> list[dict]:
     Returns:
         One row per record; successful rows carry "explanations" (a list of sentences).
     """
-    # expensive: torch, transformers (the memory model); a subcommand's start-up imports this module
-    from zero_train.report.compare import cell_sort_key, compare_cell
-    from zero_train.report.explain import explain_cell
-    from zero_train.report.models import model_facts
 
     rows, facts_of = [], {}
     for record in sorted(records, key=cell_sort_key):
@@ -69,8 +70,6 @@ def _load(directory: pathlib.Path) -> list[dict]:
 
 def _summary_rows(path: pathlib.Path) -> tuple[list[dict], str]:
     """The rows (cells, then failed cells) and the records' source of a report's summary.json."""
-    # expensive: torch; a subcommand's start-up imports this module
-    from zero_train.report.summary import CELL_KEYS, SCHEMA
 
     try:
         summary = json.loads(path.read_text())
@@ -91,9 +90,6 @@ def _summary_rows(path: pathlib.Path) -> tuple[list[dict], str]:
 
 def _generate(rows: list[dict], source: str, staging: pathlib.Path, *, plots: bool) -> list[str]:
     """Write the plots (if asked), summary.json, cells.json and report.md into `staging`; return the file names."""
-    # expensive: torch (the memory model); a subcommand's start-up imports this module
-    from zero_train.report.markdown import render_report
-    from zero_train.report.summary import build_summary, write_cells, write_summary
 
     images: dict[str, list[str]] = {"bytes_per_param": [], "categories": []}
     if plots:
