@@ -30,12 +30,9 @@ from zero_train.bench.cells import (
     interleaved,
     steps_of,
 )
-from zero_train.bench.one_launch import run_all
-from zero_train.bench.run import run_one
 from zero_train.bench.targets import TARGET_ENGINES
 from zero_train.cli.commands import COMMANDS
 from zero_train.launch.command import RANK_LAUNCHERS
-from zero_train.launch.launcher import check_launcher, model_meta
 from zero_train.registry import ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
@@ -185,6 +182,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--bf16-warmup {args.bf16_warmup} must be at least 0 and below --bf16-steps {args.bf16_steps}"
         )
+    from zero_train.launch.launcher import check_launcher  # runtime.vitals, psutil
+
     check_launcher(args.launcher)
     check_output_dir(args.out, flag="--out")  # before any run
 
@@ -192,6 +191,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def bench_meta(args: argparse.Namespace) -> dict:
     """What every run shares: model shape, batch, world size, backend, steps."""
     import torch
+
+    from zero_train.launch.launcher import model_meta
 
     return dict(
         model_meta(args.model, args.block_size),
@@ -259,6 +260,8 @@ def bench_command(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from zero_train.bench.markdown import render
+    from zero_train.bench.one_launch import run_all
+    from zero_train.bench.run import run_one
     from zero_train.memory.measure import SAMPLER_DUTY_ENV
 
     resolve_scenario(args)

@@ -27,7 +27,6 @@ from zero_train.ds_config import write_config
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.launch.cells import cell_config, cell_name, last_error_line
 from zero_train.launch.command import RANK_LAUNCHERS, Launch, launch_command
-from zero_train.launch.launcher import check_launcher, model_meta, run_logged
 from zero_train.memory.record import error_record, load_record, write_record
 from zero_train.registry import engine_names, engine_spec
 from zero_train.runtime.defaults import default_for
@@ -189,6 +188,7 @@ def run_cells_once(
     and tears it down (zero_train.bench.worker), so the ranks' start-up is paid once, not once per cell. A cell
     that fails stops the launch; it is recorded with the log's last error line and the rest is launched again."""
     from zero_train.bench.one_launch import WORKER_MODULE
+    from zero_train.launch.launcher import run_logged  # runtime.vitals, psutil
 
     cells = [prepare_cell(engine, world_size, args, out, meta) for engine in engines]
     records = {cell["record"]["engine"]: cell["record"] for cell in cells if "record" in cell}
@@ -234,6 +234,8 @@ def launch_cell(
     """Train one cell under the launcher (`world_size` ranks of the train script with `argv`), its console in
     `log_path`; return the exit code, None on a timeout. (tests/report/test_report.py swaps this for ranks
     forked from its preloaded forkserver: the same argv, the same record; the launcher itself is tested apart.)"""
+    from zero_train.launch.launcher import run_logged  # runtime.vitals, psutil
+
     launch = Launch(launcher=args.launcher, nproc_per_node=world_size, master_port=free_port())
     command = launch_command(launch, argv, script=args.train_script)
     return run_logged(command, log_path, timeout=args.timeout)
@@ -265,6 +267,8 @@ def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_p
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    from zero_train.launch.launcher import check_launcher  # runtime.vitals, psutil
+
     check_output_dir(args.out, flag="--out")  # before any cell runs
     lora_spec(args)  # --lora-target-modules without --lora-r: one line, before any cell
     unknown = [name for name in args.engines if name not in engine_names()]
@@ -280,6 +284,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _model_meta(args: argparse.Namespace) -> dict:
+    from zero_train.launch.launcher import model_meta  # runtime.vitals, psutil
+
     return dict(
         model_meta(args.model, args.block_size),
         precision=args.precision,

@@ -18,9 +18,12 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psutil
+
 from zero_train.launch.command import shell_text
 from zero_train.runtime import lifeline
 from zero_train.runtime.errors import Stopped, UsageError
+from zero_train.runtime.vitals import RUN_DIR_ENV, describe_ended, killed_ranks
 
 KILL_GRACE_S = 5.0
 """After SIGTERM, SIGKILL: long enough for torchrun and DeepSpeed's launcher to stop their ranks and for each rank
@@ -44,7 +47,7 @@ def model_meta(model: str, block_size: int) -> dict:
     Raises:
         UsageError: an unknown model, or a block size above its context (before any cell runs).
     """
-    # expensive: torch, transformers; a subcommand's start-up imports this module
+    # expensive: torch, transformers (seconds); check_launcher's usage error comes without them
     from zero_train.hf.models import check_block_size, model_config
     from zero_train.memory.model.theory import model_shape
 
@@ -90,8 +93,6 @@ def run_logged(
     Returns:
         The exit code, or None if the run was stopped.
     """
-    # expensive: ~30 ms; a subcommand's start-up imports this module
-    from zero_train.runtime.vitals import RUN_DIR_ENV
 
     with tempfile.TemporaryDirectory(prefix="zero_train-run-") as run_dir, open(log_path, "w") as log:
         env = dict(
@@ -131,8 +132,6 @@ def run_logged(
 def killed_lines(run_dir: pathlib.Path) -> list[str]:
     """One line per rank killed without a word (zero_train.runtime.vitals): how it ended, what it held and, when
     it was most likely out of memory, why and the cheapest change that fits (zero_train.memory.oom)."""
-    # expensive: ~30 ms; a subcommand's start-up imports this module
-    from zero_train.runtime.vitals import describe_ended, killed_ranks
 
     lines = []
     for rank, record in killed_ranks(run_dir):
@@ -143,7 +142,7 @@ def killed_lines(run_dir: pathlib.Path) -> list[str]:
             and not record.get("crash")
             and "not out of memory" not in line
         ):
-            # expensive: torch; a subcommand's start-up imports this module
+            # expensive: torch (the memory model), only for a rank killed without a word
             from zero_train.memory.oom import explain
 
             try:
@@ -207,8 +206,6 @@ def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> list[int]:
     Returns:
         The pids still running after SIGKILL and another `grace_s` (none, unless a process cannot die).
     """
-    import psutil  # expensive: ~40 ms; a subcommand's start-up imports this module
-
     tree: dict[int, psutil.Process] = {}
     for sig in (signal.SIGTERM, signal.SIGKILL):
         tree.update((p.pid, p) for p in _process_tree(proc.pid))
@@ -226,8 +223,6 @@ def stop_process_tree(proc: subprocess.Popen, *, grace_s: float) -> list[int]:
 
 def _process_tree(pid: int) -> list:
     """The process `pid` and all its descendants (empty if it is gone)."""
-    import psutil  # expensive: ~40 ms; a subcommand's start-up imports this module
-
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
@@ -237,8 +232,6 @@ def _process_tree(pid: int) -> list:
 
 def _running(processes) -> bool:
     """Whether any of `processes` still runs (a zombie waiting for its parent does not)."""
-    import psutil  # expensive: ~40 ms; a subcommand's start-up imports this module
-
     for process in processes:
         with contextlib.suppress(psutil.Error):
             if process.status() != psutil.STATUS_ZOMBIE:
