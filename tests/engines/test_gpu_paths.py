@@ -294,6 +294,7 @@ def test_profile_records_the_device_its_ranks_run_on(monkeypatch):
     import argparse
 
     from zero_train.cli import profile
+    from zero_train.launch import launcher
 
     args = argparse.Namespace(
         model="tiny",
@@ -303,7 +304,7 @@ def test_profile_records_the_device_its_ranks_run_on(monkeypatch):
         grad_accum=1,
         gradient_checkpointing=False,
     )
-    monkeypatch.setattr(profile, "model_meta", lambda model, block_size: {})  # builds the model: slow here
+    monkeypatch.setattr(launcher, "model_meta", lambda model, block_size: {})  # builds the model: slow here
     assert profile._model_meta(args)["device"] == "cpu"  # ZT_DEVICE=cpu (conftest)
     _fake_gpu_node(monkeypatch, 2)
     monkeypatch.delenv("ZT_DEVICE")

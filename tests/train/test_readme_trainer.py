@@ -64,7 +64,9 @@ def test_the_readme_trainer_snippet_runs_as_printed(tmp_path):
             expected.append(schedule.get_last_lr()[0])
     assert len(logs) == 2, "\n".join(output)
     assert [float(log["learning_rate"]) for log in logs] == pytest.approx(expected, abs=1e-12)
-    assert all(float(log["loss"]) < math.log(8192) for log in logs)
+    # 10 steps at 5e-5 barely move a model from random weights: its loss is an untrained model's, ln(vocabulary)
+    # (a uniform guess over 8192 tokens, 9.01), give or take the initialisation's spread; not a diverged one
+    assert all(abs(float(log["loss"]) - math.log(8192)) < 0.5 for log in logs), logs
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert (
         model.config.model_type == "llama"
