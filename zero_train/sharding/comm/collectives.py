@@ -113,6 +113,8 @@ def gather_slices(flat: torch.Tensor, process_group=None, *, tag: int = 0) -> Pe
 def reduce_scatter_slices(flat: torch.Tensor, process_group=None, *, tag: int = 0) -> Pending:
     """Start summing slice `rank` of `flat` over the ranks into this rank's slice (the others: unchanged).
 
+    The same shape as gather_slices above, the other direction: each is one NCCL call or one gloo exchange.
+
     Summation order (deterministic): on gloo own + rank 0's + rank 1's + ... (skipping its own); at N = 2 that
     is the same number as any all-reduce's a + b. The caller keeps `flat` alive until `wait()`.
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import torch
 
-from zero_train.sharding.comm.overlap import ReductionQueue
 from zero_train.sharding.zero12.schedule import GradientStore
 from zero_train.sharding.zero12.segments import Segment
 
@@ -40,24 +39,12 @@ from zero_train.sharding.zero12.segments import Segment
 class FlatGradients(GradientStore):
     """One segment's gradients in a flat buffer, and the reduction of its buckets to their owners.
 
-    Args:
-        segment: the segment (its parameters, partition, active flags).
-        world_size: N, the divisor of the average.
-        bucket_elements: the largest bucket, in elements.
-        queue: where the bucket reductions are launched.
+    Args: GradientStore's (segment, world_size, bucket_elements, queue), and dtype: the buffer's (None: the
+    parameters').
     """
 
-    def __init__(
-        self,
-        segment: Segment,
-        *,
-        world_size: int,
-        bucket_elements: int,
-        queue: ReductionQueue,
-        dtype: torch.dtype | None = None,
-    ):
-        self.segment, self.world_size, self.queue = segment, world_size, queue
-        self.bucket_elements = bucket_elements
+    def __init__(self, segment: Segment, *, dtype: torch.dtype | None = None, **store):
+        super().__init__(segment, **store)
         params, partition = segment.params, segment.partition
         dtype = dtype or params[0].dtype
         self.views = dtype == params[0].dtype  # `.grad` is a view of its slot (else added into it, released)

@@ -57,11 +57,7 @@ class BucketBuffers:
 class GradientBuckets(GradientStore):
     """One segment's buckets and this rank's accumulator of the averaged gradients of its slice.
 
-    Args:
-        segment: the segment (parameters, partition, this rank's slice, active flags).
-        world_size: N.
-        bucket_elements: the largest bucket, in elements.
-        queue: where the reductions are launched.
+    Args: GradientStore's (segment, world_size, bucket_elements, queue), and
         buffers: the shared bucket buffers (in the reduction dtype).
         dtype: the accumulator's dtype (None: the parameters').
         reduce_dtype: the dtype buckets travel in (None: the parameters'); a bucket of one tensor of the
@@ -72,15 +68,13 @@ class GradientBuckets(GradientStore):
         self,
         segment: Segment,
         *,
-        world_size: int,
-        bucket_elements: int,
-        queue: ReductionQueue,
         buffers: BucketBuffers,
         dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
+        **store,
     ):
-        self.segment, self.world_size, self.bucket_elements = segment, world_size, bucket_elements
-        self.queue, self.buffers = queue, buffers
+        super().__init__(segment, **store)
+        self.buffers = buffers
         param = segment.params[0]
         # a direct bucket travels in its own gradient when that is in the reduction dtype
         self.in_place = (reduce_dtype or param.dtype) == param.dtype

@@ -27,6 +27,16 @@ class GradientStore:
     """The segment's buckets of trainable tensors, in backward order (partition.gradient_buckets)."""
     bucket_of: dict[int, int]
     """Tensor index in the segment -> its bucket."""
+    world_size: int
+    """N, the divisor of the average."""
+    queue: ReductionQueue
+    """Where the bucket reductions are launched."""
+
+    def __init__(
+        self, segment: Segment, *, world_size: int, bucket_elements: int | None, queue: ReductionQueue
+    ):
+        self.segment, self.world_size, self.queue = segment, world_size, queue
+        self.bucket_elements = bucket_elements
 
     def set_active(self, active: tuple[bool, ...]) -> None:
         """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
