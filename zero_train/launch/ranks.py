@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -23,7 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from zero_train.launch.command import Launch, launch_command
 from zero_train.runtime import lifeline
-from zero_train.runtime.errors import error_line
+from zero_train.runtime.errors import SAID_ENV, error_line
 
 TORCH_LAUNCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 """torchrun's agent logs a failed rank ("failed (exitcode: 2) local_rank: 1 ...", "Sending process ... closing
@@ -38,8 +40,19 @@ def launch_ranks(launch: Launch, argv: list[str]) -> int:
         argv: the run's flags (zero_train.train.args.run_argv), checked by the caller before any rank starts.
     """
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks, without its banner
-    command = launch_command(launch, argv)
-    if launch.launcher == "torchrun":
+    said = tempfile.mkdtemp(
+        prefix="zero-train-said-"
+    )  # a line every rank finds is said once (errors.SAID_ENV)
+    os.environ[SAID_ENV] = said
+    try:
+        return _launch(launch_command(launch, argv), launch.launcher)
+    finally:
+        os.environ.pop(SAID_ENV, None)
+        shutil.rmtree(said, ignore_errors=True)
+
+
+def _launch(command: list[str], launcher: str) -> int:
+    if launcher == "torchrun":
         return _torchrun_here(command[1:])
     command.insert(1, "--quiet")  # DeepSpeed's launcher logs ~10 INFO lines per launch; its errors stay
     process = subprocess.Popen(

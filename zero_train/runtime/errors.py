@@ -7,6 +7,8 @@ traceback. Internal invariants use `assert`; anything else that escapes is a bug
 
 from __future__ import annotations
 
+import hashlib
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -60,12 +62,36 @@ class Stopped(BaseException):
         self.what = what
 
 
+SAID_ENV = "ZT_SAID_DIR"
+"""A folder the ranks of one launch share (zero_train.launch.ranks sets it): a line one rank has said is not said
+again by another, since every rank finds the same bad dataset line or config key; a line that names its rank
+differs and is said."""
+
+
 def error_line(message: str) -> None:
     """Write `error: <message>` to stderr as ONE write: ranks of a launch share the launcher's pipe and run
     unbuffered (`python -u`), where print() writes the text and the newline separately and two ranks' lines
     interleave ("...'stdlib'error: dataset ..."); one write() under PIPE_BUF (4 KiB) reaches the pipe whole."""
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
+    line = f"error: {message}\n"
+    if _first_to_say(line):
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+def _first_to_say(line: str) -> bool:
+    """False if another rank of this launch has said `line` (SAID_ENV): creating a file named by the line's hash
+    with O_EXCL succeeds for exactly one process. True without the folder, or if it cannot be written."""
+    folder = os.environ.get(SAID_ENV)
+    if not folder:
+        return True
+    path = os.path.join(folder, hashlib.sha256(line.encode()).hexdigest()[:20])
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def fail(message: str) -> NoReturn:
