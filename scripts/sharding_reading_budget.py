@@ -2,6 +2,7 @@
 
     python scripts/sharding_reading_budget.py            # this checkout
     python scripts/sharding_reading_budget.py ROOT       # another checkout's zero_train/ under ROOT
+    python scripts/sharding_reading_budget.py --code     # also: each module's lines of code (no prose)
 
 Follows the imports (`from zero_train.sharding... import`) from the stage's module, within sharding/, counts
 every module reached once, and leaves out sharding/comm/ (the collectives: read apart). ZeRO-2 and ZeRO-3
@@ -11,6 +12,7 @@ tests/sharding/test_reading_budget.py holds it).
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 import sys
@@ -68,10 +70,40 @@ def budgets(root: pathlib.Path) -> dict[str, int]:
     return counts
 
 
+def code_lines(path: pathlib.Path) -> int:
+    """Lines of `path` that are code: not blank, not a comment, not part of a docstring or attribute docstring."""
+    text = path.read_text()
+    prose = set()
+    for node in ast.walk(ast.parse(text)):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            prose.update(range(node.lineno, node.end_lineno + 1))
+    lines = text.splitlines()
+    return sum(
+        1
+        for n, line in enumerate(lines, 1)
+        if n not in prose and line.strip() and not line.strip().startswith("#")
+    )
+
+
 def main() -> None:
-    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[1])
+    args = [arg for arg in sys.argv[1:] if arg != "--code"]
+    root = pathlib.Path(args[0] if args else pathlib.Path(__file__).resolve().parents[1])
+    read: set[pathlib.Path] = set()
     for stage, lines in budgets(root).items():
         print(f"{stage}: {lines} lines (budget {BUDGETS[stage]})")
+        if "--code" in sys.argv:
+            start = next(root / c for c in STAGES[stage] if (root / c).is_file())
+            new = sorted(reached(root, start) - read)
+            read |= set(new)
+            for path in new:
+                print(
+                    f"    {len(path.read_text().splitlines()):5d} lines {code_lines(path):5d} code  {path.relative_to(root)}"
+                )
+            print(f"    {sum(map(code_lines, new)):17d} code")
 
 
 if __name__ == "__main__":
