@@ -46,6 +46,11 @@ def within(name: str, engine: str | None, value: float | None, bound: float, *, 
     return Check(name=name, engine=engine, passed=ok, value=value, limit=f"<= {bound:g}", note=note)
 
 
+def measured(name: str, engine: str | None, value: Any, *, limit: Any = None, note: str = "") -> Check:
+    """A measure check: `value` reported beside what our model assumes (`limit`), passed once measured."""
+    return Check(name=name, engine=engine, passed=True, value=value, limit=limit, kind="measure", note=note)
+
+
 def cannot_run(name: str, engine: str | None, why: str, *, kind: str = "assert", limit: Any = None) -> Check:
     """A check this machine cannot run, listed with the reason."""
     return Check(name=name, engine=engine, passed=None, value=CANNOT_RUN, limit=limit, kind=kind, note=why)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pathlib
 
-from zero_train.acceptance.check import Check, cannot_run, failed, read_json, within
+from zero_train.acceptance.check import Check, cannot_run, failed, measured, read_json, within
 from zero_train.acceptance.plan import Run
 from zero_train.bench.targets import TARGETS
 from zero_train.memory.model.gpu_terms import GpuMargin, transient
@@ -167,15 +167,12 @@ def margin(
         slack = assumed.terms(world_size=record["world_size"], transient_bytes=transient(phase))[
             "allocator_slack"
         ]
-        measured = cuda["max_reserved_bytes"] - cuda["max_allocated_bytes"]
         checks.append(
-            Check(
-                name=name,
-                engine=run.engine,
-                passed=True,
-                value=measured,
+            measured(
+                name,
+                run.engine,
+                cuda["max_reserved_bytes"] - cuda["max_allocated_bytes"],
                 limit=slack,
-                kind="measure",
                 note="max reserved - max allocated, beside 50% of the peak's transient terms + 20 MiB",
             )
         )
@@ -191,16 +188,7 @@ def speed(runs: list[Run], errors: dict, out: pathlib.Path, device_name: str | N
         step = record["step_time_s"]["median"]
         medians[(run.engine, run.precision)] = step
         value = dict(step_time_s=step, tokens_per_s=record["tokens_per_s"])
-        checks.append(
-            Check(
-                name=f"step time, {run.precision}",
-                engine=run.engine,
-                passed=True,
-                value=value,
-                limit=None,
-                kind="measure",
-            )
-        )
+        checks.append(measured(f"step time, {run.precision}", run.engine, value))
         checks.append(_mfu(run, record, gpu))
         checks += _counters(run, record)
     for label, top, bottom, what, target in TARGETS:
@@ -212,13 +200,11 @@ def speed(runs: list[Run], errors: dict, out: pathlib.Path, device_name: str | N
                 continue
             ratio = pair[0] / pair[1]
             checks.append(
-                Check(
-                    name=f"{label}, {precision}",
-                    engine=top,
-                    passed=True,
-                    value=ratio,
+                measured(
+                    f"{label}, {precision}",
+                    top,
+                    ratio,
                     limit=target,
-                    kind="measure",
                     note="docs/bench.md's target; one tiny run is no verdict",
                 )
             )
@@ -248,13 +234,10 @@ def _mfu(run: Run, record: dict, gpu) -> Check:
         )
     flops = 6 * record["num_params"] * record["tokens_per_s"] / record["world_size"]
     peak = gpu.tflops[run.precision] * 1e12
-    return Check(
-        name=name,
-        engine=run.engine,
-        passed=True,
-        value=flops / peak,
-        limit=None,
-        kind="measure",
+    return measured(
+        name,
+        run.engine,
+        flops / peak,
         note=f"6 x params x tokens/s per GPU / {gpu.label}'s {gpu.tflops[run.precision]:g} TFLOPS",
     )
 
@@ -280,14 +263,6 @@ def _counters(run: Run, record: dict) -> list[Check]:
         spec = find_engine(run.engine)
         limit = 0 if key == "host_syncs_per_step" and spec is not None and spec.ours else None
         checks.append(
-            Check(
-                name=name,
-                engine=run.engine,
-                passed=True,
-                value=value,
-                limit=limit,
-                kind="measure",
-                note=f"engine syncs at {sites}" if sites else "",
-            )
+            measured(name, run.engine, value, limit=limit, note=f"engine syncs at {sites}" if sites else "")
         )
     return checks

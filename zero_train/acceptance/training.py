@@ -102,22 +102,26 @@ def parity(runs: list[Run], errors: dict, out: pathlib.Path) -> list[Check]:
 def resume(runs: list[Run], errors: dict, out: pathlib.Path, *, device_kind: str) -> list[Check]:
     """Per resume run: the steps after the step-RESUME_STEP checkpoint equal the uninterrupted run's losses
     (within RESUME_TOLERANCE[device_kind])."""
+    name = f"exact resume from step {RESUME_STEP}"
     tolerance = RESUME_TOLERANCE[device_kind]
-    checks = []
-    for run in runs:
-        if run.kind != "resume":
-            continue
-        name = f"exact resume from step {RESUME_STEP}"
-        original = _run_of(runs, f"{run.engine}-fp32")
-        why = errors.get(run.name) or (errors.get(original.name) if original else "no fp32 run")
-        if why:
-            checks.append(failed(name, run.engine, why, limit=f"<= {tolerance:g}"))
-            continue
-        resumed, whole = losses(run.paths(out)["metrics"]), losses(original.paths(out)["metrics"])
-        after = {step: loss for step, loss in whole.items() if step > RESUME_STEP}
-        gap = max_gap(resumed, after) if set(resumed) == set(after) and after else None
-        checks.append(within(name, run.engine, gap, tolerance, note=f"steps {sorted(resumed)}"))
-    return checks
+    return [
+        _resumed_vs_original(name, run, runs, errors, out, tolerance) for run in runs if run.kind == "resume"
+    ]
+
+
+def _resumed_vs_original(
+    name: str, run: Run, runs: list[Run], errors: dict, out: pathlib.Path, tolerance: float
+) -> Check:
+    """`run` (resumed from its engine's step-RESUME_STEP checkpoint) against the engine's fp32 run: the losses
+    of the steps after RESUME_STEP within `tolerance` (the same steps in both, or failed)."""
+    original = _run_of(runs, f"{run.engine}-fp32")
+    why = errors.get(run.name) or (errors.get(original.name) if original else "no fp32 run")
+    if why:
+        return failed(name, run.engine, why, limit=f"<= {tolerance:g}")
+    resumed, whole = losses(run.paths(out)["metrics"]), losses(original.paths(out)["metrics"])
+    after = {step: loss for step, loss in whole.items() if step > RESUME_STEP}
+    gap = max_gap(resumed, after) if set(resumed) == set(after) and after else None
+    return within(name, run.engine, gap, tolerance, note=f"steps {sorted(resumed)}")
 
 
 def export(runs: list[Run], errors: dict, out: pathlib.Path) -> list[Check]:
@@ -179,15 +183,6 @@ def elastic(
         return [
             cannot_run(name, engine, why_not, limit=f"<= {ELASTIC_LOSS_TOLERANCE:g}") for engine in engines
         ]
-    checks = []
-    for run in elastic_runs:
-        original = _run_of(runs, f"{run.engine}-fp32")
-        why = errors.get(run.name) or (errors.get(original.name) if original else "no fp32 run")
-        if why:
-            checks.append(failed(name, run.engine, why, limit=f"<= {ELASTIC_LOSS_TOLERANCE:g}"))
-            continue
-        resumed, whole = losses(run.paths(out)["metrics"]), losses(original.paths(out)["metrics"])
-        after = {step: loss for step, loss in whole.items() if step > RESUME_STEP}
-        gap = max_gap(resumed, after) if set(resumed) == set(after) and after else None
-        checks.append(within(name, run.engine, gap, ELASTIC_LOSS_TOLERANCE, note=f"steps {sorted(resumed)}"))
-    return checks
+    return [
+        _resumed_vs_original(name, run, runs, errors, out, ELASTIC_LOSS_TOLERANCE) for run in elastic_runs
+    ]
