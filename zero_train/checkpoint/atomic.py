@@ -33,7 +33,7 @@ import torch.distributed as dist
 from zero_train.checkpoint.manifest import (
     MANIFEST_FILE,
     first_line,
-    fsync_dir,
+    fsync_path,
     verify,
     write_durably,
     write_manifest,
@@ -236,11 +236,11 @@ def _publish(save_dir: pathlib.Path, staging: pathlib.Path, written: dict[str, i
     try:
         _check_written(staging, written)
         write_manifest(staging)
-        fsync_dir(staging)
+        fsync_path(staging)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it
             shutil.rmtree(final)
         os.replace(staging, final)
-        fsync_dir(save_dir)
+        fsync_path(save_dir)
         _write_latest(save_dir, final.name)
     except OSError as err:
         raise describe_failure(err, save_dir, needed_bytes=None) from err
@@ -261,7 +261,7 @@ def _write_latest(save_dir: pathlib.Path, name: str) -> None:
     temporary = save_dir / f"{LATEST_FILE}{STAGING_MARK}-{uuid.uuid4().hex[:12]}"
     write_durably(temporary, name + "\n")
     os.replace(temporary, save_dir / LATEST_FILE)
-    fsync_dir(save_dir)
+    fsync_path(save_dir)
 
 
 def _follow_latest(save_dir: pathlib.Path) -> pathlib.Path:

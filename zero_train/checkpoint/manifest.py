@@ -59,7 +59,7 @@ def write_manifest(folder) -> None:
     folder = pathlib.Path(folder)
     files = {}
     for target in sorted(p for p in folder.rglob("*") if p.is_file()):
-        _fsync_file(target)
+        fsync_path(target)
         relpath = target.relative_to(folder).as_posix()
         files[relpath] = {"bytes": target.stat().st_size, "sha256": sha256_of(target)}
     manifest = {"schema": MANIFEST_SCHEMA, "files": files}
@@ -74,17 +74,10 @@ def write_durably(target: pathlib.Path, text: str) -> None:
         os.fsync(handle.fileno())
 
 
-def _fsync_file(target: pathlib.Path) -> None:
-    fd = os.open(target, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(directory: pathlib.Path) -> None:
-    """fsync a folder, so a rename or a new entry in it survives a power cut."""
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: pathlib.Path) -> None:
+    """fsync a file (its bytes) or a folder (a rename or a new entry in it), so that it survives a power cut.
+    Opened read-only: a folder cannot be opened for writing, and fsync needs no write access."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
