@@ -60,26 +60,33 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+def _number(text: str, convert, accept, *, expected: str, expected_value: str | None = None):
+    """`convert(text)` if it is a number and `accept` takes it; else an ArgumentTypeError in one line
+    "expected <expected>, got <text>" (`expected_value`, where given, names the accepted range more
+    precisely than what was not a number at all)."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not accept(value):
+        raise argparse.ArgumentTypeError(f"expected {expected_value or expected}, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+    return _number(text, int, lambda value: value >= 1, expected="a whole number >= 1")
 
 
 def positive_float(text: str) -> float:
     """argparse type: a finite float > 0 (accepts 1e-4, 7.5e9)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
-    return value
+    return _number(
+        text,
+        float,
+        lambda value: 0 < value < float("inf"),
+        expected="a positive number",
+        expected_value="a positive finite number",
+    )
 
 
 def at_most(parse, maximum: float, why: str):
@@ -112,24 +119,21 @@ def name_list(text: str) -> list[str]:
 
 def non_negative_float(text: str) -> float:
     """argparse type: a finite number >= 0 (0 switches a feature off, e.g. --grad-clip 0)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (0 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
+    return _number(
+        text,
+        float,
+        lambda value: 0 <= value < float("inf"),
+        expected="a number >= 0",
+        expected_value="a finite number >= 0",
+    )
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number >= 0 (accepts 1e5-style exponents that are whole)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if not (value >= 0 and value.is_integer()):
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text}")
-    return int(value)
+    whole = _number(
+        text, float, lambda value: value >= 0 and value.is_integer(), expected="a whole number >= 0"
+    )
+    return int(whole)
 
 
 def size_int(text: str) -> int:
