@@ -31,6 +31,7 @@ OFFLOAD_ENGINES = ("ds2-offload", "ds3-offload")
 OFFLOAD_SUFFIX = "-offload"
 MICRO_BATCH_SIZE = 2
 BLOCK_SIZE = 128
+# A table of transformers config fields per shape: entries of one model type share a shape, not logic.
 ARCHITECTURES: dict[str, dict] = {
     "gpt2": dict(
         model_type="gpt2",
@@ -109,8 +110,8 @@ class MatrixCell:
     engine: str
     world_size: int
     precision: str
-    grad_accum: int
-    gradient_checkpointing: bool
+    grad_accum: int = 1
+    gradient_checkpointing: bool = False
     lora_r: int = 0
     """LoRA adapters of this rank (peft's default targets for the architecture) on a frozen base; 0: full."""
 
@@ -152,16 +153,31 @@ def _half_fraction(engine: str, engine_index: int) -> list[MatrixCell]:
     architectures = list(COMPACT_ARCHITECTURES)
     combos = [c for c in itertools.product((0, 1), repeat=4) if sum(c) % 2 == engine_index % 2]
     return [
-        MatrixCell(
-            architecture=architectures[(cell_index + engine_index) % len(architectures)],
-            engine=engine,
-            world_size=(2, 3)[world],
-            precision=("fp32", "bf16")[precision],
-            grad_accum=(1, 4)[accum],
-            gradient_checkpointing=bool(ckpt),
+        _two_level_cell(
+            architectures[(cell_index + engine_index) % len(architectures)],
+            engine,
+            ckpt=ckpt,
+            accum=accum,
+            world=world,
+            precision=precision,
         )
         for cell_index, (ckpt, accum, world, precision) in enumerate(combos)
     ]
+
+
+def _two_level_cell(
+    architecture: str, engine: str, *, ckpt: int, accum: int, world: int, precision: int
+) -> MatrixCell:
+    """The cell at these levels (0 or 1) of the fractional designs' four two-level factors: checkpointing
+    off/on, accumulation 1/4, world size 2/3, fp32/bf16."""
+    return MatrixCell(
+        architecture=architecture,
+        engine=engine,
+        world_size=(2, 3)[world],
+        precision=("fp32", "bf16")[precision],
+        grad_accum=(1, 4)[accum],
+        gradient_checkpointing=bool(ckpt),
+    )
 
 
 LORA_R = 8
@@ -193,14 +209,10 @@ def offload_design() -> list[MatrixCell]:
     for engine_index, engine in enumerate(OFFLOAD_ENGINES):
         combos = [c for c in itertools.product((0, 1), repeat=3) if sum(c) % 2 == engine_index % 2]
         for cell_index, (ckpt, accum, precision) in enumerate(combos):
+            architecture = ("gpt2", "llama")[(cell_index + engine_index) % 2]
             cells.append(
-                MatrixCell(
-                    architecture=("gpt2", "llama")[(cell_index + engine_index) % 2],
-                    engine=engine,
-                    world_size=(2, 3)[cell_index // 2],
-                    precision=("fp32", "bf16")[precision],
-                    grad_accum=(1, 4)[accum],
-                    gradient_checkpointing=bool(ckpt),
+                _two_level_cell(
+                    architecture, engine, ckpt=ckpt, accum=accum, world=cell_index // 2, precision=precision
                 )
             )
     return cells
@@ -230,17 +242,7 @@ def wide_design() -> list[MatrixCell]:
     )
     cells = [
         MatrixCell(
-            **dict(
-                dict(
-                    architecture=arch,
-                    engine=engine,
-                    world_size=world_size,
-                    precision=precision,
-                    grad_accum=1,
-                    gradient_checkpointing=False,
-                ),
-                **variants[variant],
-            )
+            architecture=arch, engine=engine, world_size=world_size, precision=precision, **variants[variant]
         )
         for arch in WIDE_ARCHITECTURES
         for precision in ("fp32", "bf16")
@@ -250,14 +252,7 @@ def wide_design() -> list[MatrixCell]:
     ]
     late = [c for c in cells if c.precision == "bf16" and c.engine in _OURS_SHARDING_GRADIENTS]
     large = [
-        MatrixCell(
-            architecture=LARGE_ARCHITECTURE,
-            engine=engine,
-            world_size=2,
-            precision="fp32",
-            grad_accum=1,
-            gradient_checkpointing=False,
-        )
+        MatrixCell(architecture=LARGE_ARCHITECTURE, engine=engine, world_size=2, precision="fp32")
         for engine in LARGE_ENGINES
     ]
     return [c for c in cells if c not in late] + large + late
