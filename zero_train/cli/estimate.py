@@ -83,6 +83,9 @@ def estimate_command_parser(subparsers) -> argparse.ArgumentParser:
         default=default_for("precision", "estimate"),
         help="default: the config's, else bf16",
     )
+    # One declaration per flag (each its own bound, default and help: the same shape, not the same logic). plan's
+    # --gpu-memory, --host-memory and --block-size (cli/plan_flags.py) differ in meaning: there a --gpu preset
+    # supplies the memory and an absent --host-memory is not checked; here an absent one only says less.
     add = parser.add_argument
     add(
         "--gpu-memory",

@@ -97,6 +97,7 @@ BUCKET_FLAG = "--model (its hidden size)"
 WARMUP_SCHEDULERS = ("WarmupLR", "WarmupDecayLR")
 DECAY_SCHEDULERS = ("WarmupDecayLR", "WarmupCosineLR")
 
+# A table, one ConfigKey per DeepSpeed key: the entries share a shape (and a comment names each group), not logic.
 KEYS = (
     # batch
     ConfigKey(

@@ -11,7 +11,10 @@ STAGE_FORMULAS = {0: "DDP", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table (first column left-aligned, the others right-aligned)."""
+    """A Markdown table (first column left-aligned, the others right-aligned).
+
+    Every `_*_section` below is a header and a row per cell handed to this function: the sections share that
+    shape (e.g. _states_section and _peak_section), each with its own columns, which are what it says."""
     align = ["---"] + ["---:"] * (len(header) - 1)
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -42,6 +42,7 @@ class LinkPreset:
 
 
 _NVIDIA = "https://www.nvidia.com/"
+# GPUS and LINKS are data: one entry per datasheet, each with its source; the entries share a shape, not logic.
 GPUS: dict[str, GpuPreset] = {
     gpu.name: gpu
     for gpu in (
