@@ -30,7 +30,7 @@ from zero_train.checkpoint.export import check_export_dir, export_model, own_tok
 from zero_train.checkpoint.files import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_DIR
 from zero_train.checkpoint.resume import RUN_FILE, read_run_info
 from zero_train.checkpoint.rotation import reading
-from zero_train.hf.lora import adapter_config_json, peft_names, quiet_peft, to_peft_state_dict
+from zero_train.hf.lora import adapter_config_json, load_peft, peft_names, quiet_peft, to_peft_state_dict
 from zero_train.hf.models import is_random_init, load_tokenizer, seeded_model
 from zero_train.registry import DEEPSPEED, find_engine
 from zero_train.runtime.errors import UsageError
@@ -150,16 +150,14 @@ def _rebuild_base(run: dict, *, vocab_size: int, merge: bool):
 
 def _with_adapter(base, folder: pathlib.Path):
     """peft's PeftModel.from_pretrained(base, folder), every adapter tensor checked against the model first."""
-    # expensive: peft (seconds), only a LoRA export needs it
-    from peft import PeftConfig, PeftModel, get_peft_model
-
+    peft = load_peft()
     try:
-        config = PeftConfig.from_pretrained(str(folder))
+        config = peft.PeftConfig.from_pretrained(str(folder))
     except (ValueError, TypeError, json.JSONDecodeError) as err:
         raise UsageError(f"cannot read {ADAPTER_CONFIG}: {err}") from None
     config.inference_mode = False  # adapters that train: peft_names lists the trainable tensors
     with torch.device("meta"), quiet_peft():  # the names and shapes the adapter must have, at no cost
-        expected = _shapes(get_peft_model(_meta_copy(base), config))
+        expected = _shapes(peft.get_peft_model(_meta_copy(base), config))
     with safe_open(str(folder / ADAPTER_FILE), "pt") as saved:
         found = {key: tuple(saved.get_slice(key).get_shape()) for key in saved.keys()}
     if found != expected:
@@ -169,7 +167,7 @@ def _with_adapter(base, folder: pathlib.Path):
             "was it saved from another --model?"
         )
     with quiet_peft():
-        return PeftModel.from_pretrained(base, str(folder))
+        return peft.PeftModel.from_pretrained(base, str(folder))
 
 
 def _meta_copy(base):

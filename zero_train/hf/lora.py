@@ -61,13 +61,20 @@ class LoraShapes:
     """Adapter tensors (two per target: lora_A, lora_B)."""
 
 
+def load_peft():
+    """The peft package, imported on first use: the one place this package imports it (LoRA runs and exports
+    only; every training run imports this module for is_lora and LoraSpec)."""
+    # expensive: peft (seconds), only LoRA runs and exports need it
+    import peft
+
+    return peft
+
+
 def target_modules(spec: LoraSpec, model_type: str) -> list[str] | str | None:
     """peft's target_modules for `spec` on an architecture (None: peft's own default for it)."""
-    # expensive: peft (seconds), only LoRA runs need it
-    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
-
     if spec.target_modules is None:
-        return None if model_type in DEFAULTS else ALL_LINEAR
+        defaults = load_peft().utils.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+        return None if model_type in defaults else ALL_LINEAR
     if len(spec.target_modules) == 1 and spec.target_modules[0].lower() == ALL_LINEAR:
         return ALL_LINEAR
     return list(spec.target_modules)
@@ -75,10 +82,9 @@ def target_modules(spec: LoraSpec, model_type: str) -> list[str] | str | None:
 
 def peft_config(spec: LoraSpec, model: torch.nn.Module):
     """peft's LoraConfig for `spec` on `model` (a transformers causal LM, on any device)."""
-    from peft import LoraConfig, TaskType  # expensive: peft (seconds), only LoRA runs need it
-
-    return LoraConfig(
-        task_type=TaskType.CAUSAL_LM,
+    peft = load_peft()
+    return peft.LoraConfig(
+        task_type=peft.TaskType.CAUSAL_LM,
         r=spec.r,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
@@ -102,14 +108,12 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, *, base_name: str | None 
     Raises:
         UsageError: a target module names nothing in the model (peft's message, one line).
     """
-    from peft import get_peft_model  # expensive: peft (seconds), only LoRA runs need it
-
     if base_name is not None:
         model.config._name_or_path = base_name  # peft writes it as base_model_name_or_path
     config = peft_config(spec, model)
     try:
         with quiet_peft():
-            return get_peft_model(model, config)
+            return load_peft().get_peft_model(model, config)
     except ValueError as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UsageError(f"--lora-target-modules: {first}") from None
@@ -155,11 +159,9 @@ def peft_names(model: torch.nn.Module) -> dict[str, str]:
     peft's own get_peft_model_state_dict does the renaming (it drops the adapter name); it passes the values
     through, so each renamed entry is matched to its parameter by identity.
     """
-    from peft import get_peft_model_state_dict  # expensive: peft (seconds), only LoRA runs need it
-
     trainable = {name: param for name, param in model.named_parameters() if param.requires_grad}
     by_id = {id(param): name for name, param in trainable.items()}
-    saved = get_peft_model_state_dict(model, state_dict=trainable, save_embedding_layers=False)
+    saved = load_peft().get_peft_model_state_dict(model, state_dict=trainable, save_embedding_layers=False)
     names = {peft_name: by_id[id(value)] for peft_name, value in saved.items() if id(value) in by_id}
     if len(names) != len(trainable):
         missing = sorted(set(trainable) - set(names.values()))
