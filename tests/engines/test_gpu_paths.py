@@ -15,8 +15,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from zero_train.runtime.device import choose_device, requested_device, synchronize
+from zero_train.runtime.device import requested_device
+from zero_train.runtime.dist import choose_device
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.host_syncs import synchronize
 
 pytestmark = pytest.mark.tier("quick")
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_train.runtime.device import synchronize
-from zero_train.runtime.host_syncs import HostSyncCounter
+from zero_train.runtime.host_syncs import HostSyncCounter, synchronize
 
 pytestmark = pytest.mark.tier("quick")
 

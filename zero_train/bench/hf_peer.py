@@ -36,9 +36,10 @@ from zero_train.ds_config.keys import HF_SCHEDULERS
 from zero_train.hf.prepare import prepare_text
 from zero_train.memory import measure
 from zero_train.registry import DEEPSPEED, ENGINES
-from zero_train.runtime.device import synchronize
-from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
+from zero_train.runtime.device import read_env
+from zero_train.runtime.dist import init_distributed, rank0_work_group
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.host_syncs import synchronize
 from zero_train.train.config import RunConfig
 from zero_train.train.setup import model_builder, plan_run
 from zero_train.train.setup import num_params as count

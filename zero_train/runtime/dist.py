@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from zero_train.runtime.device import choose_device, requested_device
+from zero_train.runtime.device import DEVICE_ENV, read_env, requested_device
 from zero_train.runtime.errors import UsageError
 from zero_train.runtime.faults import record_peers
 from zero_train.runtime.vitals import start_heartbeat
@@ -63,12 +63,60 @@ class DistInfo:
         return self.rank == 0
 
 
-def read_env() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from the launcher's environment; (0, 1, 0) if none."""
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    return rank, world_size, local_rank
+def choose_device(
+    *,
+    requested: str | None,
+    local_rank: int,
+    cuda_count: int,
+    existing_backend: str | None,
+    ds_accelerator: str | None = None,
+) -> tuple[torch.device, str]:
+    """(device, backend) for this rank; they always agree: cuda:LOCAL_RANK with nccl, cpu with gloo.
+
+    Pure (the caller reads the environment), so every branch is tested without a GPU.
+
+    Args:
+        requested: "cpu", "cuda" or None (CUDA if the machine has it).
+        local_rank: this rank's index on its node.
+        cuda_count: CUDA devices this process sees (torch.cuda.device_count(), 0 without CUDA).
+        existing_backend: the backend of an already initialised default group (a test's gloo ranks,
+            DeepSpeed's launcher), None if there is none: the device must follow it.
+        ds_accelerator: $DS_ACCELERATOR if set (DeepSpeed's own device choice): must match.
+
+    Raises:
+        UsageError: the request, the group and the machine disagree (one line naming the fix).
+    """
+    cpu_group = existing_backend is not None and "nccl" not in existing_backend  # gloo, mpi, ...
+    nccl_group = existing_backend == "nccl"  # "cpu:gloo,cuda:nccl" serves both devices
+    if cpu_group and requested == "cuda":
+        raise UsageError(
+            f"{DEVICE_ENV}=cuda, but the process group was initialised with {existing_backend}, which "
+            "runs on CPU tensors; unset ZT_DEVICE or initialise the group with nccl"
+        )
+    if nccl_group and requested == "cpu":
+        raise UsageError(
+            f"{DEVICE_ENV}=cpu, but the process group was initialised with nccl, which needs CUDA tensors; "
+            "unset ZT_DEVICE or initialise the group with gloo"
+        )
+    use_cuda = not cpu_group and (requested == "cuda" or nccl_group or (requested is None and cuda_count > 0))
+    if ds_accelerator and ds_accelerator != ("cuda" if use_cuda else "cpu"):
+        raise UsageError(
+            f"DS_ACCELERATOR={ds_accelerator} but this rank runs on {'cuda' if use_cuda else 'cpu'}; "
+            f"unset DS_ACCELERATOR or make it match {DEVICE_ENV}"
+        )
+    if not use_cuda:
+        return torch.device("cpu"), existing_backend or "gloo"
+    if cuda_count == 0:
+        raise UsageError(
+            f"CUDA was asked for ({DEVICE_ENV}=cuda or an nccl group) but torch sees no CUDA device; "
+            f"set {DEVICE_ENV}=cpu or check CUDA_VISIBLE_DEVICES and the driver"
+        )
+    if local_rank >= cuda_count:
+        raise UsageError(
+            f"LOCAL_RANK={local_rank} but this node has {cuda_count} visible CUDA device(s); launch at most "
+            f"{cuda_count} ranks per node (e.g. --num_gpus {cuda_count}) or fix CUDA_VISIBLE_DEVICES"
+        )
+    return torch.device(f"cuda:{local_rank}"), existing_backend or "nccl"
 
 
 def share_cpu_threads(local_world_size: int) -> int | None:

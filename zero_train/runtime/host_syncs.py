@@ -12,7 +12,7 @@ reading a device tensor's value (`.item()`, `.tolist()`, `bool()`/`float()`/`int
 it), copying it to the host (`.cpu()`, a blocking `copy_`), a blocking host-to-device copy (`.to(device)` or
 `copy_` without `non_blocking=True`, `torch.tensor(data, device=...)`), an output whose size depends on the
 values (`nonzero`, `masked_select`, `unique`, boolean-mask indexing, `repeat_interleave` by a tensor), an
-explicit synchronize (torch.cuda, torch.accelerator, DeepSpeed's accelerator, zero_train.runtime.device) and
+explicit synchronize (torch.cuda, torch.accelerator, DeepSpeed's accelerator, synchronize below) and
 `torch.distributed.barrier`.
 
 Which tensors are device tensors: on CUDA, those on a CUDA device (exact). On CPU every tensor is a CPU
@@ -308,8 +308,20 @@ class HostSyncCounter(TorchFunctionMode):
         return counted
 
 
+def synchronize(device: torch.device | str) -> None:
+    """Wait until every kernel queued on `device` has finished (CUDA); nothing to wait for on CPU.
+
+    CUDA kernels run asynchronously: a wall-clock timing is only right if the queue is empty at both ends.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    else:  # a CPU run counts it as the CUDA run's sync it stands for
+        note_emulated_synchronize()
+
+
 def note_emulated_synchronize() -> None:
-    """zero_train.runtime.device.synchronize on a CPU run: what a CUDA run's synchronize would be."""
+    """synchronize on a CPU run: what a CUDA run's synchronize would be."""
     for counter in _ACTIVE:
         if not counter.exact:
             counter.note("synchronize")

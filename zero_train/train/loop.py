@@ -31,7 +31,8 @@ from zero_train.engines import build_engine
 from zero_train.memory.probe import MemoryProbe
 from zero_train.memory.record import write_record
 from zero_train.runtime import vitals
-from zero_train.runtime.dist import init_distributed, rank0_work_group, read_env
+from zero_train.runtime.device import read_env
+from zero_train.runtime.dist import init_distributed, rank0_work_group
 from zero_train.runtime.ports import free_port
 from zero_train.runtime.vitals import note_estimate
 from zero_train.train.checkpoints import RunCheckpoints

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from zero_train.hf.sources import check_local_path
-from zero_train.runtime.device import pin_deepspeed_accelerator
+from zero_train.runtime.device import pin_deepspeed_accelerator, read_env
 from zero_train.runtime.errors import Fault, run_cli
 from zero_train.runtime.faults import mark_reporting
 from zero_train.runtime.memory_limit import is_out_of_memory
@@ -39,7 +39,6 @@ def train(config: RunConfig) -> int:
     with collector_paused():  # less start-up per rank (zero_train.runtime.startup)
         pin_deepspeed_accelerator()  # before anything below imports DeepSpeed
         # expensive: torch and transformers, imported with the collector paused
-        from zero_train.runtime.dist import read_env
         from zero_train.train.setup import import_run_modules, plan_run
 
         plan = plan_run(config, world_size=read_env()[1])

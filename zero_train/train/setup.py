@@ -162,7 +162,7 @@ def plan_run(config: RunConfig, *, world_size: int) -> RunPlan:
 
     Args:
         config: the run config (zero_train.train.args.parse_args).
-        world_size: from the launcher's environment (zero_train.runtime.dist.read_env).
+        world_size: from the launcher's environment (zero_train.runtime.device.read_env).
 
     Returns:
         The RunPlan; UsageError on anything the user can fix.
