@@ -18,7 +18,7 @@ train, report, bench and cli all read it (the bottom of the import layers, above
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zero_train.runtime.errors import UsageError
 
@@ -81,6 +81,12 @@ _UNIT_REDUCE = Collective("reduce_scatter", "grads", "backward", "unit", every_m
 _FSDP2_REDUCE = Collective(
     "reduce_scatter", "grads_fp32", "backward", "unit", every_micro_step=True
 )  # docs/fsdp2.md
+_DS_REDUCE = Collective("all_reduce", "grads", "backward_blocking", "bucket")
+"""DeepSpeed ZeRO-1/2's gradient reduction: stage_1_and_2.py average_tensor hands each bucket to
+allreduce_and_scatter (an all-reduce of the bucket, each rank keeping its partition) under the defaults
+reduce_scatter=True and use_multi_rank_bucket_allreduce=True (zero/config.py), on every accelerator; with
+reduce_scatter=False, gradient_reduction_w_predivide all-reduces too. The CommLedger measures it so (all_reduce,
+one Psi a step, docs/bench.md)."""
 _UNIT_GATHERS = (
     Collective("all_gather", "params", "forward", "unit", every_micro_step=True),
     Collective("all_gather", "params", "backward_gather", "unit", every_micro_step=True),
@@ -188,13 +194,12 @@ ENGINES: tuple[EngineSpec, ...] = (
                sharding="flat", peak_model="deepspeed_phases", marker="^", matrix=True, planned=True, hf_peer=True,
                accelerate="DEEPSPEED", stage_model=True, bench_compute=True, partitioned_early=("grads",),
                bench_targets=(BenchTarget("ds1", "tokens", ">= 1", peer=True),),
-               collectives=(Collective("reduce_scatter", "grads", "backward_blocking", "bucket"), _STEP_GATHER)),
+               collectives=(_DS_REDUCE, _STEP_GATHER)),
     EngineSpec(name="ds2", label="DeepSpeed ZeRO-2", stage=2, family=DEEPSPEED,
                family_default=True, sharding="flat", peak_model="deepspeed_phases", marker="v", matrix=True,
                planned=True, hf_peer=True,
                accelerate="DEEPSPEED", stage_model=True, matrix_large=True, grads_at_first_reduction=True,
-               collectives=(Collective("reduce_scatter", "grads", "backward_blocking", "bucket",
-                                       every_micro_step=True), _STEP_GATHER)),
+               collectives=(replace(_DS_REDUCE, every_micro_step=True), _STEP_GATHER)),
     EngineSpec(name="fsdp2-z2", label="torch FSDP2, parameters kept gathered", stage=2,
                family=FSDP2, sharding="per-tensor", peak_model="fsdp2_phases", marker="p",
                planned=True, accelerate="FSDP",

@@ -18,6 +18,9 @@ def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path):
     assert machine.device == "cpu" and machine.shared and machine.overlap == 0
     assert all(rate > 0 for rates in machine.matmul_by_size.values() for rate in rates.values())
     assert machine.memory_gbps > 0 and machine.optimizer_gbps > 0 and machine.attention_tflops["fp32"] > 0
+    assert (
+        set(machine.optimizer_layouts) == {"foreach", "flat"} and min(machine.optimizer_layouts.values()) > 0
+    )
     path = tmp_path / "machine.json"
     path.write_text(json.dumps(machine.as_dict()))
     assert load_machine(path) == machine

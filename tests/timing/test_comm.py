@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from zero_train.hf.models import model_config
-from zero_train.memory.model.theory import model_shape
+from zero_train.memory.model.theory import ModelShape, model_shape
 from zero_train.registry import ENGINES
 from zero_train.timing.comm import CommSetup, collective_seconds, ring_factor
 from zero_train.timing.machine import preset_machine
@@ -22,15 +22,14 @@ GPT2_25M_FP32_PSI_MB = 99.3
 LEDGER_PER_STEP = {
     "ddp": {"all_reduce": 1}, "zero1": {"reduce_scatter": 1, "all_gather": 1},
     "zero2": {"reduce_scatter": 1, "all_gather": 1}, "torch-zero": {"all_reduce": 1, "broadcast": 1},
-    "ds1": {"reduce_scatter": 1, "all_gather": 1}, "ds2": {"reduce_scatter": 1, "all_gather": 1},
+    "ds1": {"all_reduce": 1, "all_gather": 1}, "ds2": {"all_reduce": 1, "all_gather": 1},
     "fsdp2-z2": {"reduce_scatter": 1, "all_gather": 1}, "fsdp2-z3": {"reduce_scatter": 1, "all_gather": 2},
-    "zero3": {"reduce_scatter": 1, "all_gather": 2},
+    "zero3": {"reduce_scatter": 1, "all_gather": 2}, "ds3": {"reduce_scatter": 1, "all_gather": 1},
 }  # fmt: skip
 """Payload per step in Psi, as the CommLedger measured it (docs/bench.md, gpt2-25m, 2 ranks, fp32; our ZeRO-1/2/3's
-p2p rings counted as the collectives they implement; DeepSpeed's gloo all-reduce of the gradients as the
-reduce-scatter it stands for). ds3 is left out: DeepSpeed keeps parameters gathered from forward to backward
-when they are reused within stage3_max_reuse_distance (1e9 elements), so on a small model it gathers once, and
-the model's second gather overcounts it (docs/steptime.md)."""
+p2p rings counted as the collectives they implement). DeepSpeed ZeRO-1/2 all-reduce their gradient buckets
+(stage_1_and_2.py allreduce_and_scatter, use_multi_rank_bucket_allreduce's default); DeepSpeed ZeRO-3 gathers once:
+below stage3_max_reuse_distance it keeps the parameters gathered from forward to backward."""
 
 
 @pytest.mark.parametrize("engine", sorted(LEDGER_PER_STEP))
@@ -64,3 +63,16 @@ def test_ring_time_is_the_bus_bandwidth_formula():
     assert collective_seconds(machine, "all_gather", 10**9, 1, across) == pytest.approx(
         15 / 16 * 1e9 / (min(450, 8 * 50) * 0.8 * 1e9) + 25e-6 + 15e-6
     )
+
+
+def test_deepspeed_zero3_gathers_again_in_backward_only_what_it_released():
+    """Below 0.5B parameters nothing is released after forward (reuse distance ~2N < 1e9); at 8B the blocks
+    whose reuse distance passes 1e9, all but the last 1/16 of them, are gathered again."""
+    shapes = {
+        n: ModelShape(num_params=n, num_layers=32, trainable_numels=(n,)) for n in (400_000_000, 8 * 10**9)
+    }
+    setup = StepSetup(engine="ds3", world_size=8, gpus_per_node=8, micro_batch_size=1, block_size=4096)
+    small, large = (step_time(shapes[n], None, setup, preset_machine("h100-sxm")) for n in sorted(shapes))
+    assert "all_gather params (backward_gather)" not in small.comm
+    again = large.comm["all_gather params (backward_gather)"]["payload_bytes"]
+    assert again == pytest.approx(large.comm["all_gather params (forward)"]["payload_bytes"] * 15 / 16)

@@ -65,7 +65,7 @@ def test_reductions_launched_in_backward_hide_but_the_last_bucket_and_blocking_o
     )
     assert overlapped.terms[name] < total and serial.hidden.get("all_reduce grads (backward)", 0) == 0
     blocking = step_time(shape, count, dataclasses.replace(setup, engine="ds1"), gpu)
-    assert "reduce_scatter grads (backward_blocking)" not in blocking.hidden
+    assert "all_reduce grads (backward_blocking)" not in blocking.hidden
 
 
 def test_checkpointing_costs_its_recompute_and_accumulation_scales_compute_not_the_step_gather():
@@ -98,3 +98,20 @@ def test_lora_trains_fewer_bytes_and_offload_moves_the_optimizer_to_the_host():
     assert "optimizer step" not in moved.terms
     assert moved.terms["offload: host optimizer"] == pytest.approx(20e6 / 8 / (1e9 / 8))
     assert math.isclose(step.model_flops, 6 * 8e9 * 4096)
+
+
+def test_the_optimizer_is_priced_as_the_engine_runs_it_and_the_clip_reads_and_writes_the_shard():
+    """DeepSpeed steps one flat partition single-tensor, the others foreach per parameter (calibrate measures
+    both); every engine clips: 12 bytes per parameter of its gradient shard at memory bandwidth."""
+    shape = ModelShape(num_params=100_000_000, num_layers=12, trainable_numels=(100_000_000,))
+    machine = dataclasses.replace(
+        preset_machine("h100-sxm"), optimizer_layouts={"foreach": 1000.0, "flat": 500.0}
+    )
+    setup = StepSetup(engine="ddp", world_size=4, gpus_per_node=4, micro_batch_size=1, block_size=1024)
+    ddp = step_time(shape, None, setup, machine)
+    ds1 = step_time(shape, None, dataclasses.replace(setup, engine="ds1"), machine)
+    assert ddp.terms["optimizer step"] == pytest.approx(100e6 * 40 / 1000e9)
+    assert ds1.terms["optimizer step"] == pytest.approx(25e6 * 40 / 500e9)
+    assert ddp.terms["gradient clipping"] == pytest.approx(100e6 * 12 / (machine.memory_gbps * 1e9))
+    unclipped = step_time(shape, None, dataclasses.replace(setup, gradient_clipping=False), machine)
+    assert "gradient clipping" not in unclipped.terms

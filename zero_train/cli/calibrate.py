@@ -64,7 +64,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     print(
         f"attention GFLOPS: {', '.join(f'{p} {r * 1e3:.0f}' for p, r in machine.attention_tflops.items())}; "
         f"elementwise {machine.memory_gbps:.1f} GB/s (bf16 x{machine.memory_scale.get('bf16', 1):.2f}); "
-        f"AdamW {machine.optimizer_gbps:.1f} GB/s"
+        f"AdamW {', '.join(f'{k} {v:.1f}' for k, v in machine.optimizer_layouts.items())} GB/s"
     )
     for op, sizes in machine.measured.items():
         fits = "; ".join(

@@ -8,7 +8,8 @@ rank 1/ranks):
 - matmul TFLOPS per precision (fp32, bf16) at square sizes 128-1024 (a step's rate follows its matmuls' size);
 - fused attention (scaled_dot_product_attention, causal) TFLOPS of the FLOPs it executes;
 - elementwise bytes/s (add, GELU, layer norm, softmax: bytes read + written, as OpCost counts them) per precision;
-- torch's AdamW step over 8M fp32 parameters (bytes per parameter as constants.OPTIMIZER_BYTES_PER_PARAM);
+- torch's AdamW step over 8M fp32 parameters, foreach over 16 tensors and single-tensor over one flat tensor (the
+  ways the engines run it; bytes per parameter as constants.OPTIMIZER_BYTES_PER_PARAM);
 - over gloo ranks on 127.0.0.1 at each world size: all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
   broadcast and a point-to-point ring (our sharders' gloo collective), each at three sizes, fitted to
   seconds = latency + payload / rate (least squares).
@@ -86,12 +87,16 @@ def elementwise_gbps(dtype: torch.dtype) -> float:
     return sum(moved for _, moved in ops) / sum(_timed(op) for op, _ in ops) / 1e9
 
 
-def optimizer_gbps() -> float:
-    """Effective GB/s of torch's AdamW (foreach) over 8M fp32 parameters."""
-    params = [torch.nn.Parameter(torch.randn(512, 1024)) for _ in range(16)]
+def optimizer_gbps(layout: str = "foreach") -> float:
+    """Effective GB/s of torch's AdamW over 8M fp32 parameters, run as the engines run it: "foreach" over 16
+    tensors (optimizer_spec's choice off CUDA: ddp, FSDP2, ours), "flat" single-tensor over one flat tensor
+    (DeepSpeed's torch_adam over its flat fp32 partition; torch's default off CUDA). On a CPU the two differ
+    about 2x per byte (foreach keeps a list of temporaries per op; one flat tensor's temporaries leave the caches)."""
+    shapes = [(512, 1024)] * 16 if layout == "foreach" else [(16 * 512 * 1024,)]
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
     for param in params:
         param.grad = torch.randn_like(param)
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=layout == "foreach")
     seconds = _timed(optimizer.step, seconds=0.5)
     return sum(p.numel() for p in params) * constants.OPTIMIZER_BYTES_PER_PARAM["fp32"] / seconds / 1e9
 
@@ -170,13 +175,13 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
         by_size = {p: matmul_tflops(dtype) for p, dtype in PRECISION_DTYPES.items()}
         attention = {p: attention_tflops(dtype) for p, dtype in PRECISION_DTYPES.items()}
         memory = {p: elementwise_gbps(dtype) for p, dtype in PRECISION_DTYPES.items()}
-        optimizer = optimizer_gbps()
+        layouts = {layout: optimizer_gbps(layout) for layout in ("foreach", "flat")}
     finally:
         torch.set_num_threads(threads)
     by_size = {p: {n: rate * cores for n, rate in rates.items()} for p, rates in by_size.items()}
     attention = {p: rate * cores for p, rate in attention.items()}
     memory = {p: rate * cores for p, rate in memory.items()}
-    optimizer *= cores
+    layouts = {layout: rate * cores for layout, rate in layouts.items()}
     measured: dict[str, dict[int, Measured]] = {}
     for world in sorted(n for n in set(world_sizes) if n > 1):
         for op, fit in measure_collectives(world).items():
@@ -201,11 +206,12 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
         memory_gbps=memory["fp32"],
         memory_scale={p: memory[p] / memory["fp32"] for p in memory}
         | {"fp16": memory["bf16"] / memory["fp32"]},
-        optimizer_gbps=optimizer,
+        optimizer_gbps=layouts["foreach"],
+        optimizer_layouts=layouts,
         intra=link,
         inter=link,
         host_gbps=memory["fp32"],
-        cpu_adam_params_per_s=optimizer * 1e9 / constants.OPTIMIZER_BYTES_PER_PARAM["fp32"],
+        cpu_adam_params_per_s=layouts["flat"] * 1e9 / constants.OPTIMIZER_BYTES_PER_PARAM["fp32"],
         overlap=0.0,
         shared=True,
         measured=measured,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zero_train.registry import Collective, EngineSpec
+from zero_train.registry import DEEPSPEED, Collective, EngineSpec
 from zero_train.sharding.partition import bucket_groups
 from zero_train.timing import constants
 from zero_train.timing.machine import Machine, Measured, ring_hops
@@ -142,6 +142,20 @@ def engine_calls(spec: EngineSpec, setup: CommSetup, machine: Machine) -> list[C
     for collective in spec.collectives:
         payload = payload_bytes(collective, setup)
         count = call_count(collective, setup, payload)
+        if spec.family == DEEPSPEED and collective.phase == "backward_gather":
+            released = released_for_backward(setup.num_params)
+            payload, count = round(payload * released), math.ceil(count * released)
+            if not count:  # kept gathered from forward: no second gather
+                continue
         seconds = collective_seconds(machine, collective.op, payload, count, setup, p2p_ring=spec.ours)
         calls.append(CommCall(collective=collective, payload_bytes=payload, calls=count, seconds=seconds))
     return calls
+
+
+def released_for_backward(num_params: int) -> float:
+    """The fraction of its parameters DeepSpeed ZeRO-3 releases after forward and gathers again in backward:
+    the blocks whose reuse distance (about twice the parameters after them) reaches
+    constants.DEEPSPEED_STAGE3_REUSE_ELEMENTS; 0 below half that many parameters."""
+    if num_params <= 0:
+        return 1.0
+    return max(0.0, 1.0 - constants.DEEPSPEED_STAGE3_REUSE_ELEMENTS / (2 * num_params))

@@ -54,6 +54,18 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DEEPSPEED_DEFAULT_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's default reduce_bucket_size when no config sets one (zero/config.py, 5e8 elements)."""
 
+DEEPSPEED_STAGE3_REUSE_ELEMENTS = 1_000_000_000
+"""DeepSpeed ZeRO-3's stage3_max_reuse_distance and stage3_max_live_parameters defaults (zero/config.py, 1e9
+each): after a module's forward it keeps a parameter gathered when the parameters fetched before its next use
+number fewer than this (partitioned_param_coordinator.py). Forward runs the blocks in order and backward in
+reverse, so the last fraction R / (2 N) of an N-parameter model's blocks stays gathered into backward: below
+0.5B parameters DeepSpeed gathers once per step (the CommLedger measures 1 Psi on gpt2-25m, docs/bench.md)."""
+
+GRAD_CLIP_BYTES_PER_PARAM = 12
+"""Bytes the gradient clip reads and writes per parameter of a rank's gradient shard (fp32 at the clip in every
+engine here): the norm reads it (4), the scale by min(1, max_norm / norm) reads and writes it (8). Every engine
+clips (the generated configs' gradient_clipping 1.0): sharding/norms.py, DeepSpeed's unscale_and_clip_grads."""
+
 OPTIMIZER_BYTES_PER_PARAM = {"fp32": 28, "bf16": 40, "fp16": 40}
 """Bytes AdamW reads and writes per parameter of a rank's shard in one step: fp32 param, grad, two moments
 read (16) and param + moments written (12); mixed precision adds the 16-bit grad read and its fp32 copy

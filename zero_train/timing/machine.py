@@ -59,6 +59,11 @@ class Machine:
     """What elementwise ops reach, GB/s (bytes read + written)."""
     optimizer_gbps: float
     """What the optimizer step reaches over the rank's shard, GB/s (OPTIMIZER_BYTES_PER_PARAM per parameter)."""
+    optimizer_layouts: dict[str, float] = field(default_factory=dict)
+    """optimizer_gbps per way an engine runs its optimizer, where they differ (calibration: on a CPU torch's
+    foreach AdamW over per-parameter tensors, what ddp, FSDP2 and ours run, is half as fast per byte as the
+    single-tensor loop DeepSpeed runs over its flat partition): {"foreach": GB/s, "flat": GB/s}; a layout
+    missing: optimizer_gbps."""
     intra: Link
     inter: Link
     host_gbps: float
@@ -126,6 +131,10 @@ class Machine:
             return rates[low]
         weight = math.log(size / low) / math.log(high / low)
         return math.exp(math.log(rates[low]) * (1 - weight) + math.log(rates[high]) * weight)
+
+    def optimizer_rate(self, layout: str) -> float:
+        """GB/s of the optimizer step run as `layout` ("foreach" or "flat")."""
+        return self.optimizer_layouts.get(layout, self.optimizer_gbps)
 
     def memory_rate(self, precision: str) -> float:
         """GB/s of elementwise ops in this precision."""

@@ -12,7 +12,8 @@
   them hides: reductions launched during backward hide behind it but the last bucket; ZeRO-3's and FSDP2's
   gathers hide behind the forward / backward they prefetch for but the first unit's; blocking and after-step
   collectives stay exposed (a machine's `overlap`: 1 on GPUs, 0 on CPU ranks, whose gloo threads share the cores);
-- optimizer: the bytes AdamW reads and writes over the rank's shard / the machine's optimizer bandwidth;
+- optimizer: the gradient clip's bytes over the rank's shard / memory bandwidth, and the bytes AdamW reads and
+  writes / the machine's optimizer bandwidth for the way the engine runs it (DeepSpeed: one flat tensor);
   offload: the shard's bytes over PCIe and the host's optimizer rate (shared by the machine's ranks);
 - host work: on a machine whose engines' host work was fitted (timing.host_work), that engine's.
 The step is the sum; tokens/s, MFU and the time to train N tokens follow. Pure arithmetic: microseconds.
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zero_train.memory.model.theory import ModelShape
-from zero_train.registry import engine_spec
+from zero_train.registry import DEEPSPEED, engine_spec
 from zero_train.timing import constants, host_work
 from zero_train.timing.comm import CommSetup, engine_calls
 from zero_train.timing.machine import Machine
@@ -47,6 +48,8 @@ class StepSetup:
     """The config's reduce_bucket_size."""
     overlap_comm: bool | None = None
     """The config's overlap_comm: True makes blocking reductions overlapped ones; None: the engine's default."""
+    gradient_clipping: bool = True
+    """The config clips gradients by their global norm (the generated configs' gradient_clipping 1.0)."""
     threads_per_rank: int | None = None
     """CPU ranks: each rank's threads (OMP_NUM_THREADS; the bench's launches set 1); None: the machine's cores
     shared equally (runtime.dist.share_cpu_threads)."""
@@ -175,7 +178,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     calls = engine_calls(spec, comm_setup, machine)
     exposed, hidden, comm = _overlap(calls, setup, machine, forward_s, backward_s)
     terms.update(exposed)
-    terms.update(_optimizer_terms(shape, spec.sharding, setup, machine, share, ranks_on_node))
+    terms.update(_optimizer_terms(shape, spec, setup, machine, share, ranks_on_node))
     if setup.engine in machine.engine_host:
         terms[host_work.TERM] = host_work.host_seconds(
             machine,
@@ -275,15 +278,23 @@ def _add(table: dict[str, float], key: str, value: float) -> None:
 
 
 def _optimizer_terms(
-    shape: ModelShape, sharding: str, setup: StepSetup, machine: Machine, share: float, ranks_on_node: int
+    shape: ModelShape, spec, setup: StepSetup, machine: Machine, share: float, ranks_on_node: int
 ) -> dict[str, float]:
-    """The optimizer step over the rank's shard, on the device or offloaded to the host."""
+    """The gradient clip and the optimizer step over the rank's shard, on the device or offloaded to the host
+    (DeepSpeed steps its flat partition in one tensor, the others per parameter: machine.optimizer_rate)."""
+    sharding, family = spec.sharding, spec.family
     shard = shape.trainable_params / (1 if sharding == "replicated" else setup.world_size)
-    if not setup.offload_optimizer:
+    terms = {}
+    if not setup.offload_optimizer:  # (offloaded, the host clips beside its optimizer)
+        if setup.gradient_clipping:
+            clip = shard * constants.GRAD_CLIP_BYTES_PER_PARAM
+            terms["gradient clipping"] = clip / (machine.memory_rate("fp32") * 1e9 * share)
         moved = shard * constants.OPTIMIZER_BYTES_PER_PARAM[setup.precision]
-        return {"optimizer step": moved / (machine.optimizer_gbps * 1e9 * share)}
+        layout = "flat" if family == DEEPSPEED else "foreach"
+        terms["optimizer step"] = moved / (machine.optimizer_rate(layout) * 1e9 * share)
+        return terms
     host = machine.host_gbps * 1e9
-    terms = {
+    terms |= {
         "offload: PCIe copies": shard * constants.OFFLOAD_PCIE_BYTES_PER_PARAM[setup.precision] / host,
         "offload: host optimizer": shard / (machine.cpu_adam_params_per_s / ranks_on_node),
     }
