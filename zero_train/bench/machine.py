@@ -8,6 +8,8 @@ import platform
 import sys
 from importlib import metadata
 
+import torch
+
 
 def cpu_model() -> str:
     """The CPU's marketing name (/proc/cpuinfo on Linux, else platform's best guess)."""
@@ -42,8 +44,6 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 def bf16_emulated_on_cpu() -> bool:
     """True on an x86 CPU without AVX512-BF16 or AMX-BF16 (bf16 matmuls emulated, slow),
     when the ranks run on the CPU (no CUDA device). Not x86 (no flags read): False, nothing is claimed."""
-    import torch  # expensive: torch; a subcommand's start-up imports this module
-
     if torch.cuda.is_available() or platform.machine() not in ("x86_64", "AMD64", "i686"):
         return False
     return not set(NATIVE_BF16_FLAGS) & set(cpu_flags())
@@ -67,8 +67,6 @@ def load_average() -> list[float] | None:
 
 def machine_info() -> dict:
     """CPU model, logical cores, GPUs, OS, Python and library versions."""
-    import torch  # expensive: torch; a subcommand's start-up imports this module
-
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return dict(
         cpu=cpu_model(),

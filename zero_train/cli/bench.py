@@ -21,7 +21,6 @@ import pathlib
 import sys
 import time
 
-from zero_train.bench import machine
 from zero_train.bench.cells import (
     BENCH_ENGINES,
     BENCH_PRECISIONS,
@@ -32,7 +31,7 @@ from zero_train.bench.cells import (
 )
 from zero_train.bench.targets import TARGET_ENGINES
 from zero_train.cli.commands import COMMANDS
-from zero_train.launch.command import RANK_LAUNCHERS
+from zero_train.launch.command import RANK_LAUNCHERS, check_launcher
 from zero_train.registry import ENGINES
 from zero_train.runtime.defaults import default_for
 from zero_train.runtime.errors import UsageError
@@ -163,6 +162,8 @@ def resolve_scenario(args: argparse.Namespace) -> None:
             setattr(args, name, value)
     missing = [name for name in EMULATED_BF16 if getattr(args, f"bf16_{name}", None) is None]
     if missing:  # the bf16 flags not given: as the fp32 ones, or few where the CPU emulates bf16
+        from zero_train.bench import machine  # torch
+
         emulated = "bf16" in args.precisions and machine.bf16_emulated_on_cpu()
         for name in missing:
             value = getattr(args, name, 3)  # --steps, --warmup, --repeats (3: its default)
@@ -182,8 +183,6 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--bf16-warmup {args.bf16_warmup} must be at least 0 and below --bf16-steps {args.bf16_steps}"
         )
-    from zero_train.launch.launcher import check_launcher  # runtime.vitals, psutil
-
     check_launcher(args.launcher)
     check_output_dir(args.out, flag="--out")  # before any run
 
@@ -259,6 +258,7 @@ def bench_command(args: argparse.Namespace) -> int:
     """Run every (repeat, cell) in interleaved order; write bench.json + bench.md; exit 1 if all runs failed."""
     from tqdm import tqdm
 
+    from zero_train.bench import machine
     from zero_train.bench.markdown import render
     from zero_train.bench.one_launch import run_all
     from zero_train.bench.run import run_one

@@ -24,7 +24,6 @@ import sys
 from importlib import metadata
 
 from zero_train import __version__
-from zero_train.bench.machine import bf16_emulated_on_cpu, cpu_model
 from zero_train.cli.commands import COMMANDS
 from zero_train.runtime.device import launched_device_type
 from zero_train.runtime.extensions import built_ops, extensions_dir, ninja_on_path, would_rebuild
@@ -99,6 +98,8 @@ def torch_report() -> dict:
     import torch
     import torch.distributed as dist
 
+    from zero_train.bench.machine import bf16_emulated_on_cpu
+
     cuda = torch.cuda.is_available()
     gpus = [
         dict(
@@ -129,6 +130,8 @@ def torch_report() -> dict:
 
 def cpu_report() -> dict:
     """Model, the flags that decide matmul speed, cores (all, and the ones this process may use)."""
+    from zero_train.bench.machine import cpu_model  # torch
+
     flags: set[str] = set()
     cpuinfo = pathlib.Path("/proc/cpuinfo")
     if cpuinfo.exists():

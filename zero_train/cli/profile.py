@@ -26,7 +26,7 @@ from zero_train.cli.lora_flags import add_lora_flags, lora_spec
 from zero_train.ds_config import write_config
 from zero_train.ds_config.keys import PRECISIONS
 from zero_train.launch.cells import cell_config, cell_name, last_error_line
-from zero_train.launch.command import RANK_LAUNCHERS, Launch, launch_command
+from zero_train.launch.command import RANK_LAUNCHERS, Launch, check_launcher, launch_command
 from zero_train.memory.record import error_record, load_record, write_record
 from zero_train.registry import engine_names, engine_spec
 from zero_train.runtime.defaults import default_for
@@ -267,8 +267,6 @@ def cell_run_config(engine: str, args: argparse.Namespace, config_path, record_p
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    from zero_train.launch.launcher import check_launcher  # runtime.vitals, psutil
-
     check_output_dir(args.out, flag="--out")  # before any cell runs
     lora_spec(args)  # --lora-target-modules without --lora-r: one line, before any cell
     unknown = [name for name in args.engines if name not in engine_names()]
@@ -284,7 +282,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _model_meta(args: argparse.Namespace) -> dict:
-    from zero_train.launch.launcher import model_meta  # runtime.vitals, psutil
+    from zero_train.launch.launcher import model_meta  # torch, transformers
 
     return dict(
         model_meta(args.model, args.block_size),

@@ -19,6 +19,8 @@ import shutil
 import sys
 from dataclasses import dataclass
 
+from zero_train.runtime.errors import UsageError
+
 LAUNCHERS = ("deepspeed", "torchrun", "accelerate", "python")
 """Every launcher a command line can be built for."""
 RANK_LAUNCHERS = ("deepspeed", "torchrun")
@@ -81,6 +83,14 @@ def launcher_path(name: str) -> str:
     """The launcher executable: the one next to this Python if present, else the one on PATH."""
     local = pathlib.Path(sys.executable).parent / name
     return str(local) if local.exists() else str(shutil.which(name) or name)
+
+
+def check_launcher(name: str) -> None:
+    """Raise UsageError unless launcher `name` (deepspeed, torchrun) is next to this Python or on PATH."""
+    if not (pathlib.Path(sys.executable).parent / name).exists() and shutil.which(name) is None:
+        raise UsageError(
+            f"launcher {name!r} not found next to {sys.executable}; install it or use --launcher"
+        )
 
 
 def launch_command(

@@ -2,6 +2,9 @@
 
 Shared by `zero-train profile` and `zero-train bench`, whose cells are each one such run (run_logged), and by
 the bench's one launch of many runs (run_logged with done files: stopped when no run finishes for a while).
+It imports torch and transformers (the model's shape for model_meta, the memory model for a killed rank's
+line): both commands read the model before their first launch; a missing launcher is found without them
+(zero_train.launch.command.check_launcher).
 """
 
 from __future__ import annotations
@@ -9,10 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -20,9 +21,12 @@ from collections.abc import Iterator
 
 import psutil
 
+from zero_train.hf.models import check_block_size, model_config
 from zero_train.launch.command import shell_text
+from zero_train.memory.model.theory import model_shape
+from zero_train.memory.oom import explain
 from zero_train.runtime import lifeline
-from zero_train.runtime.errors import Stopped, UsageError
+from zero_train.runtime.errors import Stopped
 from zero_train.runtime.vitals import RUN_DIR_ENV, describe_ended, killed_ranks
 
 KILL_GRACE_S = 5.0
@@ -33,24 +37,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """What stops a command while its launch runs: a scheduler's or `timeout`'s SIGTERM, Ctrl-C, a closed terminal."""
 
 
-def check_launcher(name: str) -> None:
-    """Raise UsageError unless launcher `name` (deepspeed, torchrun) is next to this Python or on PATH."""
-    if not (pathlib.Path(sys.executable).parent / name).exists() and shutil.which(name) is None:
-        raise UsageError(
-            f"launcher {name!r} not found next to {sys.executable}; install it or use --launcher"
-        )
-
-
 def model_meta(model: str, block_size: int) -> dict:
     """What every cell of a matrix shares about the model: name, num_params, hidden_size, num_layers.
 
     Raises:
         UsageError: an unknown model, or a block size above its context (before any cell runs).
     """
-    # expensive: torch, transformers (seconds); check_launcher's usage error comes without them
-    from zero_train.hf.models import check_block_size, model_config
-    from zero_train.memory.model.theory import model_shape
-
     config = model_config(model)
     check_block_size(config, block_size)
     shape = model_shape(config)
@@ -142,9 +134,6 @@ def killed_lines(run_dir: pathlib.Path) -> list[str]:
             and not record.get("crash")
             and "not out of memory" not in line
         ):
-            # expensive: torch (the memory model), only for a rank killed without a word
-            from zero_train.memory.oom import explain
-
             try:
                 line += "; " + explain(record).detail()
             except Exception as failure:  # noqa: BLE001 - the death is told, explained or not

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from zero_train.hf.lora import LoraSpec
+from zero_train.hf.models import model_config
 from zero_train.memory.model import plan
 from zero_train.memory.model.engine_estimate import estimate_engine
 from zero_train.memory.model.offload import OffloadSettings
@@ -139,9 +140,6 @@ def explain(record: dict) -> Explanation:
 
 
 def _request(run: dict, record: dict):
-    # expensive: transformers; a record's own out-of-memory line needs none
-    from zero_train.hf.models import model_config
-
     config = model_config(run["model"], vocab_size=run.get("vocab_size"))
     lora = run.get("lora")
     spec = (
