@@ -25,6 +25,7 @@ from zero_train.memory.model.peak_terms import (
     Run,
     activation_terms,
     add_terms,
+    gathered_units,
     largest_moment,
     local_step_temporaries,
     loss_backward,
@@ -42,13 +43,9 @@ def shard_elements(run: Run, *, trained: bool = False) -> int:
 
 
 def unit_elements(run: Run) -> tuple[int, int]:
-    """(root, one block) parameter elements, the all-gather units."""
-    shape = run.shape
-    embedding = shape.vocab_size * shape.hidden_size
-    root = embedding if shape.tied_embedding_params else 2 * embedding
-    root = min(root, shape.num_params)
-    block = (shape.num_params - root) // shape.num_layers if shape.num_layers else shape.num_params - root
-    return root, block
+    """(root, one block) parameter elements, the all-gather units: the root is the embedding and an untied head."""
+    embedding, head, block = gathered_units(run)
+    return embedding + head, block
 
 
 def fsdp2_rest(run: Run) -> dict[str, int]:

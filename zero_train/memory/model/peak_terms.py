@@ -254,6 +254,17 @@ def reduce_buckets(run: Run, stage: int) -> int:
     return count * settings.reduce_bucket_size * run.element_bytes
 
 
+def gathered_units(run: Run) -> tuple[int, int, int]:
+    """(input embedding, untied LM head (0 if tied), one block) in elements: the units our ZeRO-3 gathers, and
+    FSDP2's (whose root is the embedding and the head together)."""
+    shape = run.shape
+    embedding = min(shape.vocab_size * shape.hidden_size, shape.num_params)
+    head = 0 if shape.tied_embedding_params or not embedding else min(embedding, shape.num_params - embedding)
+    rest = shape.num_params - embedding - head
+    block = rest // shape.num_layers if shape.num_layers else rest
+    return embedding, head, block
+
+
 Phases = dict[str, dict[str, int]]
 """phase -> term -> bytes: what every peak_*.py model returns."""
 

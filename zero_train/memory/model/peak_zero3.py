@@ -40,6 +40,7 @@ from zero_train.memory.model.peak_terms import (
     Run,
     activation_terms,
     add_terms,
+    gathered_units,
     largest_moment,
     local_step_temporaries,
     loss_backward,
@@ -49,21 +50,11 @@ from zero_train.memory.model.peak_terms import (
 from zero_train.memory.model.sharder_layout import SharderLayout, Share
 
 
-def zero3_units(run: Run) -> tuple[int, int, int]:
-    """(input embedding, untied LM head (0 if tied), one block) in elements: the units that are gathered."""
-    shape = run.shape
-    embedding = min(shape.vocab_size * shape.hidden_size, shape.num_params)
-    head = 0 if shape.tied_embedding_params or not embedding else min(embedding, shape.num_params - embedding)
-    rest = shape.num_params - embedding - head
-    block = rest // shape.num_layers if shape.num_layers else rest
-    return embedding, head, block
-
-
 def trained_units(run: Run) -> tuple[int, int, int]:
-    """(input embedding, untied LM head, one block) elements that take gradients: zero3_units without LoRA;
+    """(input embedding, untied LM head, one block) elements that take gradients: gathered_units without LoRA;
     with it, the adapters, all in the blocks."""
     if not run.shape.frozen_base:
-        return zero3_units(run)
+        return gathered_units(run)
     layers = run.shape.num_layers
     return 0, 0, run.trained // layers if layers else run.trained
 
@@ -73,7 +64,7 @@ def zero3_phases(run: Run, share: Share, layout: SharderLayout | None = None) ->
     whole model's flat layout stands for the units', which differ by under N elements per unit)."""
     e, n = run.element_bytes, run.world_size
     g, c = our_gradient_bytes(run)  # the slices accumulate in g, gradients travel in c (fp32 by default)
-    embedding, head, block = zero3_units(run)
+    embedding, head, block = gathered_units(run)
     owned = share.owned
     frozen_slice = -(-(run.shape.num_params - run.trained) // n)  # LoRA's base: 1/N, no grads/masters/moments
     rest = dict(
@@ -137,7 +128,7 @@ def _embedding_leaves(run: Run, embedding: int, c: int) -> dict[str, int]:
 
 def _last_block(run: Run, units: tuple[int, int, int], c: int) -> dict[str, int]:
     """The last block's backward, after the head's: it, the block prefetched after it and a tied embedding
-    gathered (`units`: zero3_units); its whole gradients copied into its flat buffer; and either a tied head's
+    gathered (`units`: gathered_units); its whole gradients copied into its flat buffer; and either a tied head's
     gradient waiting for the embedding's contribution, or an untied head's gradients on their way (flat
     buffer, on gloo the exchange's receive buffer), in flight until this block's are launched."""
     e, n = run.element_bytes, run.world_size
