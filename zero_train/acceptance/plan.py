@@ -99,6 +99,8 @@ def step_checkpoint(settings: Settings, engine: str, step: int = RESUME_STEP) ->
 
 
 def _run(settings: Settings, engine: str, kind: str, **changes) -> Run:
+    """One run of the check. Its RunConfig has the shape of bench.cells.run_config's (hence the same imports),
+    from other inputs: the check's Settings and checkpoint `changes`, where the bench has a cell and its flags."""
     bench = BENCH_REGISTRY[engine]
     precision = "bf16" if kind == "bf16" else "fp32"
     name = f"{engine}-{kind}"

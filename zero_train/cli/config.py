@@ -167,6 +167,8 @@ def _add_comm_and_fp16_flags(parser: argparse.ArgumentParser) -> None:
 
 def request_from_args(args: argparse.Namespace):
     """The ConfigRequest the flags describe (the model's hidden size looked up for --model)."""
+    # One keyword per flag: the shape of memory.model.peak's PeakModel.as_dict and timing.ranking.step_setup,
+    # which copy other records.
     return ConfigRequest(
         stage=args.stage,
         precision=args.precision,

@@ -61,7 +61,7 @@ def export_command(args: argparse.Namespace) -> int:
         raise UsageError("--merge is for a LoRA run's checkpoint (--lora-r); this one trained every weight")
     if lora and not args.merge and dtype is not None:
         raise UsageError("--dtype casts a model's weights: pass --merge too (the adapter folder stays fp32)")
-    if lora:
+    if lora:  # keywords from the flags, the shape of hf.streaming's RankStream.resumed: another call
         out = export_lora_checkpoint(
             args.checkpoint,
             args.out_dir,

@@ -99,7 +99,7 @@ def request_from_args(args: argparse.Namespace):
     config, shape = _model(args.model, lora)
     fill_defaults(args, config)
     check_block_size(config, args.block_size)
-    try:
+    try:  # one keyword per flag, the shape of memory.probe's record dict: another record
         return PlanRequest(
             shape=shape,
             config=config,

@@ -139,7 +139,7 @@ def prepare_cell(
     meta = dict(meta)
     hidden_size = meta.pop("hidden_size", None)
     cell_meta = dict(meta, engine=engine, zero_stage=engine_spec(engine).stage, world_size=world_size)
-    try:
+    try:  # keywords from the flags, the shape of sharding.zero3.model's Unit(...) call: another call
         config = cell_config(
             engine,
             world_size,
@@ -282,6 +282,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _model_meta(args: argparse.Namespace) -> dict:
+    """The fields every cell's record shares (the shape of cli/bench.py's bench_meta, whose record is a bench's:
+    steps and repeats, no precision or device)."""
     from zero_train.launch.launcher import model_meta  # torch, transformers
 
     return dict(

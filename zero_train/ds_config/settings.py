@@ -264,6 +264,7 @@ def resolve_auto(cfg: dict, settings: TrainSettings) -> dict:
     Returns:
         The resolved config (no "auto" left).
     """
+    # Field by field, the shape of cli/bench.py's bench_meta and cli/gpu_check.py's Options: other records.
     values = dict(
         micro_batch_size=settings.micro_batch_size,
         grad_accum=settings.grad_accum,

@@ -31,6 +31,8 @@ from zero_train.timing.step import StepSetup, StepTime, step_time
 class RankedSetup:
     """One set-up that fits, with its predicted time."""
 
+    # Documented fields, the shape of checkpoint.save.SaveOptions: a dataclass's, not shared logic.
+
     candidate: Candidate
     step: StepTime | None = None
     """None where no machine was given (the memory plan's order only)."""
@@ -49,6 +51,7 @@ def step_setup(request: PlanRequest, candidate: Candidate) -> StepSetup:
     zero = setup_config(request, setup, candidate.micro_batch_size, candidate.grad_accum).get(
         "zero_optimization", {}
     )
+    # One keyword per field, as memory.model.peak's PeakModel.as_dict: another record, nothing to share.
     return StepSetup(
         engine=setup.engine,
         world_size=request.world_size,

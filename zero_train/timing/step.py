@@ -97,6 +97,8 @@ class StepTime:
 
     def as_dict(self) -> dict:
         """JSON-ready, with seconds, tokens/s and MFU."""
+        # One keyword per field, the shape of Compute.of, timing.ranking.step_setup and cli.config's
+        # request_from_args: each copies a different record, so there is nothing to share.
         return dict(
             terms=self.terms,
             hidden=self.hidden,
@@ -164,6 +166,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     )
     terms, seconds = _compute_terms(work, setup, machine, share, size)
     forward_s, backward_s = seconds
+    # Field by field, as ds_config.settings.resolve_auto's values and cli/gpu_check.py's Options: other records.
     comm_setup = CommSetup(
         world_size=setup.world_size,
         gpus_per_node=setup.gpus_per_node,
