@@ -21,6 +21,9 @@ def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path):
     assert (
         set(machine.optimizer_layouts) == {"foreach", "flat"} and min(machine.optimizer_layouts.values()) > 0
     )
+    assert machine.cores < 2 or (
+        set(machine.contention) == {"matmul", "memory"} and min(machine.contention.values()) > 0
+    )
     path = tmp_path / "machine.json"
     path.write_text(json.dumps(machine.as_dict()))
     assert load_machine(path) == machine

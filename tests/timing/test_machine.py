@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -32,3 +33,17 @@ def test_a_machine_round_trips_through_its_json(tmp_path):
     path.write_text("{}")
     with pytest.raises(ValueError, match="not a calibration file"):
         load_machine(path)
+
+
+def test_a_cpu_ranks_share_pays_the_calibrated_contention_once_every_core_is_busy():
+    """2 cores whose matmul rate per core halves when both run (contention 0.5): one rank on one thread keeps a
+    whole core (1/2 of the machine), two ranks each get a core at half its rate, four half of that."""
+    cpu = dataclasses.replace(
+        preset_machine("l40s"), shared=True, cores=2, contention={"matmul": 0.5, "memory": 0.8}
+    )
+    assert cpu.rank_share("matmul", 1, threads=1) == pytest.approx(0.5)
+    assert cpu.rank_share("matmul", 2, threads=1) == pytest.approx(0.25)
+    assert cpu.rank_share("memory", 2, threads=1) == pytest.approx(0.4)
+    assert cpu.rank_share("matmul", 4, threads=1) == pytest.approx(0.125)
+    assert cpu.rank_share("matmul", 1) == pytest.approx(0.5)  # one rank's threads on both cores
+    assert dataclasses.replace(cpu, contention={}).rank_share("matmul", 2, threads=1) == pytest.approx(0.5)

@@ -8,6 +8,8 @@ rank 1/ranks):
 - matmul TFLOPS per precision (fp32, bf16) at square sizes 128-1024 (a step's rate follows its matmuls' size);
 - fused attention (scaled_dot_product_attention, causal) TFLOPS of the FLOPs it executes;
 - elementwise bytes/s (add, GELU, layer norm, softmax: bytes read + written, as OpCost counts them) per precision;
+- contention: the per-core rate of a matmul and of elementwise ops with every core running them at once, over
+  one core running them alone (the model scales a rank's compute by it when more than one core is busy);
 - torch's AdamW step over 8M fp32 parameters, foreach over 16 tensors and single-tensor over one flat tensor (the
   ways the engines run it; bytes per parameter as constants.OPTIMIZER_BYTES_PER_PARAM);
 - over gloo ranks on 127.0.0.1 at each world size: all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
@@ -101,6 +103,51 @@ def optimizer_gbps(layout: str = "foreach") -> float:
     return sum(p.numel() for p in params) * constants.OPTIMIZER_BYTES_PER_PARAM["fp32"] / seconds / 1e9
 
 
+CONTENTION_SECONDS = 1.0
+"""How long each process runs each microbenchmark when timing contention (all of them at once)."""
+
+
+def contention(cores: int) -> dict[str, float]:
+    """Per-core rate with every core running a microbenchmark at once / with one core running it alone, for a
+    matmul (fp32, 256) and elementwise ops: CPU ranks (or one rank's threads) on every core share what the cores
+    share (SMT siblings' units, caches, memory bandwidth), which one thread timed alone does not see. {} on one core.
+    """
+    if cores < 2:
+        return {}
+    alone, together = _concurrent(1), _concurrent(cores)
+    return {kind: together[kind] / alone[kind] for kind in alone}
+
+
+def _concurrent(processes: int) -> dict[str, float]:
+    """The mean per-process rate of `processes` single-thread processes running each benchmark together."""
+    context = mp.get_context("spawn")
+    results, barrier = context.SimpleQueue(), context.Barrier(processes)
+    workers = [context.Process(target=_contention_main, args=(barrier, results)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    rates = [results.get() for _ in workers]
+    for worker in workers:
+        worker.join()
+    return {kind: sum(r[kind] for r in rates) / len(rates) for kind in rates[0]}
+
+
+def _contention_main(barrier, results) -> None:
+    torch.set_num_threads(1)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    x, y = torch.randn(4096, 1024), torch.randn(4096, 1024)
+    work = {"matmul": (lambda: a @ b, 2 * 256**3), "memory": (lambda: x + y, 3 * x.numel() * 4)}
+    rates = {}
+    for kind, (op, amount) in work.items():
+        op()
+        barrier.wait()  # every process runs the same span of wall time, all at once
+        calls, started = 0, time.perf_counter()
+        while time.perf_counter() - started < CONTENTION_SECONDS:
+            op()
+            calls += 1
+        rates[kind] = calls * amount / (time.perf_counter() - started)
+    results.put(rates)
+
+
 def _rank_main(rank: int, world_size: int, port: int, results) -> None:
     torch.set_num_threads(max(1, _cores() // world_size))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
@@ -182,6 +229,7 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
     attention = {p: rate * cores for p, rate in attention.items()}
     memory = {p: rate * cores for p, rate in memory.items()}
     layouts = {layout: rate * cores for layout, rate in layouts.items()}
+    shared_cores = contention(cores)
     measured: dict[str, dict[int, Measured]] = {}
     for world in sorted(n for n in set(world_sizes) if n > 1):
         for op, fit in measure_collectives(world).items():
@@ -216,6 +264,7 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
         shared=True,
         measured=measured,
         cores=cores,
+        contention=shared_cores,
         sources={
             "all": f"zero-train calibrate: one thread x {cores} cores, torch {torch.__version__}, gloo, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"

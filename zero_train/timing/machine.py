@@ -85,6 +85,9 @@ class Machine:
     """Collectives measured per op and world size (calibration); used instead of `intra` where present."""
     cores: int = 0
     """The machine's cores (calibration; 0: unknown): with a rank's thread count they decide its share."""
+    contention: dict[str, float] = field(default_factory=dict)
+    """Per-core rate with every core busy / one core busy alone, by kind ("matmul": compute-bound, "memory":
+    elementwise), measured by calibrate; {}: 1 (cores that share nothing)."""
     engine_host: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per engine, its host work per step beyond what the terms count (Python, hooks, flattening copies),
     FITTED on training steps measured on this machine (timing.host_work): {"per_micro_batch_s": a,
@@ -100,6 +103,16 @@ class Machine:
         if threads and self.cores:
             return min(threads / self.cores, 1.0 / ranks_on_node)
         return 1.0 / ranks_on_node
+
+    def rank_share(self, kind: str, ranks_on_node: int, threads: int | None = None) -> float:
+        """per_rank, times the calibrated contention of `kind` ("matmul" or "memory") for the cores the node's
+        ranks keep busy (none with one busy core; all of it with every core busy, linear between)."""
+        share = self.per_rank(ranks_on_node, threads)
+        factor = self.contention.get(kind)
+        if not self.shared or not factor or self.cores < 2:
+            return share
+        busy = min(self.cores, ranks_on_node * (threads or max(1, self.cores // ranks_on_node)))
+        return share * (1 - (1 - factor) * (busy - 1) / (self.cores - 1))
 
     def host_cores_per_rank(self, ranks_on_node: int) -> float:
         """Cores a rank's single-threaded host work (Python, hooks) gets: 1, less when ranks outnumber cores."""

@@ -164,7 +164,10 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
         if shape.hidden_size
         else 0
     )
-    terms, seconds = _compute_terms(work, setup, machine, share, size)
+    shares = {
+        kind: machine.rank_share(kind, ranks_on_node, setup.threads_per_rank) for kind in ("matmul", "memory")
+    }
+    terms, seconds = _compute_terms(work, setup, machine, shares, size)
     forward_s, backward_s = seconds
     # Field by field, as ds_config.settings.resolve_auto's values and cli/gpu_check.py's Options: other records.
     comm_setup = CommSetup(
@@ -181,7 +184,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     calls = engine_calls(spec, comm_setup, machine)
     exposed, hidden, comm = _overlap(calls, setup, machine, forward_s, backward_s)
     terms.update(exposed)
-    terms.update(_optimizer_terms(shape, spec, setup, machine, share, ranks_on_node))
+    terms.update(_optimizer_terms(shape, spec, setup, machine, shares["memory"], ranks_on_node))
     if setup.engine in machine.engine_host:
         terms[host_work.TERM] = host_work.host_seconds(
             machine,
@@ -202,12 +205,13 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     )
 
 
-def _compute_terms(work: Compute, setup: StepSetup, machine: Machine, share: float, size: float):
+def _compute_terms(work: Compute, setup: StepSetup, machine: Machine, shares: dict[str, float], size: float):
     """Compute seconds per step by term, and (forward, backward) seconds of one micro-batch (the windows
-    communication can hide behind). `size`: a typical matmul's (tokens x hidden x hidden)^(1/3)."""
-    matmul = machine.matmul_rate(setup.precision, size) * 1e12 * share
-    attention = machine.attention_tflops[setup.precision] * 1e12 * share
-    memory = machine.memory_rate(setup.precision) * 1e9 * share
+    communication can hide behind). `size`: a typical matmul's (tokens x hidden x hidden)^(1/3); `shares`: the
+    rank's share of the machine's matmul and memory rates (Machine.rank_share)."""
+    matmul = machine.matmul_rate(setup.precision, size) * 1e12 * shares["matmul"]
+    attention = machine.attention_tflops[setup.precision] * 1e12 * shares["matmul"]
+    memory = machine.memory_rate(setup.precision) * 1e9 * shares["memory"]
     total = work.forward_flops + work.backward_flops
     attention_s = work.attention_flops * machine.causal_fraction / attention
     memory_s = work.memory_bytes / memory
