@@ -5,13 +5,14 @@ cells, then predict bench cells neither ever saw.
     .venv/bin/python scripts/steptime_check.py report --out runs/steptime           # fit, predict, judge
 
 The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
-verdict, each committed before its own run):
+verdict, v3 after v2's quiet run and the model changes it led to; each committed before its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
-  24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 at 1 and 2) and HELD-OUT sets (other rank counts,
-  checkpointing, accumulation; v2 alternates them with the calibration sets);
+  24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 and v3 at 1 and 2) and HELD-OUT sets (other rank
+  counts, checkpointing, accumulation; v3: other model shapes, micro-batches and sequence lengths too; v2 and v3
+  alternate them with the calibration sets);
 - `report` predicts the calibration cells from machine.json, fits each engine's host work on their residuals
-  (zero_train.timing.host_work; v1: per micro-batch + per parameter, v2: + per second of communication), writes
+  (zero_train.timing.host_work; v1: per micro-batch + per parameter, v2 and v3: + per second of communication), writes
   OUT/machine-fitted.json, and predicts the held-out cells from it. Only held-out cells are judged: each within
   25%, median |error| within 10%, every pair of engines of one set whose measured step times differ by more
   than 15% ordered right;
@@ -72,8 +73,35 @@ both shapes (36 cells) and fits per micro-batch + per parameter + per second of 
 runs calibration and held-out sets alternately, so that the machine's drift reaches both. Held out: 24 cells;
 1 rank (gpt2-25m with checkpointing and accumulation), 2 and 4 ranks, checkpointing, accumulation, both shapes;
 every engine in at least two held-out sets but ds1 and fsdp2-z2 (two each) and ds2 (two)."""
+SETS_V3 = [
+    dict(name="cal-gpt2-25m-w2", role="calibration", world_size=2, engines=ENGINES, **GPT2),
+    dict(name="llama-60m-w2", role="held-out", world_size=2, model="llama-60m", micro_batch_size=1, block_size=64,
+         engines="ddp,zero2,zero3,ds1,ds3,fsdp2-z2"),
+    dict(name="cal-llama-tiny-w2", role="calibration", world_size=2, engines=ENGINES, **TINY),
+    dict(name="qwen2-tiny-w1-ckpt", role="held-out", world_size=1, model="qwen2-tiny", micro_batch_size=8,
+         block_size=64, gradient_checkpointing=True, engines="ddp,zero1,ds1,ds2,fsdp2-z2"),
+    dict(name="cal-gpt2-25m-w1", role="calibration", world_size=1, engines=ENGINES, **GPT2),
+    dict(name="gpt2-25m-w4-b128-accum2", role="held-out", world_size=4, model="gpt2-25m", micro_batch_size=1,
+         block_size=128, grad_accum=2, engines="zero1,zero3,ds2,fsdp2-z3"),
+    dict(name="cal-llama-tiny-w1", role="calibration", world_size=1, engines=ENGINES, **TINY),
+    dict(name="llama-tiny-w4-b256", role="held-out", world_size=4, model="llama-tiny", micro_batch_size=2,
+         block_size=256, engines="ddp,zero2,ds1,ds3,fsdp2-z3"),
+    dict(name="tiny-w2-ckpt-accum2", role="held-out", world_size=2, model="tiny", micro_batch_size=4, block_size=128,
+         grad_accum=2, gradient_checkpointing=True, engines="zero1,zero2,zero3,ds2,fsdp2-z2,fsdp2-z3"),
+]  # fmt: skip
+"""Design v3, fixed (and committed) after v2's quiet run and the model changes it led to (DeepSpeed ZeRO-1/2's
+all-reduce, DeepSpeed ZeRO-3's single gather, the optimizer per layout, the gradient clip, the cores' contention),
+before its own run measured anything. v2's held-out cells were seen while the model changed, so judging on them
+would be in-sample: v3 keeps v2's calibration (every engine at 1 and 2 ranks on gpt2-25m and llama-tiny, 36
+cells; host work per micro-batch + per parameter + per second of communication) and holds out 26 NEW cells:
+three model shapes no run of the check has used (llama-60m: 60.1M parameters, 10 layers x 640, untied; qwen2-tiny;
+the GPT-2 shaped tiny), and the calibrated shapes at another micro-batch and sequence length (gpt2-25m 1 x 128,
+llama-tiny 2 x 256); 1 rank (qwen2-tiny, checkpointing), 2 ranks (llama-60m; tiny with checkpointing and
+accumulation) and 4 ranks (gpt2-25m with accumulation; llama-tiny); every engine in at least two held-out sets
+(ds3 in two, the others in three)."""
 DESIGNS = {"v1": (SETS_V1, ("per_micro_batch_s", "per_param_s")),
-           "v2": (SETS_V2, ("per_micro_batch_s", "per_param_s", "per_comm_s"))}  # fmt: skip
+           "v2": (SETS_V2, ("per_micro_batch_s", "per_param_s", "per_comm_s")),
+           "v3": (SETS_V3, ("per_micro_batch_s", "per_param_s", "per_comm_s"))}  # fmt: skip
 
 
 def _design(out: pathlib.Path) -> tuple[list[dict], tuple[str, ...]]:
@@ -87,7 +115,7 @@ RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v2") -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v3") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
@@ -317,7 +345,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="v2", help="run: the design's sets")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v3", help="run: the design's sets")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     if args.action == "run":
