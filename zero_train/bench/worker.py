@@ -27,6 +27,7 @@ import os
 import pathlib
 import sys
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -35,6 +36,10 @@ from zero_train.runtime.dist import init_distributed
 from zero_train.runtime.errors import run_cli
 from zero_train.runtime.startup import collector_paused
 from zero_train.train.args import parse_args
+from zero_train.train.config import RunConfig
+
+Train = Callable[[RunConfig], None]
+"""A run's training function: zero_train.train.loop.run_training or zero_train.bench.hf_peer.run_peer."""
 
 
 def settled_bytes(device) -> int:
@@ -44,32 +49,27 @@ def settled_bytes(device) -> int:
     return measure.allocated_bytes(device)
 
 
-def preload() -> None:
-    """Import what any run imports, so that the baseline already holds every module (not the first run)."""
-    # expensive: transformers, DeepSpeed, the engines (seconds): imported here, before the baseline, on purpose
-    import transformers  # noqa: F401
-    from transformers import Trainer  # noqa: F401
+def preload() -> tuple[Train, Train]:
+    """Import what any run imports, so that the baseline already holds every module (not the first run).
 
-    import zero_train.bench.hf_peer  # noqa: F401
-    import zero_train.engines.deepspeed_engine  # noqa: F401  (imports deepspeed)
-    import zero_train.train.loop  # noqa: F401
+    Returns:
+        (run_training, run_peer): how a run trains on our engines, and how the Trainer peer trains it.
+    """
+    # expensive: the Trainer, DeepSpeed, the engines (seconds), with the collector paused before the baseline
+    from zero_train.bench.hf_peer import run_peer  # transformers' Trainer
+    from zero_train.engines import deepspeed_engine  # noqa: F401  (imports deepspeed)
+    from zero_train.train.loop import run_training
+
+    return run_training, run_peer
 
 
-def train_one(run: dict) -> None:
+def train_one(run: dict, run_training: Train, run_peer: Train) -> None:
     """One run, exactly as its own launch would do it (python -m zero_train.train, or the Trainer peer)."""
 
     config = parse_args(run["argv"])
     environment = dict(os.environ)
     try:
-        if run["peer"]:
-            # expensive: transformers' Trainer, preloaded by preload()
-            from zero_train.bench.hf_peer import run_peer
-
-            run_peer(config)
-        else:
-            from zero_train.train.loop import run_training  # expensive: the engines, preloaded by preload()
-
-            run_training(config)
+        (run_peer if run["peer"] else run_training)(config)
     finally:  # the Trainer's accelerate sets ACCELERATE_USE_DEEPSPEED & co.; the next run must not see them
         os.environ.clear()
         os.environ.update(environment)
@@ -87,11 +87,11 @@ def run_plan(plan_path: pathlib.Path) -> int:
     plan = json.loads(plan_path.read_text())
     dist_info = init_distributed()
     with collector_paused():  # faster start-up (zero_train.runtime.startup)
-        preload()
+        run_training, run_peer = preload()
     baseline = gather_bytes(settled_bytes(dist_info.device), dist_info)
     for run in plan["runs"]:
         started = time.perf_counter()
-        train_one(run)
+        train_one(run, run_training, run_peer)
         wall_s = time.perf_counter() - started
         after = gather_bytes(settled_bytes(dist_info.device), dist_info)
         if dist_info.is_main:

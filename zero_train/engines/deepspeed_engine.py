@@ -23,6 +23,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 from deepspeed.utils import logger as deepspeed_logger
 from deepspeed.utils import safe_get_full_fp32_param
+from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
 
 from zero_train.checkpoint.deepspeed_universal import load_universal, saved_world_size
 from zero_train.checkpoint.files import (
@@ -115,9 +116,6 @@ class DeepSpeedEngine:
         # deepspeed.comm must wrap our process group before zero.Init reads the world size
         deepspeed.init_distributed(dist_backend=dist_info.backend)
         if settings.zero_stage == 3:
-            # expensive: imports transformers (seconds), which this module does not otherwise; ZeRO-3 only
-            from transformers.integrations import HfDeepSpeedConfig
-
             # must stay referenced while the model is built (transformers keeps only a weak reference)
             self.hf_ds_config = HfDeepSpeedConfig(ds_config)
         model = model_fn()
@@ -301,9 +299,6 @@ class DeepSpeedEngine:
             return
         self.ds_engine.destroy()
         if self.hf_ds_config is not None:
-            # expensive: transformers (seconds), only after a ZeRO-3 build, which has imported it already
-            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
             unset_hf_deepspeed_config()
         self.ds_engine = self.optimizer = self.lr_scheduler = self.model = self.hf_ds_config = None
 

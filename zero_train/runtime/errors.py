@@ -120,14 +120,11 @@ def run_cli(entry: Callable[[], int | None]) -> NoReturn:
         _fault(str(err))
     except RuntimeError as err:
         _hold_sigterm()
-        # expensive: faults and vitals, ~30 ms on every start-up
-        from zero_train.runtime.faults import describe_fault, is_distributed_fault
-
         if isinstance(err, NonFiniteError):
             _fault(str(err))
-        if not is_distributed_fault(err):
+        if not _faults().is_distributed_fault(err):
             raise
-        _fault(describe_fault(err))
+        _fault(_faults().describe_fault(err))
     except Stopped as err:
         error_line(f"stopped by {signal.Signals(err.signum).name}: {err.what}")
         raise SystemExit(128 + err.signum) from None
@@ -144,10 +141,15 @@ def _hold_sigterm() -> None:
     failure; the handler zero_train.runtime.faults installs would raise inside this report (or in an atexit
     hook) and print a traceback, and its watcher thread would print a second line.
     """
-    # expensive: faults and vitals, ~30 ms on every start-up
-    from zero_train.runtime.faults import mark_reporting
+    _faults().mark_reporting()
 
-    mark_reporting()
+
+def _faults():
+    """zero_train.runtime.faults, imported when a run ends with an error: not on every start-up."""
+    # expensive: faults and vitals, ~30 ms on every start-up (this module is on every one)
+    from zero_train.runtime import faults
+
+    return faults
 
 
 def _fault(message: str) -> NoReturn:

@@ -87,6 +87,5 @@ def load_estimators():
     """DeepSpeed's (estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs), imported."""
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs its accelerator choice to stdout on import
         # expensive: DeepSpeed (seconds), only for its estimator's column
-        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
+        from deepspeed.runtime.zero import stage3, stage_1_and_2
+    return stage_1_and_2.estimate_zero2_model_states_mem_needs, stage3.estimate_zero3_model_states_mem_needs
