@@ -15,4 +15,6 @@ COMMANDS = {
     "gpu-check": "the acceptance run: every engine trains, matches DDP, resumes, exports, fits its estimate; exit 1 on a failure",
     "env": "versions, device, CUDA/NCCL/gloo, bf16, DeepSpeed ops, CPU and memory: for bug reports (--json)",
 }
-"""Subcommand -> the one line `zero-train --help` shows for it, in the order listed."""
+"""Subcommand -> the one line `zero-train --help` shows for it, in the order listed. Each module registers itself
+with `subparsers.add_parser(NAME, help=COMMANDS[NAME], description=...)` in its NAME_command_parser (accelerate's
+commands/ layout), so the thirteen registrations share a shape (cli/bench.py's and cli/profile.py's among them)."""

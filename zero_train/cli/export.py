@@ -61,19 +61,11 @@ def export_command(args: argparse.Namespace) -> int:
         raise UsageError("--merge is for a LoRA run's checkpoint (--lora-r); this one trained every weight")
     if lora and not args.merge and dtype is not None:
         raise UsageError("--dtype casts a model's weights: pass --merge too (the adapter folder stays fp32)")
-    if lora:  # keywords from the flags, the shape of hf.streaming's RankStream.resumed: another call
-        out = export_lora_checkpoint(
-            args.checkpoint,
-            args.out_dir,
-            tokenizer=args.tokenizer,
-            merge=args.merge,
-            dtype=dtype,
-            force=args.force,
-        )
+    options = dict(tokenizer=args.tokenizer, dtype=dtype, force=args.force)  # both exports take these
+    if lora:
+        out = export_lora_checkpoint(args.checkpoint, args.out_dir, merge=args.merge, **options)
     else:
-        out = export_checkpoint(
-            args.checkpoint, args.out_dir, tokenizer=args.tokenizer, dtype=dtype, force=args.force
-        )
+        out = export_checkpoint(args.checkpoint, args.out_dir, **options)
     files = ", ".join(sorted(p.name for p in out.iterdir()))
     print(f"exported {args.checkpoint} -> {out} ({files})")
     if lora and not args.merge:

@@ -19,6 +19,7 @@ position embedding is counted in the blocks: < 1% of a block on the presets).
 
 from __future__ import annotations
 
+# The same terms as peak_zero3 imports: both models are sums of peak_terms' pieces, written once there.
 from zero_train.memory.model.peak_terms import (
     FP32_BYTES,
     Phases,
