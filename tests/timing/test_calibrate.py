@@ -24,6 +24,7 @@ def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path):
     assert machine.cores < 2 or (
         set(machine.contention) == {"matmul", "memory"} and min(machine.contention.values()) > 0
     )
+    assert len(machine.linear_by_shape["fp32"]) == 9 and min(machine.linear_by_shape["fp32"].values()) > 0
     path = tmp_path / "machine.json"
     path.write_text(json.dumps(machine.as_dict()))
     assert load_machine(path) == machine

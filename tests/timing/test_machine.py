@@ -47,3 +47,13 @@ def test_a_cpu_ranks_share_pays_the_calibrated_contention_once_every_core_is_bus
     assert cpu.rank_share("matmul", 4, threads=1) == pytest.approx(0.125)
     assert cpu.rank_share("matmul", 1) == pytest.approx(0.5)  # one rank's threads on both cores
     assert dataclasses.replace(cpu, contention={}).rank_share("matmul", 2, threads=1) == pytest.approx(0.5)
+
+
+def test_a_calibrated_cpus_matmul_rate_is_read_at_the_micro_batchs_tokens_and_the_models_width():
+    """Log-log between the linear-layer shapes calibrate timed, clamped at their edges; none timed: None."""
+    rates = {"64,64": 0.1, "64,256": 0.2, "256,64": 0.2, "256,256": 0.4}
+    cpu = dataclasses.replace(preset_machine("l40s"), linear_by_shape={"fp32": rates})
+    assert cpu.linear_rate("fp32", 128, 128) == pytest.approx(0.2)  # the geometric mean of the four
+    assert cpu.linear_rate("fp32", 64, 256) == pytest.approx(0.2)
+    assert cpu.linear_rate("fp32", 16, 4096) == pytest.approx(0.2)  # clamped to (64, 256)
+    assert cpu.linear_rate("bf16", 128, 128) is None and cpu.linear_rate("fp32", 128, 0) is None

@@ -5,7 +5,8 @@
 What is measured, each the best of repeats after a warm-up, on one thread and multiplied by the cores (an OpenMP
 region on a busy machine waits for its slowest thread; ranks of one machine share the cores: the model gives each
 rank 1/ranks):
-- matmul TFLOPS per precision (fp32, bf16) at square sizes 128-1024 (a step's rate follows its matmuls' size);
+- matmul TFLOPS per precision (fp32, bf16) at square sizes 128-1024, and a linear layer's three matmuls (forward,
+  input and weight gradients) at 64-1024 tokens x 64-1024 wide (a step's rate follows its tokens and width);
 - fused attention (scaled_dot_product_attention, causal) TFLOPS of the FLOPs it executes;
 - elementwise bytes/s (add, GELU, layer norm, softmax: bytes read + written, as OpCost counts them) per precision;
 - contention: the per-core rate of a matmul and of elementwise ops with every core running them at once, over
@@ -65,6 +66,28 @@ def matmul_tflops(dtype: torch.dtype) -> dict[int, float]:
     for n in SIZES:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         rates[n] = 2 * n**3 / _timed(lambda a=a, b=b: a @ b) / 1e12
+    return rates
+
+
+LINEAR_TOKENS = (64, 256, 1024)
+LINEAR_WIDTHS = (64, 256, 1024)
+"""Tokens (rows) and widths of the linear layers timed: a CPU step's micro-batch has few tokens, and a matmul
+with 64 rows runs well below a square one of the same FLOPs."""
+
+
+def linear_tflops(dtype: torch.dtype) -> dict[str, float]:
+    """TFLOPS of a linear layer's three matmuls as autograd runs them (forward x @ W^T, input gradient g @ W,
+    weight gradient g^T @ x; W: 4h x h, an MLP's) at each tokens x width, keyed "tokens,width"."""
+    rates = {}
+    for tokens in LINEAR_TOKENS:
+        for width in LINEAR_WIDTHS:
+            x, weight = torch.randn(tokens, width, dtype=dtype), torch.randn(4 * width, width, dtype=dtype)
+            grad = torch.randn(tokens, 4 * width, dtype=dtype)
+
+            def trio(x=x, weight=weight, grad=grad) -> None:
+                x @ weight.t(), grad @ weight, grad.t() @ x
+
+            rates[f"{tokens},{width}"] = 3 * 2 * tokens * width * 4 * width / _timed(trio) / 1e12
     return rates
 
 
@@ -220,12 +243,15 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
     torch.set_num_threads(1)
     try:
         by_size = {p: matmul_tflops(dtype) for p, dtype in PRECISION_DTYPES.items()}
+        linear = {p: linear_tflops(dtype) for p, dtype in PRECISION_DTYPES.items()}
         attention = {p: attention_tflops(dtype) for p, dtype in PRECISION_DTYPES.items()}
         memory = {p: elementwise_gbps(dtype) for p, dtype in PRECISION_DTYPES.items()}
         layouts = {layout: optimizer_gbps(layout) for layout in ("foreach", "flat")}
     finally:
         torch.set_num_threads(threads)
     by_size = {p: {n: rate * cores for n, rate in rates.items()} for p, rates in by_size.items()}
+    linear = {p: {key: rate * cores for key, rate in rates.items()} for p, rates in linear.items()}
+    linear["fp16"] = linear["bf16"]
     attention = {p: rate * cores for p, rate in attention.items()}
     memory = {p: rate * cores for p, rate in memory.items()}
     layouts = {layout: rate * cores for layout, rate in layouts.items()}
@@ -250,6 +276,7 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
         peak_tflops={p: max(rates.values()) for p, rates in by_size.items()},
         matmul_tflops={p: rates[max(rates)] for p, rates in by_size.items()},
         matmul_by_size={p: {n: r for n, r in rates.items()} for p, rates in by_size.items()},
+        linear_by_shape=linear,
         attention_tflops={**attention, "fp16": attention["bf16"]},
         memory_gbps=memory["fp32"],
         memory_scale={p: memory[p] / memory["fp32"] for p in memory}

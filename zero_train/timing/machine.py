@@ -79,6 +79,9 @@ class Machine:
     """Share of attention's counted FLOPs the kernel executes."""
     matmul_by_size: dict[str, dict[int, float]] = field(default_factory=dict)
     """Matmul TFLOPS per precision at square sizes (calibration): a step's rate is read at its matmuls' size."""
+    linear_by_shape: dict[str, dict[str, float]] = field(default_factory=dict)
+    """TFLOPS per precision of a linear layer's forward and backward matmuls at "tokens,width" (calibration): a
+    step's matmul rate is read at its micro-batch's tokens and the model's width, where measured."""
     memory_scale: dict[str, float] = field(default_factory=dict)
     """memory_gbps x this for a precision (calibration: a CPU's bf16 elementwise ops differ from fp32's)."""
     measured: dict[str, dict[int, Measured]] = field(default_factory=dict)
@@ -148,6 +151,19 @@ class Machine:
     def optimizer_rate(self, layout: str) -> float:
         """GB/s of the optimizer step run as `layout` ("foreach" or "flat")."""
         return self.optimizer_layouts.get(layout, self.optimizer_gbps)
+
+    def linear_rate(self, precision: str, tokens: int, width: int) -> float | None:
+        """TFLOPS of the step's matmuls at `tokens` rows and `width` (log-log interpolation between the shapes
+        measured, clamped at their edges); None where no linear layer was measured."""
+        table = self.linear_by_shape.get(precision)
+        if not table or tokens <= 0 or width <= 0:
+            return None
+        points = {tuple(int(v) for v in key.split(",")): rate for key, rate in table.items()}
+        weights = [_bracket(sorted({p[axis] for p in points}), (tokens, width)[axis]) for axis in (0, 1)]
+        log_rate = sum(
+            wt * wh * math.log(points[(t, h)]) for t, wt in weights[0] for h, wh in weights[1] if wt and wh
+        )
+        return math.exp(log_rate)
 
     def memory_rate(self, precision: str) -> float:
         """GB/s of elementwise ops in this precision."""
@@ -243,6 +259,18 @@ def load_machine(path: str | pathlib.Path) -> Machine:
         raise ValueError(
             f"--machine {path}: not a calibration file ({err}); write one with zero-train calibrate"
         ) from err
+
+
+def _bracket(grid: list[int], value: float) -> list[tuple[int, float]]:
+    """The grid points around `value` with their log-linear weights (one point, weight 1, outside the grid)."""
+    if value <= grid[0] or value >= grid[-1]:
+        return [(grid[0] if value <= grid[0] else grid[-1], 1.0)]
+    low = max(n for n in grid if n <= value)
+    high = min(n for n in grid if n >= value)
+    if low == high:
+        return [(low, 1.0)]
+    weight = math.log(value / low) / math.log(high / low)
+    return [(low, 1 - weight), (high, weight)]
 
 
 def ring_hops(op: str, world_size: int) -> int:

@@ -167,7 +167,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     shares = {
         kind: machine.rank_share(kind, ranks_on_node, setup.threads_per_rank) for kind in ("matmul", "memory")
     }
-    terms, seconds = _compute_terms(work, setup, machine, shares, size)
+    terms, seconds = _compute_terms(work, setup, machine, shares, size, shape.hidden_size)
     forward_s, backward_s = seconds
     # Field by field, as ds_config.settings.resolve_auto's values and cli/gpu_check.py's Options: other records.
     comm_setup = CommSetup(
@@ -205,11 +205,16 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     )
 
 
-def _compute_terms(work: Compute, setup: StepSetup, machine: Machine, shares: dict[str, float], size: float):
+def _compute_terms(
+    work: Compute, setup: StepSetup, machine: Machine, shares: dict[str, float], size: float, width: int
+):
     """Compute seconds per step by term, and (forward, backward) seconds of one micro-batch (the windows
-    communication can hide behind). `size`: a typical matmul's (tokens x hidden x hidden)^(1/3); `shares`: the
+    communication can hide behind). `size`: a typical matmul's (tokens x hidden x hidden)^(1/3), `width` the
+    model's hidden size (a calibrated CPU's rate is read at the micro-batch's tokens and it); `shares`: the
     rank's share of the machine's matmul and memory rates (Machine.rank_share)."""
-    matmul = machine.matmul_rate(setup.precision, size) * 1e12 * shares["matmul"]
+    tokens = setup.micro_batch_size * setup.block_size
+    rate = machine.linear_rate(setup.precision, tokens, width) or machine.matmul_rate(setup.precision, size)
+    matmul = rate * 1e12 * shares["matmul"]
     attention = machine.attention_tflops[setup.precision] * 1e12 * shares["matmul"]
     memory = machine.memory_rate(setup.precision) * 1e9 * shares["memory"]
     total = work.forward_flops + work.backward_flops
