@@ -14,11 +14,8 @@ import torch
 from transformers import MistralConfig, Qwen2Config
 
 from zero_train.hf.models import model_config
-from zero_train.memory.model.activations import (
-    build_for_counting,
-    count_activations,
-    count_model_activations,
-)
+from zero_train.memory.model.activations import count_activations, count_model_activations
+from zero_train.memory.model.fake_model import build_for_counting
 
 pytestmark = pytest.mark.tier("quick")
 

@@ -51,7 +51,7 @@ def test_the_shape_trains_peft_s_adapters_only():
 def _real_count(config, dtype, checkpointing: bool):
     """The count on a real model wrapped by peft in train.py's order (zero_train.train.setup.model_builder: fp32,
     checkpointing, peft), then cast to the compute dtype as the engines cast it, adapters included; no KV cache, as
-    activations.build_for_counting (its own config: the count no longer turns the caller's cache off)."""
+    fake_model.build_for_counting (its own config: the count no longer turns the caller's cache off)."""
     from zero_train.hf.lora import apply_lora
     from zero_train.hf.models import build_model, enable_gradient_checkpointing
     from zero_train.memory.model.activations import count_model_activations

@@ -1,8 +1,9 @@
 """Activations counted from the real architecture: one forward and backward on fake tensors, no memory used.
 
-The model is built at its real size inside torch's FakeTensorMode (every tensor has a shape, a dtype and a
-storage size, but no data, and no kernel runs), then one micro-batch goes forward and backward exactly as
-the engines run it (`model(input_ids=ids, labels=ids).loss`, then `.backward()`). Two instruments watch:
+The model is built at its real size (zero_train.memory.model.fake_model) inside torch's FakeTensorMode (every
+tensor has a shape, a dtype and a storage size, but no data, and no kernel runs), then one micro-batch goes
+forward and backward exactly as the engines run it (`model(input_ids=ids, labels=ids).loss`, then
+`.backward()`). Two instruments watch:
 
 - saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks): every tensor autograd saves for
   backward, each storage counted once (identity: the storage's StorageImpl, `StorageWeakRef.cdata`, which
@@ -25,14 +26,12 @@ attention kernel's workspace), and allocator rounding; those stay in the measure
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import warnings
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from zero_train.memory.model.stored import stored
 from zero_train.memory.model.watch import Counter
@@ -131,6 +130,9 @@ def count_activations(
 
 def _count_fake(config, *, dtype: torch.dtype, lora=None, **settings) -> ActivationCount:
     """The count of the whole model on fake tensors."""
+    # expensive: transformers (seconds): a stored count, and estimate --params, need none
+    from zero_train.memory.model.fake_model import build_for_counting
+
     with FakeTensorMode():
         model = build_for_counting(
             config,
@@ -191,60 +193,6 @@ _CACHE: dict[tuple, ActivationCount] = {}
 """Counts already made in this process (the estimate asks once per stage)."""
 
 
-def build_for_counting(config, *, dtype: torch.dtype, lora=None, gradient_checkpointing: bool = False):
-    """The model of `config` as training runs it (train mode, no KV cache), on the current device/mode; with
-    `lora` wrapped by peft as train.py wraps it: after checkpointing is on, so that peft makes the
-    embeddings' output require grad (PeftModel's _prepare_model_for_gradient_checkpointing) as in training."""
-    # built as training builds it (its loss named: no transformers warning at the first loss)
-    # expensive: transformers; estimate --params imports this module without it
-    from zero_train.hf.models import build_model
-
-    if lora is not None:
-        return _with_adapters(config, lora, dtype=dtype, gradient_checkpointing=gradient_checkpointing)
-    with _quiet():  # a copy: the caller's config keeps its use_cache (part of the count's key)
-        model = build_model(copy.deepcopy(config), dtype=dtype)
-    model.config.use_cache = False
-    return model.train()
-
-
-def _with_adapters(config, lora, *, dtype: torch.dtype, gradient_checkpointing: bool):
-    """The peft model on the current device/mode, its floating tensors in `dtype` (the engines' compute dtype).
-
-    peft moves each adapter to its base layer with Module.to, which on fake tensors swaps parameters (torch
-    2.13) and fails: the model is wrapped on the meta device (outside any fake mode), then every tensor is
-    made again on the current one, each tied tensor once.
-    """
-    # expensive: transformers; estimate --params imports this module without it
-    from zero_train.hf.lora import apply_lora
-    from zero_train.hf.models import build_model, enable_gradient_checkpointing
-
-    with unset_fake_temporarily(), torch.device("meta"), _quiet():
-        model = build_model(copy.deepcopy(config), dtype=dtype)  # a copy, as in build_for_counting
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(model)  # before peft, as train.py does
-        model = apply_lora(model, lora)
-        model.gradient_checkpointing_disable()  # peft's input hook stays; count_model_activations switches it
-    made: dict[int, torch.Tensor] = {}
-
-    def remade(tensor: torch.Tensor) -> torch.Tensor:
-        if id(tensor) not in made:
-            kind = dtype if tensor.is_floating_point() else tensor.dtype
-            made[id(tensor)] = torch.empty(tensor.shape, dtype=kind, device="cpu")
-        return made[id(tensor)]
-
-    for module in model.modules():
-        for name, param in module._parameters.items():
-            if param is not None:
-                module._parameters[name] = torch.nn.Parameter(
-                    remade(param), requires_grad=param.requires_grad
-                )
-        for name, buffer in module._buffers.items():
-            if buffer is not None:
-                module._buffers[name] = remade(buffer)
-    model.config.use_cache = False
-    return model.train()
-
-
 def count_model_activations(
     model, *, micro_batch_size: int, block_size: int, gradient_checkpointing: bool = False
 ) -> ActivationCount:
@@ -261,12 +209,20 @@ def count_model_activations(
     Returns:
         The ActivationCount.
     """
+    # expensive: transformers (seconds), for this module's importers; a model here has paid for it
+    from zero_train.memory.model.fake_model import (
+        block_saved_bytes,
+        checkpointing,
+        model_blocks,
+        unpacked_positions,
+    )
+
     vocab = model.get_input_embeddings().weight.shape[0]
     device = model.get_input_embeddings().weight.device
     ids = torch.randint(0, vocab, (micro_batch_size, block_size), device=device)
-    blocks = _blocks(model)
-    block_saved, block_input = _block_saved_bytes(model, blocks, ids) if gradient_checkpointing else (0, 0)
-    with _checkpointing(model, gradient_checkpointing), _unpacked_positions():
+    blocks = model_blocks(model)
+    block_saved, block_input = block_saved_bytes(model, blocks, ids) if gradient_checkpointing else (0, 0)
+    with checkpointing(model, gradient_checkpointing), unpacked_positions():
         counter = Counter(model, blocks)
         counter.run(ids)
     if not gradient_checkpointing:
@@ -288,81 +244,3 @@ def count_model_activations(
         attention_flops=counter.cost.attention_flops,
         memory_bytes=counter.cost.memory_bytes,
     )
-
-
-def _block_saved_bytes(model, blocks: list, ids: torch.Tensor) -> tuple[int, int]:
-    """A forward without checkpointing (no backward): the largest block's saved bytes and its input's."""
-    counter = Counter(model, blocks)
-    with counter.saved_hooks(), _unpacked_positions():
-        model(input_ids=ids, labels=ids).loss  # noqa: B018  (the graph is dropped: no backward needed)
-    return counter.largest_block()
-
-
-def _blocks(model) -> list[torch.nn.Module]:
-    """The transformer blocks: the modules HF checkpoints (GradientCheckpointingLayer), else the longest
-    ModuleList."""
-    # expensive: transformers; estimate --params imports this module without it
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    if blocks:
-        return blocks
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
-
-
-@contextlib.contextmanager
-def _checkpointing(model, enabled: bool):
-    if not enabled:
-        yield
-        return
-    kwargs = {"use_reentrant": False}
-    with _quiet():
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    try:
-        yield
-    finally:
-        with _quiet():
-            model.gradient_checkpointing_disable()
-
-
-@contextlib.contextmanager
-def _unpacked_positions():
-    """Take the branch a real run takes for sequences that are not packed (default position ids).
-
-    transformers' masking_utils.find_packed_sequence_indices reads the position ids' values to tell packed
-    sequences apart, and on fake tensors (which have none) assumes they may be packed, then builds a full
-    b x 1 x T x T float attention mask that the real run never builds. The engines pass no position ids, so
-    the real answer is "not packed" (None): the fake run is told so.
-    """
-    # expensive: transformers; estimate --params imports this module without it
-    from transformers import masking_utils
-
-    original = getattr(masking_utils, "find_packed_sequence_indices", None)
-    if original is None:
-        yield
-        return
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = original
-
-
-@contextlib.contextmanager
-def _quiet():
-    """transformers' deprecation and "use_cache is incompatible" notices are not for the estimate's user."""
-    # expensive: transformers; estimate --params imports this module without it
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)

@@ -23,6 +23,7 @@ from importlib import metadata
 SOURCES = (
     "memory/model/theory.py",
     "memory/model/activations.py",
+    "memory/model/fake_model.py",
     "memory/model/watch.py",
     "hf/models.py",
     "hf/lora.py",

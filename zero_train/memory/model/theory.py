@@ -20,9 +20,7 @@ Three answers to "how many bytes does one rank need at ZeRO stage s on N ranks":
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
-import torch
+from dataclasses import dataclass
 
 from zero_train.ds_config.keys import DEEPSPEED_BUCKET_ELEMENTS
 from zero_train.memory.model.stored import stored
@@ -161,7 +159,7 @@ def model_shape(config, lora=None) -> ModelShape:
         lora: a zero_train.hf.lora.LoraSpec: the model with peft's adapters, only they trainable.
     """
 
-    fields = stored("shape", [config.to_json_string(), lora], lambda: asdict(_meta_shape(config, lora)))
+    fields = stored("shape", [config.to_json_string(), lora], lambda: _meta_shape(config, lora))
     trainable = fields.get("trainable_numels")
     return ModelShape(
         **dict(
@@ -173,48 +171,9 @@ def model_shape(config, lora=None) -> ModelShape:
     )
 
 
-def _meta_shape(config, lora=None) -> ModelShape:
-    # expensive: transformers; estimate --params imports this module without it
-    from transformers import AutoModelForCausalLM
+def _meta_shape(config, lora=None) -> dict:
+    """ModelShape's fields, counted on the meta device (zero_train.memory.model.fake_model)."""
+    # expensive: transformers (seconds): a stored shape, and estimate --params, need none
+    from zero_train.memory.model.fake_model import meta_shape_fields
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-        init_gather = _largest_init_gather(model)  # the base's: zero.Init builds it before peft wraps it
-        if lora is not None:
-            # expensive: transformers; estimate --params imports this module without it
-            from zero_train.hf.lora import apply_lora
-
-            model = apply_lora(model, lora)
-    numels = tuple(p.numel() for p in model.parameters())  # parameters() deduplicates tied weights
-    trainable = tuple(p.numel() for p in model.parameters() if p.requires_grad) if lora is not None else None
-    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    tied = head is not None and embedding is not None and head.weight is embedding.weight
-    return ModelShape(
-        num_params=sum(numels),
-        largest_layer_params=largest,
-        num_layers=getattr(config, "num_hidden_layers", 0) or 0,
-        hidden_size=getattr(config, "hidden_size", 0) or 0,
-        num_heads=getattr(config, "num_attention_heads", 0) or 0,
-        vocab_size=getattr(config, "vocab_size", 0) or 0,
-        param_numels=numels,
-        tied_embedding_params=embedding.weight.numel() if tied else 0,
-        trainable_numels=trainable,
-        init_gather_numels=init_gather,
-    )
-
-
-def _largest_init_gather(model) -> tuple[int, ...]:
-    """The largest set of tensors transformers' initialize_weights_zero3 gathers at once, largest first: it
-    initialises each module with its parameters and its direct children's (a nested PreTrainedModel apart)."""
-    # expensive: transformers; estimate --params imports this module without it
-    from transformers import PreTrainedModel
-
-    def gathered(module) -> tuple[int, ...]:
-        numels = {id(p): p.numel() for p in module.parameters(recurse=False)}
-        for child in module.children():
-            if not isinstance(child, PreTrainedModel):
-                numels.update((id(p), p.numel()) for p in child.parameters(recurse=False))
-        return tuple(sorted(numels.values(), reverse=True))
-
-    return max((gathered(module) for module in model.modules()), key=sum)
+    return meta_shape_fields(config, lora)
