@@ -67,7 +67,7 @@ def record_peers(world_size: int) -> list[tuple[str, int]] | None:
     """
     if world_size <= 1:
         return None
-    import torch.distributed as dist  # expensive: torch; every start-up imports this module (runtime.errors)
+    import torch.distributed as dist  # expensive: torch; every usage error imports this module (runtime.errors)
 
     peers: list = [None] * world_size
     dist.all_gather_object(peers, [socket.gethostname(), os.getpid()])

@@ -59,7 +59,7 @@ def rank_limit(local_ranks: int, device: str = "cpu") -> dict:
         device: "cuda" reads the GPU's memory instead (torch.cuda.mem_get_info).
     """
     if device == "cuda":
-        import torch  # expensive: torch; zero-train --help imports this module
+        import torch  # expensive: torch; every usage error imports this module (errors -> faults -> vitals)
 
         return dict(kind="the GPU's memory", bytes=int(torch.cuda.mem_get_info()[1]), measure="cuda")
     candidates = []
