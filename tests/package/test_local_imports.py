@@ -20,7 +20,7 @@ pytestmark = pytest.mark.tier("quick")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 REASONS = ("# expensive:", "# cycle:", "# optional:")
-CEILING = 36
+CEILING = 37
 """Today's count: lower it when an import moves to the top; the goal (issue 38) is 40."""
 
 

@@ -7,7 +7,6 @@ traceback. Internal invariants use `assert`; anything else that escapes is a bug
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import sys
@@ -84,6 +83,8 @@ def _first_to_say(line: str) -> bool:
     folder = os.environ.get(SAID_ENV)
     if not folder:
         return True
+    import hashlib  # expensive: OpenSSL's init, 20-40 ms on every start-up (--help too) otherwise
+
     path = os.path.join(folder, hashlib.sha256(line.encode()).hexdigest()[:20])
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
