@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from zero_train.launch.launcher import run_logged  # imports torch and transformers: outside the timed launch
 from zero_train.testing import free_port
 
 pytestmark = pytest.mark.tier("quick")
@@ -234,14 +235,10 @@ time.sleep(120)
 
 
 def _run_logged(command, log, timeout):
-    from zero_train.launch.launcher import run_logged
-
     return run_logged(command, log, timeout=timeout, kill_grace_s=1)
 
 
 def _bench_launch(command, log, timeout):
-    from zero_train.launch.launcher import run_logged
-
     no_run_finishes = [log.with_suffix(".done.json")]
     return run_logged(command, log, timeout=timeout, done_files=no_run_finishes, kill_grace_s=1)
 
