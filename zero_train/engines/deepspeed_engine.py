@@ -41,6 +41,7 @@ from zero_train.engines.deepspeed_memory import deepspeed_memory_categories
 from zero_train.engines.optim import build_optimizer, client_lr_scheduler
 from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
+from zero_train.runtime.extensions import clear_stale_locks
 
 CHECKPOINT_TAG = "state"  # one DeepSpeed tag per checkpoint dir: the dir itself is already per step
 # Two messages every run printed that say nothing a user can act on, silenced by their exact text (DeepSpeed
@@ -113,6 +114,7 @@ class DeepSpeedEngine:
         self.ds_config = ds_config
         self.hf_ds_config = None
         skip_inference_collectives()
+        clear_stale_locks()  # DeepSpeed's CPU Adam (offload) would wait forever on a killed build's lock
         # deepspeed.comm must wrap our process group before zero.Init reads the world size
         deepspeed.init_distributed(dist_backend=dist_info.backend)
         if settings.zero_stage == 3:

@@ -9,12 +9,11 @@ stage3.py DeepSpeedZeroOptimizer_Stage3); a missing attribute counts zero.
 from __future__ import annotations
 
 import os
-import pathlib
 import time
 
 from zero_train.engines.base import tensor_bytes
 from zero_train.engines.deepspeed_memory import attribute_tensors, tensors_in
-from zero_train.runtime.errors import UsageError
+from zero_train.runtime.extensions import clear_stale_locks
 
 EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
 ZERO12_HOST = {
@@ -31,12 +30,6 @@ ZERO3_HOST = {
 }
 
 
-def stale_locks(folder: str | os.PathLike) -> list[pathlib.Path]:
-    """The `lock` files of interrupted JIT builds under `folder` (torch's FileBaton waits on them forever)."""
-    root = pathlib.Path(folder)
-    return sorted(root.rglob("lock")) if root.is_dir() else []
-
-
 def build_cpu_adam(extensions_dir: str | os.PathLike) -> float:
     """JIT-build (or load the cached build of) DeepSpeedCPUAdam's kernel under `extensions_dir`.
 
@@ -46,12 +39,10 @@ def build_cpu_adam(extensions_dir: str | os.PathLike) -> float:
     Returns:
         Seconds the build or load took.
 
-    Raises:
-        UsageError: a `lock` file of an interrupted build is there (the build would wait on it forever).
+    A lock an interrupted build left is removed first (runtime.extensions.clear_stale_locks): the load would
+    wait on it forever.
     """
-    locks = stale_locks(extensions_dir)
-    if locks:
-        raise UsageError(f"stale JIT build lock {locks[0]} (an interrupted build); remove it and run again")
+    clear_stale_locks(extensions_dir)
     os.environ[EXTENSIONS_ENV] = str(extensions_dir)
     # expensive: DeepSpeed (seconds), needed only for the build; the attribution here reads attributes only
     from deepspeed.ops.op_builder import CPUAdamBuilder

@@ -9,10 +9,17 @@ and loaded with one ninja: the venv's (scripts/setup.sh builds with it; zero_tra
 `would_rebuild` asks ninja itself (`ninja -n`, a dry run) in a scratch copy of the folder: a dry run is not
 read-only (a newer ninja deletes an older log it cannot read), and the folder is shared by every process of
 the venv.
+
+A build holds the op folder's `lock` (torch's FileBaton: created with O_EXCL, its descriptor open until the
+build ends, then removed); every other process that loads the op waits while the file exists, with no time
+limit and no message. A build that was killed (Ctrl-C, a scheduler's time limit, out of memory) leaves the file,
+and every later run that loads the op hangs ("Waiting for lock" in DeepSpeed's issues). `clear_stale_locks`
+removes a lock that no process holds open, so the next load rebuilds what is missing instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import re
@@ -20,7 +27,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
+LOCK = "lock"
+"""torch.utils.cpp_extension's build lock in an op's folder (a FileBaton)."""
+MIN_STALE_AGE_S = 30.0
+"""A lock younger than this is never called stale: its builder may be between creating it and opening it."""
 NINJA_STATE = ("build.ninja", ".ninja_log", ".ninja_deps")
 """What ninja reads and may rewrite: copied into the scratch folder (every other file is linked)."""
 _STEP = re.compile(r"^\[\d+/\d+\] ")
@@ -78,3 +90,55 @@ def would_rebuild(op_folder: pathlib.Path, ninja: pathlib.Path) -> list[str]:
     if done.returncode != 0:
         return [f"ninja -n failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}"]
     return [line for line in done.stdout.splitlines() if _STEP.match(line)]
+
+
+def _holds_open(pid_dir: pathlib.Path, target: str) -> bool | None:
+    """Whether process `pid_dir` (/proc/PID) has `target` open; None when its descriptors cannot be read."""
+    try:
+        fds = list((pid_dir / "fd").iterdir())
+    except FileNotFoundError:
+        return False  # ended meanwhile
+    except OSError:
+        return None  # another user's process
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == target:
+                return True
+    return False
+
+
+def stale_locks(folder: str | os.PathLike | None = None, *, now: float | None = None) -> list[pathlib.Path]:
+    """The op folders' build locks under `folder` (default: extensions_dir()) that no process holds open.
+
+    A lock is stale when it is older than MIN_STALE_AGE_S and no process on this machine has it open (a live
+    build's process keeps its descriptor until it removes the file). If some processes' descriptors cannot be
+    read (another user's), only a lock older than an hour counts: no CPU op build takes that long.
+    """
+    root = pathlib.Path(folder) if folder is not None else extensions_dir()
+    # an op's folder: ROOT/OP with TORCH_EXTENSIONS_DIR set, ROOT/py311_cpu/OP (torch's default root) without
+    found = [*root.glob(f"*/{LOCK}"), *root.glob(f"*/*/{LOCK}")] if root.is_dir() else []
+    locks = sorted(path for path in found if path.is_file())
+    now = time.time() if now is None else now
+    stale = []
+    for lock in locks:
+        with contextlib.suppress(FileNotFoundError):
+            age = now - lock.stat().st_mtime
+            if age < MIN_STALE_AGE_S:
+                continue
+            target = os.path.realpath(lock)
+            held = [_holds_open(pid, target) for pid in pathlib.Path("/proc").glob("[0-9]*")]
+            if not any(held) and (None not in held or age > 3600):
+                stale.append(lock)
+    return stale
+
+
+def clear_stale_locks(folder: str | os.PathLike | None = None) -> list[pathlib.Path]:
+    """Remove the stale build locks under `folder` (another rank may remove the same one: not an error) and say
+    so on stderr, one line each; returns them."""
+    removed = stale_locks(folder)
+    for lock in removed:
+        lock.unlink(missing_ok=True)
+        sys.stderr.write(
+            f"zero_train: removed {lock}, left by an interrupted build of that op (it builds again)\n"
+        )
+    return removed
