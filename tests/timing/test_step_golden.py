@@ -39,8 +39,8 @@ SETUPS = [
          block_size=128, gradient_checkpointing=True, precision="fp32", threads_per_rank=1),
 ]  # fmt: skip
 """Set-ups across engines, GPUs, precisions, one and several machines, checkpointing, accumulation, offload; and CPU
-ranks on a calibrated machine with its engines' fitted host work (machine_epyc-2core.json: docs/steptime.md's
-check on this 2-core EPYC)."""
+ranks on a calibrated machine with its engines' fitted host work (machine_epyc-2core.json: design v3's calibration
+in docs/steptime.md's check on this 2-core EPYC)."""
 
 
 def _predict(case: dict) -> dict:
