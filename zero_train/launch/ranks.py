@@ -40,9 +40,8 @@ def launch_ranks(launch: Launch, argv: list[str]) -> int:
         argv: the run's flags (zero_train.train.args.run_argv), checked by the caller before any rank starts.
     """
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks, without its banner
-    said = tempfile.mkdtemp(
-        prefix="zero-train-said-"
-    )  # a line every rank finds is said once (errors.SAID_ENV)
+    # a line every rank finds is said once (errors.SAID_ENV)
+    said = tempfile.mkdtemp(prefix="zero-train-said-")
     os.environ[SAID_ENV] = said
     try:
         return _launch(launch_command(launch, argv), launch.launcher)
