@@ -18,6 +18,7 @@ import pathlib
 import pytest
 import torch
 
+from zero_train.sharding.zero12 import state as zero12_state
 from zero_train.testing import run_ranks
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -60,7 +61,7 @@ def _load_compare_train(rank: int, world_size: int, argv: list[str], ckpt: str) 
     same trainer trains on with --resume (loading the checkpoint again)."""
     trainer = _trainer(argv, world_size)
     trainer.engine.load_checkpoint(pathlib.Path(ckpt))
-    gathered = trainer.engine.optimizer.consolidated_state_dict(to=0)  # collective
+    gathered = zero12_state.consolidated_state_dict(trainer.engine.optimizer, to=0)  # collective
     compared = _compare_with_saved(gathered, trainer.engine, pathlib.Path(ckpt)) if rank == 0 else {}
     summary = trainer.run()
     return {**compared, **{key: summary[key] for key in ("final_loss", "start_step", "steps")}}

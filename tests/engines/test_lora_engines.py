@@ -22,6 +22,7 @@ import pathlib
 import pytest
 import torch
 
+from zero_train.sharding.zero3 import state as zero3_state
 from zero_train.testing import run_ranks
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -132,7 +133,7 @@ def _weights(engine, *, trainable: bool) -> dict[str, torch.Tensor]:
 def _gathered_everywhere(engine, param: torch.Tensor) -> torch.Tensor:
     """Our ZeRO-3's whole parameter on every rank, from its pieces (Zero3Optimizer.gathered_param, collective)."""
     world_size, rank = engine.dist_info.world_size, engine.dist_info.rank
-    whole = [engine.optimizer.gathered_param(param, to=to) for to in range(world_size)][rank]
+    whole = [zero3_state.gathered_param(engine.optimizer, param, to=to) for to in range(world_size)][rank]
     return whole.double()
 
 

@@ -125,7 +125,7 @@ def _bucket_sizes(rank: int, world_size: int) -> dict:
 
 
 def test_buckets_default_to_at_least_four_and_a_given_size_wins():
-    from zero_train.sharding.partition import MIN_BUCKETS, default_bucket_elements
+    from zero_train.sharding.accounting import MIN_BUCKETS, default_bucket_elements
 
     sizes = run_ranks(_bucket_sizes, 1, timeout_s=120)[0]
     numels = [p.numel() for p in _model_fn().parameters()]

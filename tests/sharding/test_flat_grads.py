@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from zero_train.sharding import Zero1Optimizer
+from zero_train.sharding.zero12 import state as zero12_state
 from zero_train.testing.sharders import TiedNet, batch, two_groups
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -39,7 +40,7 @@ def _train(rank: int, dtype: torch.dtype, *, accum: int, fused: bool, set_to_non
         norms.append(float(optimizer.clip_grad_norm_(0.05)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=set_to_none)
-    masters = optimizer.full_master_params()
+    masters = zero12_state.full_master_params(optimizer)
     return [p.detach().clone() for p in model.parameters()] + masters, norms
 
 

@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from zero_train.sharding.zero12 import report as zero12_report
+from zero_train.sharding.zero12 import state as zero12_state
 from zero_train.testing import run_ranks
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -52,10 +54,10 @@ def _gather_run(rank: int, world_size: int) -> dict:
         optimizer.step()
         optimizer.zero_grad()
     out: dict = {}
-    reference = [m.clone() for m in optimizer.full_master_params()]
+    reference = [m.clone() for m in zero12_state.full_master_params(optimizer)]
     for to in (0, 1):
         gathered, out[f"gathered_growth_to{to}"] = _growth(
-            lambda to=to: optimizer.gathered_master_params(to=to)
+            lambda to=to: zero12_state.gathered_master_params(optimizer, to=to)
         )
         out[f"is_none_to{to}"] = gathered is None
         if gathered is not None:
@@ -64,11 +66,13 @@ def _gather_run(rank: int, world_size: int) -> dict:
             )
             out[f"devices_to{to}"] = sorted({str(t.device) for t in gathered})
         del gathered
-    full, out["all_gather_growth"] = _growth(optimizer.full_master_params)
+    full, out["all_gather_growth"] = _growth(lambda: zero12_state.full_master_params(optimizer))
     del full
     shards = [None] * world_size
-    dist.all_gather_object(shards, optimizer.state_dict())  # the reference: every shard, by rank
-    consolidated, out["consolidate_growth"] = _growth(lambda: optimizer.consolidated_state_dict(to=0))
+    dist.all_gather_object(shards, zero12_state.state_dict(optimizer))  # the reference: every shard, by rank
+    consolidated, out["consolidate_growth"] = _growth(
+        lambda: zero12_state.consolidated_state_dict(optimizer, to=0)
+    )
     if consolidated is not None:
         expected = consolidate_shards(shards)
         out["state_keys_equal"] = expected["state"].keys() == consolidated["state"].keys()
@@ -86,7 +90,7 @@ def _gather_run(rank: int, world_size: int) -> dict:
             | {str(v.device) for v in consolidated["master_params"].values()}
         )
     out["consolidated_is_none"] = consolidated is None
-    out["own_master_bytes"] = optimizer.memory_bytes()["master_params"]
+    out["own_master_bytes"] = zero12_report.memory_bytes(optimizer)["master_params"]
     return out
 
 

@@ -12,8 +12,9 @@ import torch
 
 from zero_train.hf.models import model_config
 from zero_train.sharding import norms
+from zero_train.sharding.accounting import balance_report
 from zero_train.sharding.comm.gloo import ring_receive_elements, ring_schedule
-from zero_train.sharding.partition import Piece, balance_report, flat_partition, gradient_buckets
+from zero_train.sharding.partition import Piece, flat_partition, gradient_buckets
 from zero_train.sharding.step import ELEMENTWISE_OPTIMIZERS
 
 pytestmark = pytest.mark.tier("quick")
@@ -216,7 +217,8 @@ def test_norm_from_pieces_is_the_norm_from_whole_tensors():
     ],
 )
 def test_the_default_bucket_cuts_any_model_in_at_least_four(numels):
-    from zero_train.sharding.partition import MIN_BUCKETS, bucket_groups, default_bucket_elements
+    from zero_train.sharding.accounting import MIN_BUCKETS, default_bucket_elements
+    from zero_train.sharding.partition import bucket_groups
 
     size = default_bucket_elements(numels, 500_000_000)
     assert len(bucket_groups(numels, size)) >= MIN_BUCKETS

@@ -18,6 +18,8 @@ import torch
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer, consolidate_shards
+from zero_train.sharding.zero12 import report as zero12_report
+from zero_train.sharding.zero12 import state as zero12_state
 from zero_train.testing.sharders import TiedNet, batch, piece_average, two_groups
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -56,7 +58,7 @@ def _state_bytes(state: dict) -> list[int]:
 
 
 def _pieces(model: TiedNet, optimizer) -> list[list[tuple[int, int, int]]]:
-    return [optimizer.pieces_of(p) for p in model.parameters() if p.requires_grad]
+    return [zero12_report.pieces_of(optimizer, p) for p in model.parameters() if p.requires_grad]
 
 
 def _plain_continue(weights: dict, consolidated: dict, world_size: int, pieces: list) -> TiedNet:
@@ -87,31 +89,36 @@ def _save_and_round_trip_stage(rank: int, world_size: int, tmp: str, stage: int)
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         model, optimizer = _make(dtype, stage=stage)
         _train(model, optimizer, rank, range(SAVED_AT))
-        torch.save(optimizer.state_dict(), f"{tmp}/{name}-shard{rank}.pt")
+        torch.save(zero12_state.state_dict(optimizer), f"{tmp}/{name}-shard{rank}.pt")
         weights = {k: v.clone() for k, v in model.state_dict().items()}
-        consolidated = optimizer.consolidated_state_dict(to=0)  # collective: all shards are saved after it
+        # collective: all shards are saved after it
+        consolidated = zero12_state.consolidated_state_dict(optimizer, to=0)
         if rank == 0:
             torch.save(weights, f"{tmp}/{name}-weights.pt")
             torch.save(consolidated, f"{tmp}/{name}-consolidated.pt")
-        results[f"{name}_memory"] = optimizer.memory_bytes()
-        results[f"{name}_slice"] = optimizer.partitions[0].partition_size
-        results[f"{name}_pieces"] = [len(optimizer.partitions[0].pieces(r)) for r in range(world_size)]
-        results[f"{name}_loads"] = optimizer.partitions[0].loads()
+        results[f"{name}_memory"] = zero12_report.memory_bytes(optimizer)
+        results[f"{name}_slice"] = zero12_report.partitions(optimizer)[0].partition_size
+        results[f"{name}_pieces"] = [
+            len(zero12_report.partitions(optimizer)[0].pieces(r)) for r in range(world_size)
+        ]
+        results[f"{name}_loads"] = zero12_report.partitions(optimizer)[0].loads()
         _train(model, optimizer, rank, CONTINUE)
 
         fresh_model, fresh = _make(dtype, seed=1, stage=stage)
         fresh_model.load_state_dict(weights)
-        fresh.load_state_dict(torch.load(f"{tmp}/{name}-shard{rank}.pt"))
+        zero12_state.load_state_dict(fresh, torch.load(f"{tmp}/{name}-shard{rank}.pt"))
         _train(fresh_model, fresh, rank, CONTINUE)
         results[f"{name}_round_trip_diff"] = _max_diff(model, fresh_model)
-        masters = zip(optimizer.full_master_params(), fresh.full_master_params(), strict=True)
+        masters = zip(
+            zero12_state.full_master_params(optimizer), zero12_state.full_master_params(fresh), strict=True
+        )
         results[f"{name}_master_diff"] = max(float((a - b).abs().max()) for a, b in masters)
         if name == "fp32" and rank == 0:
             reference = _plain_continue(weights, consolidated, world_size, _pieces(model, optimizer))
             results["plain_diff"] = _max_diff(model, reference)
             results["unsharded_state_bytes"] = _state_bytes(consolidated["state"])
     try:
-        fresh.load_state_dict(torch.load(f"{tmp}/bf16-shard{1 - rank}.pt"))
+        zero12_state.load_state_dict(fresh, torch.load(f"{tmp}/bf16-shard{1 - rank}.pt"))
     except UsageError as error:
         results["wrong_shard_error"] = str(error)
     return results
@@ -127,17 +134,17 @@ def _reshard_stage(rank: int, world_size: int, tmp: str, stage: int) -> dict:
     model, optimizer = _make(torch.float32, seed=1, stage=stage)
     model.load_state_dict(weights)
     try:
-        optimizer.load_state_dict(shards[0])
+        zero12_state.load_state_dict(optimizer, shards[0])
         shard_error = None
     except UsageError as error:
         shard_error = str(error)
-    optimizer.load_state_dict(consolidate_shards(shards))
-    memory = optimizer.memory_bytes()
+    zero12_state.load_state_dict(optimizer, consolidate_shards(shards))
+    memory = zero12_report.memory_bytes(optimizer)
     _train(model, optimizer, rank, CONTINUE)
     reference = _plain_continue(
         weights, torch.load(f"{tmp}/fp32-consolidated.pt"), world_size, _pieces(model, optimizer)
     )
-    pieces = len(optimizer.partitions[0].pieces(rank))
+    pieces = len(zero12_report.partitions(optimizer)[0].pieces(rank))
     return dict(diff=_max_diff(model, reference), shard_error=shard_error, memory=memory, pieces=pieces)
 
 
@@ -230,7 +237,7 @@ def test_shards_of_the_whole_tensor_layout_load_through_consolidation(saved, tmp
     ]
     model, optimizer = _make(torch.float32, seed=1)
     with pytest.raises(UsageError, match=r"whole-tensor layout \(zero_train.zero1_shard/1\)") as refused:
-        optimizer.load_state_dict(old[0])
+        zero12_state.load_state_dict(optimizer, old[0])
     assert "\n" not in str(refused.value) and "consolidate_shards" in str(refused.value)
     (tmp_path / "optim").mkdir()
     for rank, shard in enumerate(old):
@@ -245,7 +252,7 @@ def test_shards_of_the_whole_tensor_layout_load_through_consolidation(saved, tmp
             for k, v in expected.items()
         )
     model.load_state_dict(weights)
-    optimizer.load_state_dict(state)
+    zero12_state.load_state_dict(optimizer, state)
     _train(model, optimizer, 0, CONTINUE)
     reference = _plain_continue(weights, consolidated, 1, _pieces(model, optimizer))
     assert _max_diff(model, reference) == 0.0

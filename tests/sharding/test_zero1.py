@@ -15,6 +15,7 @@ from torch import nn
 from zero_train.comm.ledger import CommLedger
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import DynamicLossScaler, Zero1Optimizer, Zero2Optimizer
+from zero_train.sharding.zero12 import report as zero12_report
 from zero_train.testing.sharders import TiedNet, batch, clip_with_float64_norm, piece_average, two_groups
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -123,14 +124,14 @@ def test_memory_bytes_of_one_rank_hold_the_whole_state():
     model(batch(0, 0, 0)).backward()
     optimizer.step()
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    memory = optimizer.memory_bytes()
+    memory = zero12_report.memory_bytes(optimizer)
     assert memory["params"] == 4 * sum(p.numel() for p in model.parameters())
     assert memory["grads"] == 4 * trainable
     assert memory["optimizer_states"] == 8 * trainable + 4 * len(
         [p for p in model.parameters() if p.requires_grad]
     )
     assert memory["master_params"] == 0 and memory["comm_buffers"] == 0
-    assert optimizer.comm_bytes_per_step()["total"] == 0
+    assert zero12_report.comm_bytes_per_step(optimizer)["total"] == 0
 
 
 def _wide_model() -> nn.Sequential:
@@ -144,7 +145,7 @@ def _add_group_and_fp16(rank: int, world_size: int) -> dict:
     layers = list(model)
     optimizer = Zero1Optimizer(layers[0].parameters(), torch.optim.AdamW, lr=1e-2, foreach=False)
     optimizer.add_param_group(dict(params=[p for layer in layers[1:] for p in layer.parameters()], lr=5e-3))
-    results["balance"] = optimizer.balance_report()
+    results["balance"] = zero12_report.balance_report(optimizer)
     results["largest"] = max(p.numel() * 4 for p in model.parameters())
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
     with CommLedger() as ledger:
@@ -153,12 +154,12 @@ def _add_group_and_fp16(rank: int, world_size: int) -> dict:
         optimizer.clip_grad_norm_(1.0)
         optimizer.step()
     results["ledger"], results["ledger_wire"] = ledger.totals(), ledger.wire_bytes()
-    results["reported"] = optimizer.comm_bytes_per_step()
+    results["reported"] = zero12_report.comm_bytes_per_step(optimizer)
     results["ranks_per_group"] = [
-        sorted({rank for p in group["params"] for rank, _, _ in optimizer.pieces_of(p)})
+        sorted({rank for p in group["params"] for rank, _, _ in zero12_report.pieces_of(optimizer, p)})
         for group in optimizer.param_groups
     ]
-    results["segments"] = len(optimizer.partitions)
+    results["segments"] = len(zero12_report.partitions(optimizer))
     results["fp16"] = _fp16_skips(rank, world_size, Zero1Optimizer)
     results["pieces_diff"] = _small_receive_buffer_diff(rank)
     results["zero2"] = _zero2_bytes(rank)
@@ -215,9 +216,9 @@ def _zero2_bytes(rank: int) -> dict:
     return dict(
         ledger=ledger.totals(),
         wire=ledger.wire_bytes(),
-        reported=optimizer.comm_bytes_per_step(),
-        balance=optimizer.balance_report(),
-        buckets=len(optimizer.buckets),
+        reported=zero12_report.comm_bytes_per_step(optimizer),
+        balance=zero12_report.balance_report(optimizer),
+        buckets=len(zero12_report.buckets(optimizer)),
     )
 
 
@@ -232,7 +233,7 @@ def _small_receive_buffer_diff(rank: int) -> float:
         optimizer = Zero1Optimizer(model.parameters(), torch.optim.AdamW, lr=1e-2, foreach=False)
         gloo.RECV_BUFFER_ELEMENTS = default
         chunk = min(
-            -(-optimizer.partitions[0].num_elements // 2), piece
+            -(-zero12_report.partitions(optimizer)[0].num_elements // 2), piece
         )  # an N-th of the bucket, at most piece
         assert optimizer._queue.recv_buffer.numel() == chunk  # N - 1 = 1 chunk per ring step
         for step in range(3):
@@ -268,7 +269,7 @@ def _fp16_skips(rank: int, world_size: int, sharder) -> dict:
             reference.zero_grad()
             (reference(batch(r, step, 0)) * ref_scaler.loss_scale).backward()
             grads_by_rank.append([p.grad.clone() for p in trainable])
-        pieces = [optimizer.pieces_of(p) for p in model.parameters() if p.requires_grad]
+        pieces = [zero12_report.pieces_of(optimizer, p) for p in model.parameters() if p.requires_grad]
         for i, master in enumerate(masters):
             master.grad = piece_average([[g[i]] for g in grads_by_rank], pieces[i], stage=1).float()
             master.grad.mul_(1.0 / ref_scaler.loss_scale)

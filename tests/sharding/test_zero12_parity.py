@@ -19,6 +19,8 @@ import torch
 
 from zero_train.comm.ledger import CommLedger
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer
+from zero_train.sharding.zero12 import report as zero12_report
+from zero_train.sharding.zero12 import state as zero12_state
 from zero_train.testing.sharders import TiedNet, batch, clip_with_float64_norm, piece_average, two_groups
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -64,7 +66,7 @@ def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype, stage
         [{**g, "params": [master_of.get(id(p), p) for p in g["params"]]} for g in ref_groups], **kwargs
     )
     model_trainable = [p for p in model.parameters() if p.requires_grad]
-    pieces = [sharded.pieces_of(p) for p in model_trainable]
+    pieces = [zero12_report.pieces_of(sharded, p) for p in model_trainable]
     norm_diffs, micro_step_bytes = [], 0
     for step in range(STEPS):
         grads_by_rank = _reference_grads(reference, world_size, step)
@@ -88,7 +90,7 @@ def _train_pair(rank: int, world_size: int, case: str, dtype: torch.dtype, stage
             norm_diffs.append(float((norm - ref_norm).abs()))
         sharded.step()
         sharded.zero_grad()
-    full_masters = sharded.full_master_params()
+    full_masters = zero12_state.full_master_params(sharded)
     trainable = [
         i for i, p in enumerate(p for g in sharded.param_groups for p in g["params"]) if p.requires_grad
     ]

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer
+from zero_train.sharding.zero12 import report as zero12_report
+from zero_train.sharding.zero12 import state as zero12_state
 from zero_train.testing import run_ranks
 from zero_train.testing.sharders import VOCAB, batch, clip_with_float64_norm, piece_average
 
@@ -127,7 +129,7 @@ def _train(rank: int, world_size: int, case: str, stage: int) -> dict:
     twin = dict(zip((id(p) for p in reference.parameters()), model.parameters(), strict=True))
 
     def pieces_of(param):
-        return sharded.pieces_of(twin[id(param)])
+        return zero12_report.pieces_of(sharded, twin[id(param)])
 
     norm_diffs, trunk_before_freeze = [], None
     for step in range(STEPS):
@@ -145,7 +147,7 @@ def _train(rank: int, world_size: int, case: str, stage: int) -> dict:
             norm_diffs.append(abs(norm - ref_norm))
         if step == FREEZE_AT - 1:
             trunk_before_freeze = model.trunk.weight.detach().clone()
-    consolidated = sharded.consolidated_state_dict()
+    consolidated = zero12_state.consolidated_state_dict(sharded)
     plain_state = plain.state_dict()
     return dict(
         diffs={

@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from zero_train.sharding import Zero1Optimizer, Zero2Optimizer, Zero3Model, Zero3Optimizer
+from zero_train.sharding.zero12 import report as zero12_report
 from zero_train.testing.sharders import TiedNet, batch, two_groups
 
 pytestmark = pytest.mark.tier("multiproc")
@@ -104,7 +105,7 @@ def _host_waits(rank: int, stage: str) -> dict:
     model, optimizer = _sharded(stage)
     _one_step(model, optimizer, rank, 0, stage)  # the flags of this layout are built on the device once
     inner_events: list = []
-    inner_step, outer = optimizer._inner.step, []
+    inner_step, outer = optimizer.inner.step, []
 
     def watched_inner_step(*args, **kwargs):
         outer[0].paused = True
@@ -114,7 +115,7 @@ def _host_waits(rank: int, stage: str) -> dict:
         inner_events.extend(mode.events)
         return result
 
-    optimizer._inner.step = watched_inner_step
+    optimizer.inner.step = watched_inner_step
     loss = model(batch(rank, 1, 0))
     with HostWaits() as mode, counting_tolist(mode):
         outer.append(mode)
@@ -126,7 +127,7 @@ def _host_waits(rank: int, stage: str) -> dict:
         optimizer.clip_grad_norm_(0.05)
         optimizer.step()
         optimizer.zero_grad()
-    step_counters = {id(state["step"]) for state in optimizer._inner.state.values()}
+    step_counters = {id(state["step"]) for state in optimizer.inner.state.values()}
     return dict(
         backward=[kind for kind, _ in in_backward],
         step=[kind for kind, _ in mode.events[len(in_backward) :]],
@@ -134,7 +135,9 @@ def _host_waits(rank: int, stage: str) -> dict:
             kind for kind, key in inner_events if kind == "scalar read" and key not in step_counters
         ],
         inner_counter_reads=sum(kind == "scalar read" and key in step_counters for kind, key in inner_events),
-        split=sum(len(optimizer.pieces_of(p)) > 1 for p in model.parameters()) if stage != "zero3" else 1,
+        split=sum(len(zero12_report.pieces_of(optimizer, p)) > 1 for p in model.parameters())
+        if stage != "zero3"
+        else 1,
     )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zero_train.sharding.zero12 import report as zero12_report
+
 pytestmark = pytest.mark.tier("multiproc")
 
 VOCAB, STEPS = 256, 3
@@ -67,7 +69,7 @@ def _histories(rank: int, world_size: int) -> dict:
         histories[name] = history
         if name == "zero1":
             histories["split"] = sum(
-                len(engine.optimizer.pieces_of(p)) > 1 for p in engine.model.parameters()
+                len(zero12_report.pieces_of(engine.optimizer, p)) > 1 for p in engine.model.parameters()
             )
     return histories
 

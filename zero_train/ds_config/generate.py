@@ -338,7 +338,7 @@ def zero_section(req: ConfigRequest) -> dict:
         req.contiguous_gradients, generated_default(f"{ZERO}.contiguous_gradients")
     )
     # Without a flag or a model the key is left out: DeepSpeed then applies its own default, and our zero1 /
-    # zero2 size their buckets so that backward overlaps (sharding.partition.default_bucket_elements).
+    # zero2 size their buckets so that backward overlaps (sharding.accounting.default_bucket_elements).
     bucket = req.reduce_bucket_size or model_default(h * h if h else None)
     if bucket is not None:
         zero["reduce_bucket_size"] = bucket

@@ -29,6 +29,14 @@ class ShardedEngine(LocalEngine):
     optimizer: PieceOptimizer
     """Our sharded optimizer (Zero1Optimizer, Zero2Optimizer or Zero3Optimizer)."""
 
+    def optimizer_shard(self) -> dict:
+        """This rank's shard of optimizer state (the stage's sharding/*/state.py)."""
+        raise NotImplementedError
+
+    def sharder_bytes(self) -> dict[str, int]:
+        """The bytes the optimizer holds by category (the stage's sharding/*/report.py)."""
+        raise NotImplementedError
+
     def _apply_step(self, lr: float) -> tuple[torch.Tensor, bool]:
         """Clip by the global norm (one all-reduce; no clipping at grad_clip 0), step this rank's pieces at `lr`,
         zero the gradients. The gradients are reduced first where backward has not done it (ZeRO-1).
@@ -52,9 +60,7 @@ class ShardedEngine(LocalEngine):
         """
         weights = self.full_state_dict()
         writes = as_staged_writes(out)
-        self.write_checkpoint(
-            writes, weights, client_state=client_state, optimizer=self.optimizer.state_dict()
-        )
+        self.write_checkpoint(writes, weights, client_state=client_state, optimizer=self.optimizer_shard())
 
     def memory_categories(self, device: torch.device | None = None) -> dict[str, int]:
         """The sharder's own account (params, grads, master_params, optimizer_states, comm_buffers).
@@ -62,10 +68,10 @@ class ShardedEngine(LocalEngine):
         device: count only tensors on it. All the sharder's buffers live on the model's device; the inner
         optimizer's state may not (torch's Adam keeps "step" counters on the CPU when the model is on CUDA).
         """
-        categories = dict(self.optimizer.memory_bytes())
+        categories = dict(self.sharder_bytes())
         if device is None:
             return categories
-        inner = self.optimizer._inner  # the inner torch optimizer over the owned masters (sharding/step.py)
+        inner = self.optimizer.inner  # the inner torch optimizer over the owned masters (sharding/step.py)
         states = [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v)]
         states_there = tensor_bytes(states, device=device)
         if torch.device(device).type != self.dist_info.device.type:  # none of the sharder's buffers are there

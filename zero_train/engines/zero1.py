@@ -26,7 +26,8 @@ from zero_train.engines.optim import optimizer_spec, scheduled_lr
 from zero_train.engines.precision import grad_dtypes, make_loss_scaler
 from zero_train.engines.sharded import ShardedEngine
 from zero_train.sharding import Zero1Optimizer
-from zero_train.sharding.partition import default_bucket_elements
+from zero_train.sharding.accounting import default_bucket_elements
+from zero_train.sharding.zero12 import report, state
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
 
@@ -65,6 +66,12 @@ class Zero1Engine(ShardedEngine):
             **{**kwargs, "lr": scheduled_lr(settings, 0)},
         )
 
+    def optimizer_shard(self) -> dict:
+        return state.state_dict(self.optimizer)
+
+    def sharder_bytes(self) -> dict[str, int]:
+        return report.memory_bytes(self.optimizer)
+
     def _no_sync(self, boundary: bool):
         """The last micro-batch's hooks write gradients already divided by N (one pass fewer) and reduce
         each complete bucket while backward goes on."""
@@ -81,7 +88,7 @@ class Zero1Engine(ShardedEngine):
         """id(param) -> full fp32 master on rank 0 (collective, one tensor at a time), when the model is not fp32."""
         if self.settings.precision == "fp32":
             return None
-        full = self.optimizer.gathered_master_params(to=0)  # rank 0: CPU tensors in parameter order
+        full = state.gathered_master_params(self.optimizer, to=0)  # rank 0: CPU tensors in parameter order
         if full is None:
             return None
         return {id(p): m for p, m in zip(self.model.parameters(), full, strict=True)}
@@ -93,6 +100,6 @@ class Zero1Engine(ShardedEngine):
         own, optimizer_state = load_sharded_optimizer(  # any saved world size (zero_train.checkpoint.elastic)
             path, rank=self.dist_info.rank, world_size=self.dist_info.world_size
         )
-        self.optimizer.load_state_dict(optimizer_state)
+        state.load_state_dict(self.optimizer, optimizer_state)
         self.restore_counters(own["counters"])
         return own["client_state"]

@@ -34,6 +34,7 @@ from zero_train.engines.precision import PRECISION_DTYPES, grad_dtypes, make_los
 from zero_train.engines.sharded import ShardedEngine
 from zero_train.hf.lora import is_lora
 from zero_train.runtime.errors import UsageError
+from zero_train.sharding.zero3 import report, state
 from zero_train.sharding.zero3.meta_build import MetaBuild
 from zero_train.sharding.zero3.model import Zero3Model
 from zero_train.sharding.zero3.optim import Zero3Optimizer
@@ -65,6 +66,12 @@ class Zero3Engine(ShardedEngine):
             self.sharded, optimizer_class, master_dtype=torch.float32, loss_scaler=self.loss_scaler, **kwargs
         )
 
+    def optimizer_shard(self) -> dict:
+        return state.state_dict(self.optimizer)
+
+    def sharder_bytes(self) -> dict[str, int]:
+        return report.memory_bytes(self.optimizer)
+
     # ------------------------------------------------------------- weights
     def _named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """What a checkpoint keeps (checkpoint.files.saved_tensors): each tensor once under its first name (a tied
@@ -74,15 +81,15 @@ class Zero3Engine(ShardedEngine):
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The fp32 weights (LoRA: the adapters) on rank 0 in CPU memory (collective: one tensor at a time),
         None elsewhere."""
-        state = {}
+        weights = {}
         for name, tensor in self._named_tensors():
             if id(tensor) in self.sharded.owner:
-                value = self.optimizer.gathered_param(tensor, to=0)
+                value = state.gathered_param(self.optimizer, tensor, to=0)
             else:  # a buffer: every rank has it whole
                 value = tensor.detach().to("cpu", copy=True) if self.dist_info.is_main else None
             if value is not None:
-                state[name] = value.contiguous()
-        return state if self.dist_info.is_main else None
+                weights[name] = value.contiguous()
+        return weights if self.dist_info.is_main else None
 
     def load_checkpoint(self, path) -> dict:
         """This rank's pieces of the weights and of the optimizer state, at any saved world size.
@@ -104,10 +111,10 @@ class Zero3Engine(ShardedEngine):
             else load_rank_file(path, rank % saved_world_size, mmap=True)
         )
         if saved_world_size == world_size:
-            self.optimizer.load_shards([own["optimizer"]])
+            state.load_shards(self.optimizer, [own["optimizer"]])
         else:  # re-cut: every saved shard, memory-mapped; each rank reads only what its pieces overlap
             others = [load_rank_file(path, r, mmap=True) for r in range(1, saved_world_size)]
-            self.optimizer.load_shards([first["optimizer"]] + [o["optimizer"] for o in others])
+            state.load_shards(self.optimizer, [first["optimizer"]] + [o["optimizer"] for o in others])
         self.restore_counters(own["counters"])
         return own["client_state"]
 
@@ -121,8 +128,9 @@ class Zero3Engine(ShardedEngine):
                 raise UsageError(
                     f"checkpoint weights lack {missing[0]!r}: it was saved from a different model"
                 )
-            self.optimizer.load_weights(
-                lambda param, offset, length: read_elements(handle, names[id(param)], offset, length)
+            state.load_weights(
+                self.optimizer,
+                lambda param, offset, length: read_elements(handle, names[id(param)], offset, length),
             )
             with torch.no_grad():
                 for name, tensor in self._named_tensors():
@@ -139,7 +147,8 @@ class Zero3Engine(ShardedEngine):
                     f"checkpoint adapter {name!r} is missing or of another shape: another model?"
                 )
         by_id = {id(param): weights[name] for name, param in adapters}
-        self.optimizer.load_weights(
+        state.load_weights(
+            self.optimizer,
             lambda param, offset, length: by_id[id(param)].reshape(-1)[offset : offset + length],
             params=[param for _, param in adapters],
         )

@@ -148,31 +148,6 @@ def flat_partition(numels: Sequence[int], world_size: int) -> FlatPartition:
     )
 
 
-def balance_report(partitions: FlatPartition | Sequence[FlatPartition], element_size: int) -> dict:
-    """How evenly the parameters are spread (bytes each rank owns, and the padding).
-
-    Args:
-        partitions: one flat partition, or several over the same ranks (a sharder's segments: their sums).
-        element_size: bytes per element (4 for fp32, 2 for bf16/fp16).
-
-    Returns:
-        {"bytes_per_rank": [...], "max_bytes", "min_bytes", "max_over_mean", "padding_bytes",
-        "pieces_per_rank": [...]} ; max_over_mean is 1.0 for a perfect balance.
-    """
-    partitions = [partitions] if isinstance(partitions, FlatPartition) else list(partitions)
-    ranks = partitions[0].ranks
-    loads = [sum(loads) for loads in zip(*(p.loads() for p in partitions), strict=True)]
-    mean = sum(loads) / len(ranks)
-    return dict(
-        bytes_per_rank=[load * element_size for load in loads],
-        max_bytes=max(loads) * element_size,
-        min_bytes=min(loads) * element_size,
-        max_over_mean=(max(loads) / mean) if mean else 1.0,
-        padding_bytes=sum(p.padding() for p in partitions) * element_size,
-        pieces_per_rank=[sum(len(p.pieces(rank)) for p in partitions) for rank in ranks],
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class Bucket:
     """Consecutive whole tensors whose gradients are reduced together: the flat range [start, stop).
@@ -198,23 +173,6 @@ class Bucket:
     def size(self) -> int:
         """Elements in the bucket."""
         return self.stop - self.start
-
-
-MIN_BUCKETS = 4
-"""Buckets a model is cut into at least when the config sets no reduce_bucket_size: the last bucket (the first
-layers) is reduced after backward ends, so one bucket overlaps nothing; with four, three of them travel while
-backward computes (docs/zero1.md#buckets)."""
-
-
-def default_bucket_elements(numels: Sequence[int], cap: int) -> int:
-    """The bucket size when the config sets none: a MIN_BUCKETS-th of the elements (at most `cap`, DeepSpeed's
-    5e8), halved until `bucket_groups` cuts the tensors into at least MIN_BUCKETS buckets. Buckets hold whole
-    tensors, so a model whose embedding dominates needs smaller ones for the rest (any model of at least
-    MIN_BUCKETS tensors gets there: at 1 element every tensor is its own bucket)."""
-    size = max(1, min(int(cap), -(-sum(numels) // MIN_BUCKETS)))
-    while size > 1 and len(bucket_groups(numels, size)) < MIN_BUCKETS:
-        size //= 2
-    return size
 
 
 def gradient_buckets(

@@ -22,15 +22,10 @@ import torch
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.comm.gather import gather_objects_to
+from zero_train.sharding.step import PieceOptimizer, hyperparameters
 
 SHARD_FORMAT = "zero_train.flat_shard/2"
 WHOLE_TENSOR_FORMAT = "zero_train.zero1_shard/1"
-
-
-def hyperparameters(group: dict) -> dict:
-    """A param group's settings (lr, betas, weight_decay, ...) without its parameters: what the outer and the
-    inner optimizer's groups share, and what a shard saves of each group. Every stage uses this one."""
-    return {k: v for k, v in group.items() if k != "params"}
 
 
 def global_indices(param_groups: list[dict]) -> dict[int, int]:
@@ -66,7 +61,7 @@ def consolidate_shards(shards: list[dict]) -> dict:
     """
     formats = {s.get("format") for s in shards}
     if not shards or not formats <= {SHARD_FORMAT, WHOLE_TENSOR_FORMAT} or len(formats) > 1:
-        raise UsageError("consolidate_shards needs the Zero1Optimizer.state_dict() of every rank of one save")
+        raise UsageError("consolidate_shards needs zero12.state.state_dict(optimizer) of every rank of one save")
     world_size = shards[0]["world_size"]
     ranks = sorted(s["rank"] for s in shards)
     if ranks != list(range(world_size)) or any(s["world_size"] != world_size for s in shards):
@@ -98,38 +93,36 @@ def gather_shards(shard: dict, *, to: int, process_group=None) -> list[dict] | N
     return gather_objects_to(shard, to=to, process_group=process_group)
 
 
-def shard_of(pieces, inner, param_groups, *, rank: int, world_size: int, loss_scaler, masters: bool) -> dict:
+def shard_of(optimizer: PieceOptimizer, *, masters: bool) -> dict:
     """This rank's shard: the inner optimizer's state (and, with `masters`, the master weights) of its pieces.
-
-    Args:
-        pieces: the owned pieces (step.OwnedPiece: param, piece, master), in the inner optimizer's order.
-        inner: the inner optimizer over their masters.
-        param_groups: the outer optimizer's groups (the indices, the settings saved).
 
     Returns:
         {"format", "world_size", "rank", "state": {index: [[first element, length, state], ...]},
         "master_params": {index: [[first element, length, tensor], ...]}, "shapes": {index: shape},
         "param_groups", "loss_scaler"}.
     """
-    index = global_indices(param_groups)
+    index = global_indices(optimizer.param_groups)
     states, master_values, shapes = {}, {}, {}
-    for owned in pieces:
+    for owned in optimizer.pieces:
         key, place = index[id(owned.param)], [owned.piece.tensor_offset, owned.piece.length]
         shapes[key] = list(owned.param.shape)
-        if inner.state.get(owned.master):
-            states.setdefault(key, []).append([*place, dict(inner.state[owned.master])])
+        if optimizer.inner.state.get(owned.master):
+            states.setdefault(key, []).append([*place, dict(optimizer.inner.state[owned.master])])
         if masters:
             master_values.setdefault(key, []).append([*place, owned.master.detach().clone()])
-    groups = [{**hyperparameters(g), "params": [index[id(p)] for p in g["params"]]} for g in param_groups]
+    groups = [
+        {**hyperparameters(g), "params": [index[id(p)] for p in g["params"]]} for g in optimizer.param_groups
+    ]
+    scaler = optimizer.loss_scaler
     return {
         "format": SHARD_FORMAT,
-        "world_size": world_size,
-        "rank": rank,
+        "world_size": optimizer.world_size,
+        "rank": optimizer.rank,
         "state": states,
         "param_groups": groups,
         "master_params": master_values,
         "shapes": shapes,
-        "loss_scaler": None if loss_scaler is None else loss_scaler.state_dict(),
+        "loss_scaler": None if scaler is None else scaler.state_dict(),
     }
 
 
@@ -188,14 +181,20 @@ def _numel(shape) -> int:
     return int(torch.Size(shape).numel())
 
 
-def load_states(pieces, inner, saved: dict[int, list], param_groups: list[dict]) -> None:
-    """Give the inner optimizer the state of every owned piece, cut from the saved pieces of its parameter."""
-    index = global_indices(param_groups)
-    state = inner.state_dict()
+def load_pieces(optimizer: PieceOptimizer, saved: dict[int, list], state_dict: dict) -> None:
+    """Give every owned piece its state, cut from the `saved` pieces of its parameter; take the settings of
+    `state_dict`'s param groups (which must match the optimizer's) and its loss scaler."""
+    check_groups_match(state_dict["param_groups"], optimizer.param_groups)
+    for group, saved_group in zip(optimizer.param_groups, state_dict["param_groups"], strict=True):
+        group.update(hyperparameters(saved_group))
+    index = global_indices(optimizer.param_groups)
+    state = optimizer.inner.state_dict()
     state["state"] = {}
-    for position, owned in enumerate(pieces):
+    for position, owned in enumerate(optimizer.pieces):
         found = saved.get(index[id(owned.param)])
         if found:
             place = owned.piece.tensor_offset, owned.piece.length
             state["state"][position] = cut(found, *place, owned.master.shape, owned.master.device)
-    inner.load_state_dict(state)
+    optimizer.inner.load_state_dict(state)
+    if optimizer.loss_scaler is not None and state_dict.get("loss_scaler"):
+        optimizer.loss_scaler.load_state_dict(state_dict["loss_scaler"])

@@ -15,6 +15,8 @@ from zero_train.ds_config import resolve_auto, train_settings
 from zero_train.engines import build_engine
 from zero_train.hf.models import build_model, model_config
 from zero_train.runtime.dist import DistInfo
+from zero_train.sharding.zero12 import report as zero12_report
+from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
 VOCAB = 256
 STEPS_BEFORE_SAVE = 2
@@ -155,8 +157,10 @@ def run_with_checkpoint(name: str, rank: int, world_size: int, tmp: str, **build
         memory_after_step=engine.memory_categories(),
         num_params=sum(p.numel() for p in engine.model.parameters()),
         num_tensors=len(list(engine.model.parameters())),
-        split_tensors=sum(len(engine.optimizer.pieces_of(p)) > 1 for p in engine.model.parameters())
-        if hasattr(engine.optimizer, "pieces_of")
+        split_tensors=sum(
+            len(zero12_report.pieces_of(engine.optimizer, p)) > 1 for p in engine.model.parameters()
+        )
+        if isinstance(engine.optimizer, ShardedOptimizer)
         else None,
         final=final,
     )

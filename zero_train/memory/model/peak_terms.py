@@ -65,7 +65,7 @@ class DeepSpeedSettings:
     """The gradients' dtype on the wire (communication_data_type, lower case); None: the model's dtype."""
     reduce_bucket_given: int | None = None
     """reduce_bucket_size as the config sets it (None: absent or "auto"); our zero1/zero2 size their own
-    buckets without it (sharding.partition.default_bucket_elements)."""
+    buckets without it (sharding.accounting.default_bucket_elements)."""
     gradient_dtypes: tuple[str, str] = ("fp32", "fp32")
     """Our sharders' (accumulation, communication) gradient dtypes (ds_config.parse.gradient_dtypes)."""
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from zero_train.memory.model.flat_partition import partition_of, slice_elements
 from zero_train.memory.model.peak_terms import Run, our_gradient_bytes
 from zero_train.sharding import accounting
+from zero_train.sharding.accounting import default_bucket_elements
 from zero_train.sharding.comm import gloo
-from zero_train.sharding.partition import bucket_groups, default_bucket_elements
+from zero_train.sharding.partition import bucket_groups
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -130,7 +131,7 @@ def _buckets(run: Run, numels: tuple[int, ...], size: int) -> tuple[int, int, in
 
 def our_bucket_elements(run: Run, numels: tuple[int, ...]) -> int:
     """The bucket size our zero1/zero2 engines use (engines/zero1.py reduce_bucket_size): the config's, else
-    sharding.partition.default_bucket_elements over the trainable tensors."""
+    sharding.accounting.default_bucket_elements over the trainable tensors."""
     given = run.deepspeed.reduce_bucket_given
     return given if given is not None else default_bucket_elements(numels, run.deepspeed.reduce_bucket_size)
 

@@ -4,8 +4,8 @@ sharded.py      ShardedOptimizer: segments, their gradient stores, the hooks (th
 segments.py     a flat parameter buffer, this rank's slice and its fp32 masters
 hooks.py        the post-accumulate-grad hooks and the end-of-backward callback
 schedule.py     every segment's buckets reduced in one order on every rank; the stores' one interface
-report.py       what a sharder reports: bytes by category, bytes sent, balance
-state.py        its state dicts (the shared shard format with the fp32 masters) and full masters
+report.py       functions of a ZeRO-1/2 optimizer: bytes by category, bytes sent, balance, pieces
+state.py        functions of a ZeRO-1/2 optimizer: its shards (with the fp32 masters), loading, full masters
 zero1.py        Zero1Optimizer: every gradient in one flat buffer, reduced to the owners at the boundary
 flat_grads.py   ZeRO-1's flat gradient buffer, filled by the hooks, reduced bucket by bucket
 zero2.py        Zero2Optimizer: gradients reduced to their owners bucket by bucket during backward

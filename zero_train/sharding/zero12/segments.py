@@ -68,10 +68,3 @@ class Segment:
         if self.has_master_copies:
             self.param_buffer[self.start : self.stop].copy_(self.master)
         collectives.all_gather_(self.param_buffer, process_group, lengths=self.partition.loads())
-
-    def gathered_masters(self, process_group) -> torch.Tensor:
-        """Every rank's master slice, in one flat tensor on every rank (an all-gather: 4 Psi bytes each)."""
-        full = torch.empty(self.partition.total_size, dtype=self.master.dtype, device=self.master.device)
-        full[self.start : self.stop].copy_(self.master)
-        collectives.all_gather_(full, process_group, lengths=self.partition.loads())
-        return full

@@ -17,8 +17,8 @@ global-norm clipping, skip on fp16 overflow); `_publish` all-gathers the updated
 The trainable parameters live in segments: one for the parameters trainable at construction, one more for
 each group added later or unfrozen after construction, so that no slice ever moves and no optimizer state
 ever changes rank. The hooks (hooks.py) report each gradient of backward to the stage, which reduces its
-buckets in one order for all segments (schedule.BucketSchedule). State dicts: state.py; bytes held and
-sent: report.py.
+buckets in one order for all segments (schedule.BucketSchedule). State dicts (state.py) and bytes held and
+sent (report.py) are functions of the optimizer, apart.
 """
 
 from __future__ import annotations
@@ -29,15 +29,13 @@ from zero_train.runtime.errors import UsageError
 from zero_train.sharding.comm import collectives, gloo
 from zero_train.sharding.comm.groups import backend_name
 from zero_train.sharding.comm.overlap import ReductionQueue
-from zero_train.sharding.step import OwnedPiece
+from zero_train.sharding.step import OwnedPiece, PieceOptimizer
 from zero_train.sharding.zero12.hooks import BackwardHooks
-from zero_train.sharding.zero12.report import ShardedReport
 from zero_train.sharding.zero12.schedule import BucketSchedule, GradientStore
 from zero_train.sharding.zero12.segments import Segment
-from zero_train.sharding.zero12.state import ShardedState
 
 
-class ShardedOptimizer(ShardedState, ShardedReport):
+class ShardedOptimizer(PieceOptimizer):
     """Shards the state of an elementwise torch optimizer over the data-parallel ranks, element by element.
 
     Args:
@@ -66,10 +64,16 @@ class ShardedOptimizer(ShardedState, ShardedReport):
     """
 
     bucket_elements: int | None
+    backend: str
+    """The group's backend ("gloo", "nccl", ...)."""
     grad_dtype: torch.dtype | None
     reduce_dtype: torch.dtype | None
     _ready: bool
     """Construction is over (add_param_group is then collective and makes a segment)."""
+    segments: list[Segment]
+    """Every segment, oldest first; `_params` is their parameters, in segment order."""
+    _queue: ReductionQueue
+    """The bucket reductions in flight (and the gloo rings' receive buffer)."""
     _stores: list[GradientStore]
     """The gradient store of each segment (the subclass's kind)."""
     _where: dict[int, tuple[GradientStore, int]]
@@ -111,7 +115,7 @@ class ShardedOptimizer(ShardedState, ShardedReport):
             master_dtype=master_dtype,
             loss_scaler=loss_scaler,
         )
-        self._segments, self._stores, self._where = [], [], {}
+        self.segments, self._stores, self._where = [], [], {}
         self._queue = ReductionQueue(process_group, None)
         self._hooks = None
         self._in_backward = self._flushed = self._reduced = False
@@ -156,7 +160,7 @@ class ShardedOptimizer(ShardedState, ShardedReport):
 
     def _set_master_grads(self, owned_grads: list[torch.Tensor]) -> None:
         """Each segment's averaged slice -> the master gradients of its pieces (step.PieceOptimizer._take_grads)."""
-        by_segment = {id(s): g for s, g in zip(self._segments, owned_grads, strict=True)}
+        by_segment = {id(s): g for s, g in zip(self.segments, owned_grads, strict=True)}
 
         def grad_of(owned: OwnedPiece) -> torch.Tensor | None:
             if not owned.param.requires_grad:  # frozen: not reduced, its slot holds nothing of this step
@@ -166,7 +170,7 @@ class ShardedOptimizer(ShardedState, ShardedReport):
         self._take_grads(grad_of)
 
     def _publish(self) -> None:
-        for segment in self._segments:
+        for segment in self.segments:
             segment.publish(self.process_group)
 
     def _end_step(self) -> None:
@@ -188,13 +192,13 @@ class ShardedOptimizer(ShardedState, ShardedReport):
         self._check_uniform(self._params + new)
         if new:
             segment = Segment(new, rank=self.rank, world_size=self.world_size, master_dtype=self.master_dtype)
-            self._segments.append(segment)
+            self.segments.append(segment)
             self._params += new
             self._stores.append(self._build_grads(segment))
             self._queue.recv_buffer = self._receive_buffer()
             self._relayout()
         owned: dict[int, list] = {}
-        for segment in self._segments:
+        for segment in self.segments:
             for piece in segment.pieces:
                 owned.setdefault(id(segment.params[piece.index]), []).append(
                     (segment, piece, segment.master_view(piece))
@@ -215,11 +219,11 @@ class ShardedOptimizer(ShardedState, ShardedReport):
             self._hooks.remove()
         self._where = {
             id(p): (st, i)
-            for sg, st in zip(self._segments, self._stores, strict=True)
+            for sg, st in zip(self.segments, self._stores, strict=True)
             for i, p in enumerate(sg.params)
         }
         self._hooks = BackwardHooks(
-            self, [p for s in self._segments for p, a in zip(s.params, s.active, strict=True) if a]
+            self, [p for s in self.segments for p, a in zip(s.params, s.active, strict=True) if a]
         )
         self._schedule = BucketSchedule(self._stores, self._queue)
 
@@ -246,7 +250,7 @@ class ShardedOptimizer(ShardedState, ShardedReport):
         if any(p.requires_grad and id(p) not in known for p in all_params):
             self._add_trainable(all_params)
         changed = False
-        for segment, store in zip(self._segments, self._stores, strict=True):
+        for segment, store in zip(self.segments, self._stores, strict=True):
             active = tuple(p.requires_grad for p in segment.params)
             if active != segment.active:
                 segment.active = active

@@ -37,7 +37,6 @@ import contextlib
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding import accounting
 from zero_train.sharding.zero12.flat_grads import FlatGradients
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
@@ -51,7 +50,6 @@ class Zero1Optimizer(ShardedOptimizer):
     """
 
     _boundary = False
-    reduces_every_backward = False
 
     def _build_grads(self, segment) -> FlatGradients:
         """The segment's flat gradient buffer (gradients become views into it, in the parameters' dtype)."""
@@ -113,7 +111,7 @@ class Zero1Optimizer(ShardedOptimizer):
             self._refresh_trainable()
             self._local_has_grad = self._has_grads()
             self._schedule.flush()
-        for segment, store in zip(self._segments, self._stores, strict=True):
+        for segment, store in zip(self.segments, self._stores, strict=True):
             whole = {
                 id(segment.params[piece.index]) for piece in segment.pieces if piece.whole and store.views
             }
@@ -139,14 +137,3 @@ class Zero1Optimizer(ShardedOptimizer):
         if not set_to_none:  # zeros count as this step's gradient, as torch's zero_grad(set_to_none=False)
             for store in self._stores:
                 store.written.update(key for key in store.slots if key not in views)
-
-    def buffer_bytes(self) -> accounting.BufferBytes:
-        """Padding of the two flat buffers per segment and the gloo ring's receive buffer."""
-        return self._buffer_bytes(flat_buffers=2)
-
-    def _grad_bytes(self) -> int:
-        """The flat gradient buffers without their padding, plus any gradient not yet moved into them."""
-        held = sum(
-            (s.buffer.numel() - s.segment.partition.padding()) * s.buffer.element_size() for s in self._stores
-        )
-        return held + self._loose_grad_bytes([store.buffer for store in self._stores])

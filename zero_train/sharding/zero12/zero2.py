@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from zero_train.sharding import accounting
-from zero_train.sharding.partition import Bucket
 from zero_train.sharding.zero12.grad_buckets import BucketBuffers, GradientBuckets
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
@@ -41,7 +39,6 @@ class Zero2Optimizer(ShardedOptimizer):
     """
 
     _buffers: BucketBuffers | None = None
-    reduces_every_backward = True
 
     def __init__(self, params, optimizer_class, *, bucket_elements: int, **kwargs):
         super().__init__(params, optimizer_class, bucket_elements=bucket_elements, **kwargs)
@@ -91,7 +88,7 @@ class Zero2Optimizer(ShardedOptimizer):
         if any(p.requires_grad and p.grad is not None for p in self._params):
             self._schedule.flush()  # gradients no hook saw (computed before this optimizer existed)
         self._local_has_grad = self._has_grads()
-        for segment, store in zip(self._segments, self._stores, strict=True):
+        for segment, store in zip(self.segments, self._stores, strict=True):
             for param in segment.params:
                 param.grad = None
             for piece in segment.pieces:
@@ -114,21 +111,3 @@ class Zero2Optimizer(ShardedOptimizer):
         if not set_to_none:
             for store in self._stores:
                 store.seen.update(id(p) for p in store.segment.params if p.requires_grad)
-
-    @property
-    def buckets(self) -> list[Bucket]:
-        """The buckets every rank reduces, in order (partition.gradient_buckets of each segment)."""
-        return [store.buckets[k] for store, k in self._schedule.order]
-
-    def buffer_bytes(self) -> accounting.BufferBytes:
-        """Padding of the parameter buffers, the two bucket buffers and the receive buffer."""
-        bucket_element = torch.empty(0, dtype=self._gradient_dtypes()[1]).element_size()
-        return self._buffer_bytes(flat_buffers=1, bucket=2 * self._buffers.size * bucket_element)
-
-    def _grad_bytes(self) -> int:
-        """The owned accumulators' data (Psi/N; the last rank's few padding elements aside) plus any gradient
-        backward holds before its bucket is reduced."""
-        owned = [store.owned() for store in self._stores]
-        loose = self._loose_grad_bytes(owned)
-        element_size = owned[0].element_size()
-        return sum(s.segment.partition.loads()[self.rank] for s in self._stores) * element_size + loose

@@ -14,13 +14,12 @@ import torch
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.partition import Piece
-from zero_train.sharding.step import OwnedPiece
+from zero_train.sharding.step import OwnedPiece, PieceOptimizer
 from zero_train.sharding.zero3.model import Zero3Model
-from zero_train.sharding.zero3.state import Zero3State
 from zero_train.sharding.zero3.units import Unit
 
 
-class Zero3Optimizer(Zero3State):
+class Zero3Optimizer(PieceOptimizer):
     """Steps this rank's slices of a Zero3Model with an elementwise torch optimizer.
 
     Args:
@@ -32,6 +31,10 @@ class Zero3Optimizer(Zero3State):
         **defaults: the inner optimizer's keyword arguments (lr, betas, weight_decay, ...).
     """
 
+    sharded: Zero3Model
+    """The sharded model whose slices the optimizer steps."""
+    masters: dict[int, torch.Tensor]
+    """id(unit) -> its master slice, for units that held a trainable parameter."""
     has_master_copies: bool
     """The model's dtype is not the master dtype: trainable units get master copies of their slices."""
     _views: dict[tuple[int, Piece], torch.Tensor]
@@ -139,26 +142,3 @@ class Zero3Optimizer(Zero3State):
                 "Zero3Optimizer.zero_grad keeps no zero gradients; call it with set_to_none=True"
             )
         self._end_step()
-
-    # ---------------------------------------------------------- accounting
-    def memory_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds by category: params (slices + gathered buffers alive), grads (gradient slices,
-        fp32 master gradients, whole gradients not reduced yet), master_params (fp32 slices, mixed precision),
-        optimizer_states (the inner optimizer's), comm_buffers (the reduction in flight)."""
-        sharded = self.sharded
-        loose = sum(_nbytes(p.grad) for p in sharded.parameters())
-        grads = sum(_nbytes(u.grad) for u in sharded.units) + loose
-        if self.has_master_copies:
-            grads += sum(_nbytes(g) for g in self._master_grads())
-        states = sum(_nbytes(v) for s in self._inner.state.values() for v in s.values() if torch.is_tensor(v))
-        return dict(
-            params=sum(_nbytes(u.shard) for u in sharded.units) + sharded.gathered_bytes(),
-            grads=grads,
-            master_params=sum(_nbytes(m) for m in self.masters.values()) if self.has_master_copies else 0,
-            optimizer_states=states,
-            comm_buffers=sharded.reducer.in_flight_bytes(),
-        )
-
-
-def _nbytes(tensor: torch.Tensor | None) -> int:
-    return 0 if tensor is None else tensor.numel() * tensor.element_size()

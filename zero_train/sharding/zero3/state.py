@@ -1,4 +1,4 @@
-"""Zero3Optimizer's state dicts and weights: the shared shard format (state_dict.py), re-cut at any world size.
+"""Zero3Optimizer's checkpoints and weights (functions of the optimizer, which does not import them): the shared shard format (state_dict.py), re-cut at any world size.
 
 A shard holds the inner-optimizer state of each piece this rank owns (state_dict.shard_of, without masters).
 Loading is state_dict.py's one rule at any world size: every piece this rank owns now takes, from the saved
@@ -15,84 +15,71 @@ import torch
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding import state_dict as shards
 from zero_train.sharding.comm.gather import gather_tensor
-from zero_train.sharding.step import PieceOptimizer
-from zero_train.sharding.zero3.model import Zero3Model
+from zero_train.sharding.zero3.optim import Zero3Optimizer
 
 
-class Zero3State(PieceOptimizer):
-    """state_dict / load_state_dict / load_shards / gathered_param / load_weights of Zero3Optimizer (optim.py),
-    which subclasses it and sets the attributes declared here."""
+def state_dict(optimizer: Zero3Optimizer) -> dict:
+    """This rank's shard of optimizer state (the weights travel apart, as whole tensors: `gathered_param`)."""
+    return shards.shard_of(optimizer, masters=False)
 
-    sharded: Zero3Model
-    """The sharded model whose slices the optimizer steps."""
-    masters: dict[int, torch.Tensor]
-    """id(unit) -> its master slice, for units that held a trainable parameter."""
 
-    def _masters_in_shard(self) -> bool:
-        return False  # the weights travel apart, as whole tensors (gathered_param, load_weights)
+def load_state_dict(optimizer: Zero3Optimizer, state_dict: dict) -> None:
+    """Load this rank's own shard (same world size); for another world size use `load_shards`."""
+    if (state_dict.get("world_size"), state_dict.get("rank")) != (optimizer.world_size, optimizer.rank):
+        raise UsageError(
+            f"this shard was saved by rank {state_dict.get('rank')} of {state_dict.get('world_size')}, this is "
+            f"rank {optimizer.rank} of {optimizer.world_size}; pass every rank's shard to load_shards([...])"
+        )
+    load_shards(optimizer, [state_dict])
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Load this rank's own shard (same world size); for another world size use `load_shards`."""
-        if (state_dict.get("world_size"), state_dict.get("rank")) != (self.world_size, self.rank):
-            raise UsageError(
-                f"this shard was saved by rank {state_dict.get('rank')} of {state_dict.get('world_size')}, "
-                f"this is rank {self.rank} of {self.world_size}; pass every rank's shard to load_shards([...])"
+
+def load_shards(optimizer: Zero3Optimizer, saved: list[dict]) -> None:
+    """Take this rank's pieces of optimizer state from saved shards (all of one save, or just the own one).
+
+    Raises:
+        UsageError: not shards of this format, other param groups, or a piece they cover only in part.
+    """
+    if not saved or any(s.get("format") != shards.SHARD_FORMAT for s in saved):
+        raise UsageError(f"not {shards.SHARD_FORMAT} optimizer shards (saved by another engine or version?)")
+    shards.load_pieces(optimizer, shards.saved_pieces(saved), saved[0])
+
+
+def gathered_param(
+    optimizer: Zero3Optimizer, param: torch.nn.Parameter, *, to: int = 0
+) -> torch.Tensor | None:
+    """One parameter's full master values (fp32 masters, or the slices of an fp32 model) on rank `to`, in
+    CPU memory; None elsewhere. Collective: its pieces travel one at a time from their owners."""
+    unit = optimizer.sharded.owner[id(param)]
+    position = next(i for i, p in enumerate(unit.params) if p is param)
+    master = optimizer.masters.get(id(unit), unit.shard)  # a frozen unit: its slice, in the model's dtype
+    parts = []
+    for rank, piece in unit.partition.pieces_of(position):
+        mine = master[piece.within(unit.start)] if rank == optimizer.rank else None
+        parts.append(
+            gather_tensor(
+                mine,
+                owner=rank,
+                to=to,
+                shape=(piece.length,),
+                dtype=master.dtype,
+                process_group=optimizer.process_group,
             )
-        self.load_shards([state_dict])
+        )
+    return torch.cat(parts).view(param.shape) if optimizer.rank == to else None
 
-    def load_shards(self, saved: list[dict]) -> None:
-        """Take this rank's pieces of optimizer state from saved shards (all of one save, or just the own one).
 
-        Raises:
-            UsageError: not shards of this format, other param groups, or a piece they cover only in part.
-        """
-        if not saved or any(s.get("format") != shards.SHARD_FORMAT for s in saved):
-            raise UsageError(
-                f"not {shards.SHARD_FORMAT} optimizer shards (saved by another engine or version?)"
-            )
-        shards.check_groups_match(saved[0]["param_groups"], self.param_groups)
-        for group, saved_group in zip(self.param_groups, saved[0]["param_groups"], strict=True):
-            group.update(shards.hyperparameters(saved_group))
-        shards.load_states(self._pieces, self._inner, shards.saved_pieces(saved), self.param_groups)
-        if self.loss_scaler is not None and saved[0].get("loss_scaler"):
-            self.loss_scaler.load_state_dict(saved[0]["loss_scaler"])
+def load_weights(optimizer: Zero3Optimizer, values_of, *, params=None) -> None:
+    """Fill the slices (and masters) from `values_of(param, first element, length)` -> those elements, 1-D.
 
-    # -------------------------------------------------------------- weights
-    def gathered_param(self, param: torch.nn.Parameter, *, to: int = 0) -> torch.Tensor | None:
-        """One parameter's full master values (fp32 masters, or the slices of an fp32 model) on rank `to`, in
-        CPU memory; None elsewhere. Collective: its pieces travel one at a time from their owners."""
-        unit = self.sharded.owner[id(param)]
-        position = next(i for i, p in enumerate(unit.params) if p is param)
-        master = self.masters.get(id(unit), unit.shard)  # a frozen unit: its slice, in the model's dtype
-        parts = []
-        for rank, piece in unit.partition.pieces_of(position):
-            mine = master[piece.within(unit.start)] if rank == self.rank else None
-            parts.append(
-                gather_tensor(
-                    mine,
-                    owner=rank,
-                    to=to,
-                    shape=(piece.length,),
-                    dtype=master.dtype,
-                    process_group=self.process_group,
-                )
-            )
-        return torch.cat(parts).view(param.shape) if self.rank == to else None
-
-    def load_weights(self, values_of, *, params=None) -> None:
-        """Fill the slices (and masters) from `values_of(param, first element, length)` -> those elements, 1-D.
-
-        Args:
-            params: only these parameters (default: all; LoRA loads its adapters, the base is the --model's).
-        """
-        wanted = None if params is None else {id(p) for p in params}
-        for unit in self.sharded.units:
-            target = self.masters.get(id(unit), unit.shard)
-            for piece in unit.partition.pieces(self.rank):
-                param = unit.params[piece.index]
-                if wanted is None or id(param) in wanted:
-                    target[piece.within(unit.start)].copy_(
-                        values_of(param, piece.tensor_offset, piece.length)
-                    )
-            if target is not unit.shard:
-                unit.shard.copy_(target)
+    Args:
+        params: only these parameters (default: all; LoRA loads its adapters, the base is the --model's).
+    """
+    wanted = None if params is None else {id(p) for p in params}
+    for unit in optimizer.sharded.units:
+        target = optimizer.masters.get(id(unit), unit.shard)
+        for piece in unit.partition.pieces(optimizer.rank):
+            param = unit.params[piece.index]
+            if wanted is None or id(param) in wanted:
+                target[piece.within(unit.start)].copy_(values_of(param, piece.tensor_offset, piece.length))
+        if target is not unit.shard:
+            unit.shard.copy_(target)
