@@ -61,7 +61,9 @@ def consolidate_shards(shards: list[dict]) -> dict:
     """
     formats = {s.get("format") for s in shards}
     if not shards or not formats <= {SHARD_FORMAT, WHOLE_TENSOR_FORMAT} or len(formats) > 1:
-        raise UsageError("consolidate_shards needs zero12.state.state_dict(optimizer) of every rank of one save")
+        raise UsageError(
+            "consolidate_shards needs zero12.state.state_dict(optimizer) of every rank of one save"
+        )
     world_size = shards[0]["world_size"]
     ranks = sorted(s["rank"] for s in shards)
     if ranks != list(range(world_size)) or any(s["world_size"] != world_size for s in shards):
