@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from zero_train.memory.model.theory import ModelShape
-from zero_train.timing.host_work import TERM, fit_host_work, host_seconds, with_host_work
+from zero_train.timing.host_work import TERM, fit_host_work, host_seconds, reductions, with_host_work
 from zero_train.timing.machine import preset_machine
 from zero_train.timing.step import StepSetup, step_time
 
@@ -86,6 +86,32 @@ def test_a_fit_with_communication_separates_it_from_host_work():
     assert (fit["per_micro_batch_s"], fit["per_param_s"], fit["per_comm_s"]) == pytest.approx((a, b, c))
     machine = with_host_work(_cpu(), {"zero3": fit})
     one_rank = host_seconds(machine, "zero3", grad_accum=2, num_params=10**6, ranks_on_node=1)
-    assert one_rank == pytest.approx(2 * a + b * 1e6)  # no communication at one rank: none of its excess
+    # no communication at one rank: none of its excess; ZeRO-3 reduces every micro-batch: its per-parameter work twice
+    assert one_rank == pytest.approx(2 * a + 2 * b * 1e6)
     four = host_seconds(machine, "zero3", grad_accum=1, num_params=10**6, ranks_on_node=4, comm_s=1.0)
     assert four == pytest.approx(2 * (a + b * 1e6) + c)
+
+
+def test_per_parameter_work_runs_with_each_gradient_reduction():
+    # the registry's reductions: every micro-batch for ZeRO-2/3, DeepSpeed ZeRO-2/3, FSDP2; at the boundary only
+    # for DDP (no_sync), our ZeRO-1 and DeepSpeed ZeRO-1
+    every = {"zero2", "zero3", "ds2", "ds3", "fsdp2-z2", "fsdp2-z3"}
+    for engine in ("ddp", "zero1", "zero2", "zero3", "ds1", "ds2", "ds3", "fsdp2-z2", "fsdp2-z3"):
+        assert reductions(engine, 4) == (4 if engine in every else 1), engine
+        assert reductions(engine, 1) == 1
+    fit = dict(per_micro_batch_s=0.05, per_param_s=4e-9)
+    machine = with_host_work(_cpu(), {"ds1": fit, "ds2": fit})
+
+    def host(engine, grad_accum):
+        return host_seconds(machine, engine, grad_accum=grad_accum, num_params=10**7, ranks_on_node=2)
+
+    assert host("ds1", 3) == pytest.approx(3 * 0.05 + 0.04)  # the per-parameter work once per step
+    assert host("ds2", 3) == pytest.approx(3 * 0.05 + 3 * 0.04)  # once per micro-batch
+    # a fit on cells with accumulation counts the per-parameter column per reduction: it recovers the costs
+    rows = [
+        dict(engine="ds2", grad_accum=k, num_params=n, host_cores=1.0, residual_s=0.05 * k + 4e-9 * n * k)
+        for k, n in ((1, 24_800_000), (2, 620_000), (1, 620_000))
+    ]
+    assert fit_host_work(rows)["ds2"] == dict(
+        per_micro_batch_s=pytest.approx(0.05), per_param_s=pytest.approx(4e-9), cells=3
+    )

@@ -5,15 +5,19 @@
 
 On CPU ranks the engines differ by more than their FLOPs, bytes and collectives (docs/steptime.md, "Out of
 sample on this machine"): DeepSpeed's flattening copies and partition bookkeeping, DDP's bucket views, the hooks
-of FSDP2 and ZeRO-3, Python per module, and collectives slower inside a step than alone. That work is per engine and not counted from first
-principles here; it is fitted, per engine, as
+of FSDP2 and ZeRO-3, Python per module, and collectives slower inside a step than alone. That work is per engine
+and not counted from first principles here; it is fitted, per engine, as
 
-    seconds = (per_micro_batch_s x accumulation + per_param_s x parameters) / the cores a rank's host work gets
+    seconds = (per_micro_batch_s x accumulation + per_param_s x parameters x reductions)
+              / the cores a rank's host work gets
               + per_comm_s x the step's exposed communication as the model prices it
 
-(a fixed cost per forward and backward: Python, hooks; a cost per parameter per step: copies over the
-gradients and the optimizer's state), on the residuals (measured - predicted without it) of calibration cells
-only, by least squares over the terms a check's design chooses (per_comm_s needs cells with and without
+(a fixed cost per forward and backward: Python, hooks; a cost per parameter per gradient reduction: the
+per-parameter hooks that fire as gradients arrive and the copies into and out of the reduction's buckets, which
+run with the reduction: every micro-batch for engines that reduce every micro-batch (our ZeRO-2/3, DeepSpeed
+ZeRO-2/3, FSDP2: the registry's `every_micro_step` reductions), once per step for those that reduce at the
+accumulation boundary only (DDP under no_sync, our ZeRO-1, DeepSpeed ZeRO-1): `reductions`), on the residuals
+(measured - predicted without it) of calibration cells only, by least squares over the terms a check's design chooses (per_comm_s needs cells with and without
 communication: 1 and 2 ranks). The fit is a correction and may be negative where the terms overcount.
 """
 
@@ -21,14 +25,22 @@ from __future__ import annotations
 
 import dataclasses
 
+from zero_train.registry import engine_spec
 from zero_train.timing.machine import Machine
 
 TERM = "host work (fitted)"
 
 
 TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s")
-"""What a fit may hold: seconds per micro-batch and per parameter on one core, and seconds per second of the
-model's exposed communication (its excess: gloo ranks on a loaded machine wait for each other's scheduling)."""
+"""What a fit may hold: seconds per micro-batch and per parameter per gradient reduction on one core, and
+seconds per second of the model's exposed communication (its excess: gloo ranks on a loaded machine wait for each other's scheduling)."""
+
+
+def reductions(engine: str, grad_accum: int) -> int:
+    """Gradient reductions per step: one per micro-batch where the engine reduces its gradients every micro-batch
+    (registry: a gradient collective with `every_micro_step`), else one at the accumulation boundary."""
+    every = any(c.every_micro_step and c.of.startswith("grads") for c in engine_spec(engine).collectives)
+    return grad_accum if every else 1
 
 
 def host_seconds(
@@ -45,7 +57,8 @@ def host_seconds(
     fit = machine.engine_host.get(engine)
     if not fit:
         return 0.0
-    work = fit.get("per_micro_batch_s", 0.0) * grad_accum + fit.get("per_param_s", 0.0) * num_params
+    per_param = fit.get("per_param_s", 0.0) * num_params * reductions(engine, grad_accum)
+    work = fit.get("per_micro_batch_s", 0.0) * grad_accum + per_param
     return work / machine.host_cores_per_rank(ranks_on_node) + fit.get("per_comm_s", 0.0) * comm_s
 
 
@@ -68,7 +81,9 @@ def fit_host_work(rows: list[dict], terms: tuple[str, ...] = TERMS[:2]) -> dict[
     for engine, cells in sorted(by_engine.items()):
         columns = {
             "per_micro_batch_s": [c["grad_accum"] / c["host_cores"] for c in cells],
-            "per_param_s": [c["num_params"] / c["host_cores"] for c in cells],
+            "per_param_s": [
+                c["num_params"] * reductions(engine, c["grad_accum"]) / c["host_cores"] for c in cells
+            ],
             "per_comm_s": [c.get("comm_s", 0.0) for c in cells],
         }
         used = [t for t in terms if any(columns[t])]
