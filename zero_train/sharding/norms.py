@@ -1,15 +1,8 @@
 """The global gradient norm from pieces of tensors, the same bits however the tensors are cut (no collectives).
 
-A sharder holds pieces of tensors (partition.py), so the global norm adds every piece's partial sum of
-|g|^p. Added in float32, the sum would depend on where the cuts fall (a tensor's norm from two halves is
-not bit-equal to its norm in one go: 17% of random splits agree); every square of a float32 is exact in
-float64, so the partial sums are taken in float64 (as DeepSpeed does, runtime/zero/utils.py
-get_norm_dtype) and differ between two cuttings by ~1e-16 relative, far below float32's resolution.
-Rounded to float32, the total is then the same number for DDP's whole tensors and for any sharding,
-unless the float64 sum lands within that distance of a float32 rounding boundary (about 1e-8 of steps).
-The ddp engine takes its norm from here too, so that ddp and our ZeRO clip by the same number.
-
-The pieces are read in chunks of CHUNK_ELEMENTS, so the float64 temporaries stay small (8 MB).
+Partial sums of |g|^p are taken in float64, where every square of a float32 is exact, so the total rounded to
+float32 does not depend on where the cuts fall (as DeepSpeed's get_norm_dtype; why: docs/sharding.md). ddp takes
+its norm from here too, so ddp and our ZeRO clip by the same number.
 """
 
 from __future__ import annotations
@@ -23,13 +16,8 @@ CHUNK_ELEMENTS = 1 << 20
 
 
 def sum_of_powers(grads: Sequence[torch.Tensor], norm_type: float = 2.0, *, device=None) -> torch.Tensor:
-    """sum(|g|^p) over every element of `grads` in float64 (max |g| for p = inf), a 0-dim tensor on the device.
-
-    Args:
-        grads: gradients or pieces of gradients (any shapes, one device).
-        norm_type: p (finite, or math.inf).
-        device: where the result lives when `grads` is empty.
-    """
+    """sum(|g|^p) over every element of `grads` in float64 (max |g| for p = inf), a 0-dim tensor on `device`;
+    read in chunks of CHUNK_ELEMENTS, so the float64 temporaries stay small (8 MB)."""
     chunks = [chunk for grad in grads for chunk in grad.detach().reshape(-1).split(CHUNK_ELEMENTS)]
     if not chunks:
         return torch.zeros((), dtype=torch.float64, device=device)

@@ -1,31 +1,8 @@
-"""Which rank owns which elements of the flat buffers, and where each tensor sits in them (pure arithmetic).
+"""Which rank owns which elements of a flat buffer, and where each tensor sits in it (pure arithmetic).
 
-ZeRO-1 (the ZeRO paper's P_os, arXiv:1910.02054 section 5.1) gives each of the N data-parallel ranks
-the optimizer state of 1/N of the parameters. As DeepSpeed does, we lay the tensors end to end in ONE
-flat buffer (parameter order), pad it to a multiple of N (padding < N elements) and cut it into N equal
-slices of P = ceil(Psi / N) elements; rank r owns the slice [r P, (r + 1) P). A tensor that crosses a
-cut is split: each owner updates its own piece.
-
-    tensors  |- t0 -|------------------ t1 (embedding) ------------------|-- t2 --|- t3 -|pad|
-    ranks    |<--------- rank 0 --------->|<--------- rank 1 --------->|<--------- rank 2 ---->|
-    pieces   t0, t1[0:a]                   t1[a:a+P]                    t1[a+P:], t2, t3
-
-    pieces(1) == (Piece(index=1, tensor_offset=a, length=P, flat_offset=P),)
-
-Equal slices keep every rank's share of optimizer state, fp32 masters and (ZeRO-2) gradients at Psi/N
-whatever the tensor sizes (whole tensors per rank could not split a large embedding), and one
-reduce-scatter or all-gather over equal chunks moves exactly the slices. Splitting is exact for an
-elementwise optimizer (SGD, Adam, AdamW: an element's update depends only on its own parameter, gradient
-and state), the only kind the sharders accept (sharded.py); the global gradient norm adds every piece's
-partial sum of squares (norms.py).
-
-Gradients travel in buckets (ZeRO-2 during every backward, ZeRO-1 during the last one): contiguous runs
-of whole tensors taken from the end of the buffer, since backward produces gradients roughly in reverse
-parameter order. Inside a bucket, rank r's part is the bucket's overlap with its slice.
-
-A FlatPartition is one flat buffer; the sharders keep one per group of tensors that became trainable
-together (normally one for the whole model), and a ZeRO-3 can keep one per transformer block.
-Nothing here talks to other processes; `tests/sharding/test_partition.py` checks it without spawning any.
+The tensors lie end to end in one flat buffer, padded to N P elements and cut into N equal slices of
+P = ceil(Psi / N); rank r owns [r P, (r + 1) P), and a tensor crossing a cut is split into pieces (ZeRO paper,
+P_os). Gradients travel in buckets of whole tensors, in backward order. Picture and reasons: docs/sharding.md.
 """
 
 from __future__ import annotations
@@ -45,7 +22,6 @@ class Piece:
     tensor_offset: int
     """First element of the piece in the flattened tensor."""
     length: int
-    """Elements in the piece."""
     flat_offset: int
     """Where the piece starts in the flat buffer."""
     whole: bool
@@ -68,7 +44,6 @@ class FlatPartition:
     numels: tuple[int, ...]
     """Element count of each tensor, in buffer order."""
     world_size: int
-    """N, the number of slices."""
     offsets: tuple[int, ...]
     """Start of each tensor in the flat buffer."""
     partition_size: int
@@ -131,15 +106,7 @@ class FlatPartition:
 
 
 def flat_partition(numels: Sequence[int], world_size: int) -> FlatPartition:
-    """Lay the tensors end to end (in the given order) and cut the buffer into `world_size` equal slices.
-
-    Args:
-        numels: element count of each tensor.
-        world_size: number of ranks sharing the buffer.
-
-    Returns:
-        The partition; padding (fewer than `world_size` elements) sits at the end.
-    """
+    """The tensors of these sizes end to end, cut into `world_size` equal slices (padding at the end)."""
     assert world_size >= 1
     offsets = tuple(itertools.accumulate(numels, initial=0))[:-1]
     partition_size = max(1, -(-sum(numels) // world_size))
@@ -150,22 +117,15 @@ def flat_partition(numels: Sequence[int], world_size: int) -> FlatPartition:
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """Consecutive whole tensors whose gradients are reduced together: the flat range [start, stop).
-
-    Rank r's part of the bucket (`starts[r]`, `lengths[r]`, relative to `start`) is where the bucket
-    overlaps its slice, so one reduction delivers to every rank the sum of exactly the elements it owns.
-    """
+    """Consecutive whole tensors whose gradients are reduced together: the flat range [start, stop); rank r's
+    part (`starts[r]`, `lengths[r]`, relative to `start`) is where it overlaps rank r's slice."""
 
     indices: tuple[int, ...]
     """Tensors in the bucket, in buffer order."""
     start: int
-    """First element of the bucket in the flat buffer."""
     stop: int
-    """One past its last element."""
     starts: tuple[int, ...]
-    """Start of each rank's part, relative to `start` (0 where the part is empty)."""
     lengths: tuple[int, ...]
-    """Elements of each rank's part."""
     direct: bool
     """A single tensor at least as large as the bucket size: ZeRO-2 reduces it in its own gradient."""
 
@@ -178,19 +138,10 @@ class Bucket:
 def gradient_buckets(
     partition: FlatPartition, bucket_elements: int | None, active: Sequence[bool] | None = None
 ) -> list[Bucket]:
-    """The trainable tensors in buckets of at most `bucket_elements`, in backward order (last tensor first).
+    """The trainable tensors in buckets of at most `bucket_elements` (None: no limit), in backward order.
 
-    A bucket is a contiguous run of trainable tensors: a frozen tensor (active False) ends it and travels
-    in none. A tensor of `bucket_elements` or more is a bucket alone (`direct`).
-
-    Args:
-        partition: the flat partition.
-        bucket_elements: the DeepSpeed config's zero_optimization.reduce_bucket_size; None: no limit (one
-            bucket per run of trainable tensors).
-        active: whether each tensor is trainable now (default: all).
-
-    Returns:
-        The buckets, in the order every rank reduces them.
+    A frozen tensor (`active` False) ends a bucket and travels in none; a tensor of `bucket_elements` or more
+    is a bucket alone (`direct`).
     """
     bucket_elements = partition.num_elements + 1 if bucket_elements is None else bucket_elements
     return [

@@ -55,15 +55,12 @@ class PieceOptimizer(torch.optim.Optimizer):
 
     Args:
         params: tensors or param-group dicts, as for any torch optimizer.
-        optimizer_class: the inner optimizer: elementwise (ELEMENTWISE_OPTIMIZERS or a subclass).
+        optimizer_class: the inner optimizer: elementwise (ELEMENTWISE_OPTIMIZERS or a subclass), else UsageError.
         defaults: the inner optimizer's keyword arguments (lr, betas, weight_decay, ...).
         process_group: the data-parallel group (None: the default group).
         master_dtype: dtype of the master weights (a bf16/fp16 model gets fp32 masters of its slice only).
         loss_scaler: fp16 loss scaler (`.loss_scale`, `.update_scale(overflow)`: loss_scale.py); overflowing
             steps are skipped (`last_step_skipped`).
-
-    Raises:
-        UsageError: an optimizer that is not elementwise.
     """
 
     optimizer_class: type[torch.optim.Optimizer]

@@ -61,6 +61,12 @@ class ReductionQueue:
         )
         self._pending.append((works, on_done))
 
+    def fit_receive_buffer(self, bucket_lengths: list[list[int]], *, dtype, device) -> None:
+        """Size the gloo ring's receive buffer for the largest of these buckets (each rank's part lengths)."""
+        if self.rings:
+            elements = max((gloo.ring_receive_elements(lengths) for lengths in bucket_lengths), default=1)
+            self.recv_buffer = torch.empty(elements, dtype=dtype, device=device)
+
     def _executor(self) -> ThreadPoolExecutor:
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zero-reduce")

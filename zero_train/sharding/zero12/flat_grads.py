@@ -1,57 +1,42 @@
 """Zero1Optimizer's gradient store: one segment's flat gradient buffer, filled by hooks, reduced by bucket.
 
-Every trainable parameter has a slot (a view) in a flat buffer laid out as the segment's partition, so
-the averaged gradients of rank r's slice end up in one contiguous range. The optimizer's post-accumulate-
-grad hook hands each freshly computed gradient here (`accept`); what is written depends on whether this
-backward completes the step's gradients:
-
-    naive (any micro-step)            slot <- grad         and at the boundary, slot /= N
-    inside boundary_backward()        slot <- grad / N     one pass over the gradient instead of two
-
-Both divide before summing, as DDP's allreduce_hook does, with the same elementwise division, so the
-averaged gradients are the same bits; the fused form only does it while writing the slot, and lets the
-bucket of a complete run of gradients start its reduction while backward goes on (overlap.py). One pass
-instead of a copy and a divide (timings: docs/zero1.md, "Gradients into their slots").
-
-A gradient that autograd accumulated in place (the slot is already `p.grad`: earlier micro-steps, or
-`zero_grad(set_to_none=False)`) is divided in place. Later micro-steps must not follow a boundary backward
-before the step (the slot would mix averaged and raw gradients): that raises.
-
-A buffer in another dtype than the parameters (fp32 for a bf16/fp16 model: the default of our engines,
-ds_config.parse.gradient_dtypes) cannot hold their `.grad`: each gradient is then added into its slot as
-the hook sees it (copied by the first micro-step) and released, so micro-batches add up in the buffer's
-dtype and autograd never accumulates in 16 bit.
-
-ZeRO-2's store (grad_buckets.GradientBuckets) shares the buckets and the interface (schedule.GradientStore)
-but not the buffer, by the definition of the stages: here every gradient keeps its slot for the whole step
-(micro-steps accumulate without communication) and is reduced once, in place; there each bucket is copied
-out, reduced every micro-step and released, and the owner accumulates the averages.
+Every trainable parameter has a slot (a view) in a flat buffer laid out as the segment, so the averaged
+gradients of rank r's slice end up in one contiguous range. Each gradient is divided by N before the sum, as
+DDP's allreduce_hook does (the same bits): at the boundary, or inside boundary_backward() while it is written
+into its slot, which lets a complete bucket start its reduction while backward goes on. A buffer in another dtype
+than the parameters (fp32 for a bf16 model) takes each gradient in and releases it, so micro-batches add up in
+fp32. How and why: docs/zero1.md, "Gradients into their slots".
 """
 
 from __future__ import annotations
 
 import torch
 
-from zero_train.sharding.zero12.schedule import GradientStore
+from zero_train.sharding.zero12.backward import GradientStore
 from zero_train.sharding.zero12.segments import Segment
 
 
 class FlatGradients(GradientStore):
-    """One segment's gradients in a flat buffer, and the reduction of its buckets to their owners.
+    """One segment's gradients in a flat buffer of `dtype` (None: the parameters'), and the reduction of its
+    buckets to their owners, in place."""
 
-    Args: GradientStore's (segment, world_size, bucket_elements, queue), and dtype: the buffer's (None: the
-    parameters').
-    """
+    views: bool
+    """`.grad` is a view of its slot (else, in another dtype, added into it and released)."""
+    buffer: torch.Tensor
+    slots: dict[int, torch.Tensor]
+    """id(param) -> its view of the buffer."""
+    averaged: set[int]
+    """Parameters whose slot holds grad / N this step."""
+    written: set[int]
+    """Parameters whose slot holds this step's gradient (views False)."""
 
     def __init__(self, segment: Segment, *, dtype: torch.dtype | None = None, **store):
         super().__init__(segment, **store)
         params, partition = segment.params, segment.partition
         dtype = dtype or params[0].dtype
-        self.views = dtype == params[0].dtype  # `.grad` is a view of its slot (else added into it, released)
+        self.views = dtype == params[0].dtype
         self.buffer = torch.zeros(partition.total_size, dtype=dtype, device=params[0].device)
-        self.slots: dict[int, torch.Tensor] = {}
-        self.averaged: set[int] = set()  # parameters whose slot holds grad / N this step
-        self.written: set[int] = set()  # parameters whose slot holds this step's gradient (views False)
+        self.slots, self.averaged, self.written = {}, set(), set()
         for param, offset in zip(params, partition.offsets, strict=True):
             slot = self.buffer[offset : offset + param.numel()].view_as(param)
             self.slots[id(param)] = slot
@@ -80,49 +65,31 @@ class FlatGradients(GradientStore):
 
     def accept(self, param: torch.Tensor, *, boundary: bool) -> None:
         """Move `param.grad` into its slot (divided by N in the boundary backward)."""
-        key = id(param)
-        if key in self.averaged:
+        if id(param) in self.averaged:
             raise RuntimeError(
                 "a backward after boundary_backward() in the same step: its gradients were already averaged; "
                 "call step() or zero_grad() first"
             )
-        slot = self.slots[key]
-        if not self.views:
-            self._take(param)
-            if boundary:
-                slot.div_(self.world_size)
-                self.averaged.add(key)
-            return
-        fresh = dense_grad(param).data_ptr() != slot.data_ptr()
         if boundary:
-            if fresh:
-                torch.div(param.grad, self.world_size, out=slot)
-            else:
-                slot.div_(self.world_size)
-            self.averaged.add(key)
-        elif fresh:  # first micro-step; later ones accumulate in place
-            slot.copy_(param.grad)
-        param.grad = slot
+            self._average(param)
+        else:
+            self._take(param)
 
     def _average(self, param: torch.Tensor) -> None:
-        """Make the slot hold grad / N (zero without a gradient: DDP's rule), unless a hook already did."""
-        key = id(param)
+        """Make the slot hold grad / N (zero without a gradient: DDP's rule), unless it already does."""
+        key, slot = id(param), self.slots[id(param)]
         if key in self.averaged:
             return
-        slot = self.slots[key]
-        if not self.views:
-            if param.grad is not None:  # a gradient no hook saw
+        if self.views and param.grad is not None and dense_grad(param).data_ptr() != slot.data_ptr():
+            torch.div(param.grad, self.world_size, out=slot)  # written and divided in one pass
+            param.grad = slot
+        else:
+            if param.grad is not None:
                 self._take(param)
-            if key in self.written:
+            if self.has_grad(param):
                 slot.div_(self.world_size)
             else:
                 slot.zero_()
-        elif param.grad is None:
-            slot.zero_()
-        elif param.grad.data_ptr() != slot.data_ptr():
-            torch.div(dense_grad(param), self.world_size, out=slot)
-        else:
-            slot.div_(self.world_size)
         self.averaged.add(key)
 
     def launch(self, k: int) -> None:

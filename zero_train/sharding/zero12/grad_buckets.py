@@ -2,7 +2,7 @@
 
 The trainable tensors of a segment are cut into buckets of at most zero_optimization.reduce_bucket_size
 elements, in backward order (`partition.gradient_buckets`). As soon as the next bucket in the schedule
-(overlap.BucketSchedule: every rank reduces them in the same order) has all its gradients, they are
+(backward.BucketSchedule: every rank reduces them in the same order) has all its gradients, they are
 copied into a bucket buffer divided by N (as DDP's allreduce_hook does), released, and the buffer is
 reduced to its owners without waiting (overlap.ReductionQueue: on gloo our ring, the same summation order
 as ZeRO-1). When a reduction is waited for, the owner adds its part into its accumulator of the
@@ -22,8 +22,8 @@ import torch
 
 from zero_train.sharding.comm.overlap import ReductionQueue
 from zero_train.sharding.partition import Bucket
+from zero_train.sharding.zero12.backward import GradientStore
 from zero_train.sharding.zero12.flat_grads import dense_grad
-from zero_train.sharding.zero12.schedule import GradientStore
 from zero_train.sharding.zero12.segments import Segment
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from zero_train.sharding import accounting
+from zero_train.sharding.comm.groups import backend_name
 from zero_train.sharding.partition import Bucket, FlatPartition
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
 from zero_train.sharding.zero12.zero2 import Zero2Optimizer
@@ -121,7 +122,7 @@ def comm_bytes_per_step(optimizer: ShardedOptimizer, micro_steps: int = 1) -> di
             segment.partition,
             optimizer.rank,
             element_size,
-            optimizer.backend,
+            backend_name(optimizer.process_group),
             active=segment.active,
             micro_steps=micro_steps if every_backward else 1,
             reduce_element_size=_element_size(optimizer._gradient_dtypes()[1]),

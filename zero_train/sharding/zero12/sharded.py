@@ -1,24 +1,9 @@
 """ShardedOptimizer: what our ZeRO-1 and ZeRO-2 share: segments, their gradient stores, the hooks.
 
-Every rank keeps the whole model; the optimizer state (and, for a bf16/fp16 model, the fp32 master
-weights) of each element lives on ONE rank: the trainable tensors sit end to end in a flat buffer cut into
-N equal slices, one per rank (partition.py, segments.py). What the stages differ in is only where the
-gradients go before the step:
-
-    Zero1Optimizer (zero1.py)   a flat buffer of ALL gradients, reduced to the owners bucket by bucket
-    Zero2Optimizer (zero2.py)   buckets reduced to their owners during backward; a rank keeps only the
-                                gradients it owns
-
-A subclass builds one gradient store per segment (`_build_grads`: flat_grads.FlatGradients or
-grad_buckets.GradientBuckets, one interface) and, in `reduce_gradients()`, hands the averaged gradients of
-each slice to the shared step (step.py: the inner optimizer over this rank's pieces, the agreement, exact
-global-norm clipping, skip on fp16 overflow); `_publish` all-gathers the updated slices.
-
-The trainable parameters live in segments: one for the parameters trainable at construction, one more for
-each group added later or unfrozen after construction, so that no slice ever moves and no optimizer state
-ever changes rank. The hooks (hooks.py) report each gradient of backward to the stage, which reduces its
-buckets in one order for all segments (schedule.BucketSchedule). State dicts (state.py) and bytes held and
-sent (report.py) are functions of the optimizer, apart.
+Every rank keeps the whole model; each element's optimizer state (and fp32 master) lives on one rank, the owner
+of its slice of the segment's flat buffer (segments.py). The stages differ only in where the gradients go before
+the shared step (../step.py): Zero1Optimizer keeps them all in a flat buffer reduced bucket by bucket
+(flat_grads.py), Zero2Optimizer reduces each bucket during backward and keeps the owned part (grad_buckets.py).
 """
 
 from __future__ import annotations
@@ -26,46 +11,28 @@ from __future__ import annotations
 import torch
 
 from zero_train.runtime.errors import UsageError
-from zero_train.sharding.comm import collectives, gloo
-from zero_train.sharding.comm.groups import backend_name
 from zero_train.sharding.comm.overlap import ReductionQueue
 from zero_train.sharding.step import OwnedPiece, PieceOptimizer
-from zero_train.sharding.zero12.hooks import BackwardHooks
-from zero_train.sharding.zero12.schedule import BucketSchedule, GradientStore
+from zero_train.sharding.zero12.backward import BackwardHooks, BucketSchedule, GradientStore
 from zero_train.sharding.zero12.segments import Segment
 
 
 class ShardedOptimizer(PieceOptimizer):
     """Shards the state of an elementwise torch optimizer over the data-parallel ranks, element by element.
 
-    Args:
-        params: tensors or param-group dicts, as for any torch optimizer. A parameter with
-            requires_grad=False gets no slice, state or communication until it is unfrozen (then the
-            next reduce_gradients() adds it in a new segment); one frozen later keeps its slice and state
-            but stops travelling.
-        optimizer_class: the inner optimizer, run on this rank's pieces: elementwise
-            (step.ELEMENTWISE_OPTIMIZERS or a subclass), since a tensor may be split across ranks.
-        process_group: the data-parallel group (None: the default group).
-        master_dtype: dtype of the master weights; a model in another dtype (bf16/fp16) gets fp32 masters
-            of this rank's slice only.
-        loss_scaler: fp16 dynamic loss scaler (`.loss_scale`, `.update_scale(overflow)`); overflowing
-            steps are skipped (`last_step_skipped`).
-        bucket_elements: the largest gradient bucket, in elements (zero_optimization.reduce_bucket_size);
-            None: one bucket per run of trainable tensors (everything reduced at once).
-        grad_dtype: the dtype gradients accumulate in over the micro-batches (None: the parameters'; our
-            engines pass fp32 for a 16-bit model: ds_config.parse.gradient_dtypes).
+    Args: PieceOptimizer's (params, optimizer_class, process_group, master_dtype, loss_scaler, **defaults), and
+        bucket_elements: the largest gradient bucket (reduce_bucket_size; None: one bucket per run of tensors).
+        grad_dtype: the dtype gradients accumulate in over the micro-batches (None: the parameters').
         reduce_dtype: the dtype gradients are summed over the ranks in (None: grad_dtype).
-        **defaults: the inner optimizer's keyword arguments (lr, betas, weight_decay, ...).
+
+    A parameter with requires_grad=False gets no slice, state or communication until it is unfrozen (then a new
+    segment); one frozen later keeps its slice and state but stops travelling.
 
     Raises:
-        ValueError: empty parameter list (torch's message), bucket_elements below 1; TypeError: non-tensor
-        entries. UsageError: an optimizer that is not elementwise, trainable parameters of different dtypes
-        or devices.
+        ValueError: bucket_elements below 1. UsageError: trainable parameters of different dtypes or devices.
     """
 
     bucket_elements: int | None
-    backend: str
-    """The group's backend ("gloo", "nccl", ...)."""
     grad_dtype: torch.dtype | None
     reduce_dtype: torch.dtype | None
     _ready: bool
@@ -106,7 +73,6 @@ class ShardedOptimizer(PieceOptimizer):
         self._ready = False
         self.bucket_elements = int(bucket_elements) if bucket_elements is not None else None
         self.grad_dtype, self.reduce_dtype = grad_dtype, reduce_dtype
-        self.backend = backend_name(process_group)
         super().__init__(
             params,
             optimizer_class,
@@ -144,11 +110,8 @@ class ShardedOptimizer(PieceOptimizer):
         raise NotImplementedError
 
     def reduce_gradients(self) -> None:
-        """Average the gradients over the ranks; each rank ends with the average of its slice.
-
-        A subclass sets `_local_has_grad` (per entry of `_params`: did this rank bring a gradient) and
-        calls `_set_master_grads` with each segment's averaged slice.
-        """
+        """Average the gradients over the ranks (each rank ends with the average of its slice), set
+        `_local_has_grad`, and call `_set_master_grads` with each segment's averaged slice."""
         raise NotImplementedError
 
     def _gradients_ready(self) -> None:
@@ -165,7 +128,7 @@ class ShardedOptimizer(PieceOptimizer):
         def grad_of(owned: OwnedPiece) -> torch.Tensor | None:
             if not owned.param.requires_grad:  # frozen: not reduced, its slot holds nothing of this step
                 return None
-            return owned.holder.owned_view(by_segment[id(owned.holder)], owned.piece)
+            return owned.holder.view_of(by_segment[id(owned.holder)], owned.piece)
 
         self._take_grads(grad_of)
 
@@ -189,13 +152,19 @@ class ShardedOptimizer(PieceOptimizer):
             raise UsageError(
                 f"{type(self).__name__} got no trainable parameters (all have requires_grad=False)"
             )
-        self._check_uniform(self._params + new)
+        found = sorted({f"{p.dtype} on {p.device}" for p in self._params + new})
+        if len(found) > 1:
+            raise UsageError(
+                f"{type(self).__name__} needs all trainable parameters in one dtype on one device, got "
+                f"{found}; cast the model with model.to(dtype) first"
+            )
         if new:
             segment = Segment(new, rank=self.rank, world_size=self.world_size, master_dtype=self.master_dtype)
             self.segments.append(segment)
             self._params += new
             self._stores.append(self._build_grads(segment))
-            self._queue.recv_buffer = self._receive_buffer()
+            lengths = [list(bucket.lengths) for store in self._stores for bucket in store.buckets]
+            self._queue.fit_receive_buffer(lengths, dtype=self._gradient_dtypes()[1], device=self._device())
             self._relayout()
         owned: dict[int, list] = {}
         for segment in self.segments:
@@ -204,14 +173,6 @@ class ShardedOptimizer(PieceOptimizer):
                     (segment, piece, segment.master_view(piece))
                 )
         self._build_inner(lambda param: owned.get(id(param), []))
-
-    def _check_uniform(self, params: list[torch.Tensor]) -> None:
-        if len({p.dtype for p in params}) > 1 or len({p.device for p in params}) > 1:
-            found = sorted({f"{p.dtype} on {p.device}" for p in params})
-            raise UsageError(
-                f"{type(self).__name__} needs all trainable parameters in one dtype on one device, got "
-                f"{found}; cast the model with model.to(dtype) first"
-            )
 
     def _relayout(self) -> None:
         """Hook the parameters trainable now and put every segment's buckets in one schedule."""
@@ -231,20 +192,9 @@ class ShardedOptimizer(PieceOptimizer):
         """The first gradient of a backward: take in parameters frozen or unfrozen since the last one."""
         self._refresh_trainable()
 
-    def _receive_buffer(self) -> torch.Tensor | None:
-        """The gloo rings' receive buffer, for the largest bucket of any segment (None elsewhere)."""
-        if not (self.world_size > 1 and collectives.uses_p2p_rings(self.process_group)):
-            return None
-        buckets = [bucket for store in self._stores for bucket in store.buckets]
-        elements = max((gloo.ring_receive_elements(list(b.lengths)) for b in buckets), default=1)
-        return torch.empty(elements, dtype=self._gradient_dtypes()[1], device=self._device())
-
     def _refresh_trainable(self) -> None:
-        """Take in parameters unfrozen since the last call (a new segment) and frozen ones (their buckets).
-
-        Every rank must change requires_grad alike (as they run the same code). Cost: one pass over the
-        parameters per step.
-        """
+        """Take in parameters unfrozen (a new segment) or frozen (their buckets) since the last call; every rank
+        must change requires_grad alike."""
         all_params = [p for g in self.param_groups for p in g["params"]]
         known = {id(p) for p in self._params}
         if any(p.requires_grad and id(p) not in known for p in all_params):

@@ -60,7 +60,10 @@ def load_state_dict(optimizer: ShardedOptimizer, state_dict: dict) -> None:
             place = owned.piece.tensor_offset, owned.piece.length
             owned.master.detach().copy_(shards.cut(found, *place, owned.master.shape))
         elif owned.holder.has_master_copies:  # masters from the loaded model weights
-            owned.master.detach().copy_(owned.holder.model_view(owned.piece))
+            segment = owned.holder
+            owned.master.detach().copy_(
+                segment.view_of(segment.param_buffer[segment.start : segment.stop], owned.piece)
+            )
 
 
 def consolidated_state_dict(optimizer: ShardedOptimizer, to: int = 0) -> dict | None:

@@ -1,23 +1,9 @@
 """Zero1Optimizer: ZeRO stage 1 (optimizer-state sharding, the ZeRO paper's P_os) in plain torch.distributed.
 
-Every rank keeps the whole model and computes whole gradients; the optimizer state (and, for a
-bf16/fp16 model, the fp32 master weights) of each element lives on ONE rank: rank r owns the r-th of N
-equal slices of the flat parameter buffer (partition.py; sharded.py: what ZeRO-1 and ZeRO-2 share).
-One training step:
-
-    backward            gradients land in a flat buffer laid out as the parameters (a hook per parameter;
-                        no communication, so gradient accumulation over micro-steps is free)
-    boundary_backward() the last micro-step's backward: the hooks also divide by N, and each bucket of
-                        complete gradients starts its reduction to the owners while backward goes on
-                        (DeepSpeed's overlap_comm); the end of backward waits for them once
-    reduce_gradients()  whatever is still to reduce (all of it without boundary_backward()): each rank
-                        receives the average of exactly its slice
-    clip_grad_norm_()   partial sums of squares on the owners, one all-reduce of P + 2 floats
-    step()              the inner optimizer updates only this rank's pieces (fp32 masters); one all-gather
-                        of the flat parameter buffer brings every rank the new weights
-
-The model's parameters are views into the flat parameter buffer and their gradients views into the
-flat gradient buffer, so the collectives read and write them in place (no copies in fp32).
+Every rank keeps the whole model and every gradient, in a flat buffer laid out as the parameters (no
+communication before the boundary, so accumulation is free); at the boundary each bucket is reduced to its
+owners, who step their pieces, and one all-gather brings every rank the new weights. The step in detail:
+docs/zero1.md.
 
     optimizer = Zero1Optimizer(model.parameters(), torch.optim.AdamW, lr=3e-4, weight_decay=0.1)
     for micro_batch in micro_batches[:-1]:     # gradient accumulation: no communication here
@@ -43,11 +29,7 @@ from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
 class Zero1Optimizer(ShardedOptimizer):
     """ZeRO-1: every rank holds every gradient in one flat buffer; buckets reduced to their owners at the
-    boundary (during the boundary backward, if it is marked).
-
-    Arguments as ShardedOptimizer (params, optimizer_class, process_group, master_dtype, loss_scaler,
-    bucket_elements, **defaults).
-    """
+    boundary (during the boundary backward, if it is marked). Arguments as ShardedOptimizer."""
 
     _boundary = False
 
@@ -69,12 +51,8 @@ class Zero1Optimizer(ShardedOptimizer):
 
     @contextlib.contextmanager
     def boundary_backward(self):
-        """Context for the backward of the LAST micro-batch of a step (optional; the result is identical).
-
-        Its gradient hooks write grad / N straight into the flat buffer (flat_grads.py), and every bucket
-        starts its reduction as soon as its gradients are complete. Another backward before
-        step()/zero_grad() raises.
-        """
+        """Context for the backward of the LAST micro-batch of a step (optional; the result is identical): its
+        hooks write grad / N into the flat buffer and each complete bucket starts its reduction at once."""
         self._boundary = True
         try:
             yield
@@ -94,16 +72,11 @@ class Zero1Optimizer(ShardedOptimizer):
             self._flushed = True
 
     def reduce_gradients(self) -> None:
-        """Average the gradients over the ranks: each rank receives the average of its slice.
+        """Average the gradients over the ranks: each rank receives the average of its slice. Collective.
 
-        Call it ONCE per optimizer step, at the gradient-accumulation boundary (after the last
-        micro-batch's backward): backward itself never communicates outside boundary_backward(), so
-        micro-steps before the boundary cost no traffic. Idempotent until step() or zero_grad().
-        Afterwards a parameter's .grad is its averaged gradient if this rank owns all of it, else None
-        (the rest of the buffer holds partial sums: ZeRO's gradient partitioning); a parameter without a
-        gradient on some rank counts as a zero gradient there (DDP's rule), one without a gradient on every
-        rank is skipped by step(). A parameter unfrozen since the last step gets a segment here.
-        Collective: every rank of the group must call it.
+        Call it once per step, at the accumulation boundary; idempotent until step() or zero_grad(). Afterwards
+        a parameter's .grad is its averaged gradient if this rank owns all of it, else None; a gradient missing
+        on some rank counts as zeros there (DDP's rule), one missing on every rank is skipped by step().
         """
         if self._reduced:
             return

@@ -94,7 +94,7 @@ class Zero2Optimizer(ShardedOptimizer):
             for piece in segment.pieces:
                 param = segment.params[piece.index]
                 if piece.whole and param.requires_grad and store.owned().dtype == param.dtype:
-                    param.grad = segment.owned_view(store.owned(), piece)
+                    param.grad = segment.view_of(store.owned(), piece)
         self._set_master_grads([store.owned() for store in self._stores])
         self._reduced = True
 

@@ -1,12 +1,14 @@
-"""BucketSchedule: every segment's buckets reduced in one order on every rank, as soon as they are complete.
+"""What ZeRO-1/2 see of backward: a call per complete gradient, buckets launched in one order, one call at the end.
 
-ZeRO-1 (in its boundary backward) and ZeRO-2 (in every backward) launch each bucket's reduction into the
-ReductionQueue (comm/overlap.py) from the gradient hooks; this is the order they launch in. The stores it
-launches, one per segment, share one interface (GradientStore): ZeRO-1's flat_grads.FlatGradients keeps every
-gradient in one flat buffer, ZeRO-2's grad_buckets.GradientBuckets only the owned ones.
+A post-accumulate-grad hook on every trainable parameter calls the optimizer's `on_grad(param)` (a tied weight:
+after both uses); the first one of a backward also calls `on_first_grad()` and queues `on_backward_end()` with
+autograd. The stores the buckets belong to, one per segment, share one interface (GradientStore): ZeRO-1's
+flat_grads.FlatGradients keeps every gradient, ZeRO-2's grad_buckets.GradientBuckets only the owned ones.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -16,11 +18,9 @@ from zero_train.sharding.zero12.segments import Segment
 
 
 class GradientStore:
-    """One segment's gradients on their way to their owners: the interface of ZeRO-1's FlatGradients and
-    ZeRO-2's GradientBuckets, and the buckets they share."""
+    """One segment's gradients on their way to their owners, cut into buckets (the stores' one interface)."""
 
     segment: Segment
-    """The segment (its parameters, partition, this rank's slice, active flags)."""
     bucket_elements: int | None
     """The largest bucket, in elements (None: one bucket per run of trainable tensors)."""
     buckets: list[Bucket]
@@ -28,9 +28,7 @@ class GradientStore:
     bucket_of: dict[int, int]
     """Tensor index in the segment -> its bucket."""
     world_size: int
-    """N, the divisor of the average."""
     queue: ReductionQueue
-    """Where the bucket reductions are launched."""
 
     def __init__(
         self, segment: Segment, *, world_size: int, bucket_elements: int | None, queue: ReductionQueue
@@ -56,7 +54,7 @@ class GradientStore:
         raise NotImplementedError
 
     def owned(self) -> torch.Tensor:
-        """This rank's slice of the averaged gradients (after every bucket's reduction was waited for)."""
+        """This rank's slice of the averaged gradients (after every reduction was waited for)."""
         raise NotImplementedError
 
     def new_step(self) -> None:
@@ -65,17 +63,8 @@ class GradientStore:
 
 
 class BucketSchedule:
-    """Every segment's buckets in one order, the same on every rank: a bucket is launched once it and every
-    bucket before it are complete, so all ranks issue their reductions in the same order even when their
-    backward passes produce gradients in different orders (a branch only some ranks take).
-
-    The newest segment's buckets come first (parameters added or unfrozen later sit nearer the output, in
-    the usual progressive-unfreezing or layer-by-layer add_param_group), each segment's in backward order.
-
-    Args:
-        stores: the gradient stores, one per segment; each has `.buckets` and `.launch(k)`.
-        queue: the ReductionQueue the stores launch into.
-    """
+    """Every segment's buckets in one order, the newest segment's first: a bucket is launched once it and every
+    bucket before it are complete, so all ranks reduce in the same order whatever order backward took."""
 
     def __init__(self, stores: list[GradientStore], queue: ReductionQueue):
         self.queue = queue
@@ -84,7 +73,7 @@ class BucketSchedule:
         self._arrived = [0] * len(self.order)
         self._launched = 0
 
-    def arrive(self, store, bucket: int) -> None:
+    def arrive(self, store: GradientStore, bucket: int) -> None:
         """One gradient of `bucket` is complete; launch every bucket that is now due, in order."""
         self._arrived[self._place[id(store), bucket]] += 1
         while self._launched < len(self.order):
@@ -95,7 +84,7 @@ class BucketSchedule:
             self._launched += 1
 
     def flush(self) -> None:
-        """Launch every bucket not launched yet (their missing gradients count as zeros), then wait for all."""
+        """Launch every bucket not launched yet (missing gradients count as zeros), then wait for all."""
         while self._launched < len(self.order):
             store, k = self.order[self._launched]
             store.launch(k)
@@ -103,3 +92,36 @@ class BucketSchedule:
         self.queue.wait_all()
         self._arrived = [0] * len(self.order)
         self._launched = 0
+
+
+class BackwardHooks:
+    """Hooks on `params` calling `owner`'s on_first_grad / on_grad / on_backward_end; the backward in flight is
+    `owner._in_backward`, so hooks rebuilt mid-backward do not start a second one. The hooks hold the owner
+    weakly: a parameter must not keep a dropped optimizer alive."""
+
+    def __init__(self, owner, params: list[torch.nn.Parameter]):
+        owner_ref = weakref.ref(owner)
+
+        def ended() -> None:
+            owner = owner_ref()
+            if owner is not None:
+                owner._in_backward = False
+                owner.on_backward_end()
+
+        def arrived(param: torch.Tensor) -> None:
+            owner = owner_ref()
+            if owner is None or param.grad is None:
+                return
+            if not owner._in_backward:
+                owner._in_backward = True
+                torch.autograd.Variable._execution_engine.queue_callback(ended)
+                owner.on_first_grad()
+            owner.on_grad(param)
+
+        self._handles = [param.register_post_accumulate_grad_hook(arrived) for param in params]
+
+    def remove(self) -> None:
+        """Detach the hooks (the optimizer re-hooks when the trainable parameters change)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
