@@ -48,6 +48,8 @@ class ShardedOptimizer(PieceOptimizer):
     _schedule: BucketSchedule
     """Every segment's buckets in the one order all ranks reduce them in."""
     _hooks: BackwardHooks | None
+    _boundary: bool
+    """This backward reduces each bucket once complete (ZeRO-2: every backward; ZeRO-1: boundary_backward())."""
     _in_backward: bool
     """A backward is running (its first gradient arrived, its end has not)."""
     _flushed: bool
@@ -102,12 +104,19 @@ class ShardedOptimizer(PieceOptimizer):
         raise NotImplementedError
 
     def on_grad(self, param: torch.Tensor) -> None:
-        """A gradient of this backward is complete (called by the hooks)."""
-        raise NotImplementedError
+        """A gradient of this backward is complete (the hooks): into its store, and in a reducing backward its
+        bucket may start."""
+        store, index = self._where[id(param)]
+        store.accept(param, boundary=self._boundary)
+        if self._boundary and index in store.bucket_of:
+            self._schedule.arrive(store, store.bucket_of[index])
 
     def on_backward_end(self) -> None:
-        """The backward that called on_grad has ended."""
-        raise NotImplementedError
+        """The backward has ended: a reducing one launches what is left and waits for every reduction."""
+        if self._boundary:
+            self._local_has_grad = self._has_grads()
+            self._schedule.flush()
+            self._flushed = True
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the ranks (each rank ends with the average of its slice), set

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.zero12.flat_grads import FlatGradients
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
@@ -58,18 +56,6 @@ class Zero1Optimizer(ShardedOptimizer):
             yield
         finally:
             self._boundary = False
-
-    def on_grad(self, param: torch.Tensor) -> None:
-        store, index = self._where[id(param)]
-        store.accept(param, boundary=self._boundary)
-        if self._boundary and index in store.bucket_of:
-            self._schedule.arrive(store, store.bucket_of[index])
-
-    def on_backward_end(self) -> None:
-        if self._boundary:
-            self._local_has_grad = self._has_grads()
-            self._schedule.flush()
-            self._flushed = True
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the ranks: each rank receives the average of its slice. Collective.

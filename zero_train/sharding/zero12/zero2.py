@@ -24,8 +24,6 @@ pieces, one all-gather of the flat parameter buffer. One training step:
 
 from __future__ import annotations
 
-import torch
-
 from zero_train.sharding.zero12.grad_buckets import BucketBuffers, GradientBuckets
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
@@ -39,6 +37,7 @@ class Zero2Optimizer(ShardedOptimizer):
     """
 
     _buffers: BucketBuffers | None = None
+    _boundary = True  # every backward reduces its buckets (DeepSpeed's stage 2)
 
     def __init__(self, params, optimizer_class, *, bucket_elements: int, **kwargs):
         super().__init__(params, optimizer_class, bucket_elements=bucket_elements, **kwargs)
@@ -65,15 +64,6 @@ class Zero2Optimizer(ShardedOptimizer):
         largest = max(store.copied_elements() for store in self._stores)
         if largest != self._buffers.size:
             self._buffers.resize(largest, dtype=self._gradient_dtypes()[1], device=param.device)
-
-    def on_grad(self, param: torch.Tensor) -> None:
-        store, index = self._where[id(param)]
-        store.accept(param, boundary=True)
-        if index in store.bucket_of:
-            self._schedule.arrive(store, store.bucket_of[index])
-
-    def on_backward_end(self) -> None:
-        self._schedule.flush()
 
     def reduce_gradients(self) -> None:
         """Hand the owned averaged gradients to the step (backward already reduced every bucket).
