@@ -1,6 +1,6 @@
 """What our ZeRO sharders hold in buffers and send per step, from the partition alone (pure arithmetic).
 
-One computation for every reader: the sharders' memory_bytes() / comm_bytes_per_step() call these
+One computation for every reader: zero12/report.py's memory_bytes() / comm_bytes_per_step() call these
 functions on their own partitions, and the memory model (memory/model/peak_terms.py) and the report
 (report/buffers.py, report/explain_runtime.py) call them on the partition of a run they did not see.
 
