@@ -115,3 +115,40 @@ def test_the_optimizer_is_priced_as_the_engine_runs_it_and_the_clip_reads_and_wr
     assert ddp.terms["gradient clipping"] == pytest.approx(100e6 * 12 / (machine.memory_gbps * 1e9))
     unclipped = step_time(shape, None, dataclasses.replace(setup, gradient_clipping=False), machine)
     assert "gradient clipping" not in unclipped.terms
+
+
+def test_the_recompute_is_the_blocks_whole_forward_as_torch_runs_it():
+    """torch's non-reentrant checkpoint re-runs a block until the last tensor its backward saved, a linear's
+    weight among them: the block's last linear runs again too. Counted by torch's profiler on a real tiny GPT-2
+    (matmul calls per step, plain vs checkpointed; under a dispatch mode, as the count's fake pass runs, torch
+    stops one linear earlier) and priced so: the step's recompute is the forward less the LM head."""
+    from zero_train.hf.models import build_model, enable_gradient_checkpointing
+    from zero_train.timing.step import Compute
+
+    config = model_config("tiny")
+    batch, seq = 2, 32
+    calls = {}
+    for flag in (False, True):
+        torch.manual_seed(0)
+        model = build_model(config)
+        model.train()
+        if flag:
+            enable_gradient_checkpointing(model)
+        ids = torch.randint(0, config.vocab_size, (batch, seq))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            model(input_ids=ids, labels=ids).loss.backward()
+        calls[flag] = sum(e.count for e in profile.key_averages() if e.key in ("aten::addmm", "aten::mm"))
+    assert calls[True] - calls[False] == 4 * config.n_layer  # every block linear (qkv, proj, fc, proj) again
+    plain, checkpointed = (
+        count_activations(
+            config, micro_batch_size=batch, block_size=seq, dtype=torch.float32, gradient_checkpointing=flag
+        )  # fmt: skip
+        for flag in (False, True)
+    )
+    tokens, shape = batch * seq, model_shape(config)
+    blocks_forward = plain.forward_flops - 2 * tokens * config.vocab_size * config.n_embd
+    work = Compute.of(shape, checkpointed, tokens)
+    assert checkpointed.recompute_flops < blocks_forward  # the fake pass's count stops before the last linear
+    assert work.recompute_flops == blocks_forward
+    assert work.backward_flops == plain.backward_flops + blocks_forward
+    assert Compute.of(shape, plain, tokens).backward_flops == plain.backward_flops  # nothing without it
