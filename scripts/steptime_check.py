@@ -5,7 +5,7 @@ cells, then predict bench cells neither ever saw.
     .venv/bin/python scripts/steptime_check.py report --out runs/steptime           # fit, predict, judge
 
 The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
-verdict, v3 after v2's quiet run and the model changes it led to; each committed before its own run):
+verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's; each committed before its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
   24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 and v3 at 1 and 2) and HELD-OUT sets (other rank
@@ -17,7 +17,7 @@ verdict, v3 after v2's quiet run and the model changes it led to; each committed
   25%, median |error| within 10%, every pair of engines of one set whose measured step times differ by more
   than 15% ordered right;
 - every set is one `zero-train bench` launch, its engines interleaved, fp32, 5 steps of which the first 2 are
-  warm-up (left out of the median), the bench's ranks on one thread each (its launches' OMP_NUM_THREADS=1: the
+  warm-up (left out of the median; v4: 7 steps, the median of 5), the bench's ranks on one thread each (its launches' OMP_NUM_THREADS=1: the
   model is told threads_per_rank=1).
 The same benches judge bench's predicted duration (zero_train.bench.duration): its two constants fitted on
 the calibration sets' runs, judged on the held-out sets' wall times (`report` writes OUT/duration.md).
@@ -33,96 +33,27 @@ import subprocess
 import sys
 import time
 
-ENGINES = "ddp,zero1,zero2,zero3,ds1,ds2,ds3,fsdp2-z2,fsdp2-z3"
-GPT2 = dict(model="gpt2-25m", micro_batch_size=2, block_size=64)
-TINY = dict(model="llama-tiny", micro_batch_size=4, block_size=128)
-SETS_V1 = [
-    dict(name="cal-gpt2-25m-w2", role="calibration", world_size=2, engines=ENGINES, **GPT2),
-    dict(name="cal-llama-tiny-w2", role="calibration", world_size=2, engines=ENGINES, **TINY),
-    dict(name="gpt2-25m-w1", role="held-out", world_size=1, engines="ddp,zero1,ds1", **GPT2),
-    dict(name="gpt2-25m-w4", role="held-out", world_size=4, engines="ddp,zero1,zero2,zero3,ds2,ds3,fsdp2-z3", **GPT2),
-    dict(name="gpt2-25m-w2-ckpt", role="held-out", world_size=2, gradient_checkpointing=True,
-         engines="zero1,zero3,ds2,fsdp2-z2", **GPT2),
-    dict(name="llama-tiny-w2-accum2", role="held-out", world_size=2, grad_accum=2,
-         engines="ddp,zero2,ds3,fsdp2-z3", **TINY),
-    dict(name="llama-tiny-w4-ckpt-accum2", role="held-out", world_size=4, grad_accum=2, gradient_checkpointing=True,
-         engines="ddp,zero1,zero3,ds1,ds3,fsdp2-z2", **TINY),
-    dict(name="llama-tiny-w1", role="held-out", world_size=1, engines="ddp,zero1,ds1", **TINY),
-]  # fmt: skip
-"""Design v1 (run 2026-11-28 10:22 UTC, docs/steptime.md). Calibration: 18 cells (9 engines x 2 shapes at 2
-ranks). Held out: 27 cells; every engine in at least two sets; 1, 2 and 4 ranks; checkpointing, accumulation and
-both; both shapes. Host work fitted per micro-batch + per parameter."""
-SETS_V2 = [
-    dict(name="cal-gpt2-25m-w2", role="calibration", world_size=2, engines=ENGINES, **GPT2),
-    dict(name="gpt2-25m-w4", role="held-out", world_size=4, engines="ddp,zero2,zero3,ds2,ds3,fsdp2-z3", **GPT2),
-    dict(name="cal-llama-tiny-w2", role="calibration", world_size=2, engines=ENGINES, **TINY),
-    dict(name="llama-tiny-w2-accum2", role="held-out", world_size=2, grad_accum=2,
-         engines="ddp,zero2,ds3,fsdp2-z3", **TINY),
-    dict(name="cal-gpt2-25m-w1", role="calibration", world_size=1, engines=ENGINES, **GPT2),
-    dict(name="gpt2-25m-w2-ckpt", role="held-out", world_size=2, gradient_checkpointing=True,
-         engines="zero1,zero3,ds2,fsdp2-z2", **GPT2),
-    dict(name="cal-llama-tiny-w1", role="calibration", world_size=1, engines=ENGINES, **TINY),
-    dict(name="llama-tiny-w4-ckpt-accum2", role="held-out", world_size=4, grad_accum=2, gradient_checkpointing=True,
-         engines="ddp,zero1,zero3,ds1,ds3,fsdp2-z2", **TINY),
-    dict(name="gpt2-25m-w1-ckpt-accum2", role="held-out", world_size=1, grad_accum=2, gradient_checkpointing=True,
-         engines="ddp,zero1,ds1,fsdp2-z3", **GPT2),
-]  # fmt: skip
-"""Design v2, fixed after v1's verdict and before its own run: v1's host work, fitted at 2 ranks only, carried
-the cost of communicating on a loaded machine into 1-rank cells. v2 calibrates every engine at 1 and 2 ranks on
-both shapes (36 cells) and fits per micro-batch + per parameter + per second of the model's communication; it
-runs calibration and held-out sets alternately, so that the machine's drift reaches both. Held out: 24 cells;
-1 rank (gpt2-25m with checkpointing and accumulation), 2 and 4 ranks, checkpointing, accumulation, both shapes;
-every engine in at least two held-out sets but ds1 and fsdp2-z2 (two each) and ds2 (two)."""
-SETS_V3 = [
-    dict(name="cal-gpt2-25m-w2", role="calibration", world_size=2, engines=ENGINES, **GPT2),
-    dict(name="llama-60m-w2", role="held-out", world_size=2, model="llama-60m", micro_batch_size=1, block_size=64,
-         engines="ddp,zero2,zero3,ds1,ds3,fsdp2-z2"),
-    dict(name="cal-llama-tiny-w2", role="calibration", world_size=2, engines=ENGINES, **TINY),
-    dict(name="qwen2-tiny-w1-ckpt", role="held-out", world_size=1, model="qwen2-tiny", micro_batch_size=8,
-         block_size=64, gradient_checkpointing=True, engines="ddp,zero1,ds1,ds2,fsdp2-z2"),
-    dict(name="cal-gpt2-25m-w1", role="calibration", world_size=1, engines=ENGINES, **GPT2),
-    dict(name="gpt2-25m-w4-b128-accum2", role="held-out", world_size=4, model="gpt2-25m", micro_batch_size=1,
-         block_size=128, grad_accum=2, engines="zero1,zero3,ds2,fsdp2-z3"),
-    dict(name="cal-llama-tiny-w1", role="calibration", world_size=1, engines=ENGINES, **TINY),
-    dict(name="llama-tiny-w4-b256", role="held-out", world_size=4, model="llama-tiny", micro_batch_size=2,
-         block_size=256, engines="ddp,zero2,ds1,ds3,fsdp2-z3"),
-    dict(name="tiny-w2-ckpt-accum2", role="held-out", world_size=2, model="tiny", micro_batch_size=4, block_size=128,
-         grad_accum=2, gradient_checkpointing=True, engines="zero1,zero2,zero3,ds2,fsdp2-z2,fsdp2-z3"),
-]  # fmt: skip
-"""Design v3, fixed (and committed) after v2's quiet run and the model changes it led to (DeepSpeed ZeRO-1/2's
-all-reduce, DeepSpeed ZeRO-3's single gather, the optimizer per layout, the gradient clip, the cores' contention,
-the matmul rate at the step's tokens and width), before its own run measured anything. v2's held-out cells were
-seen while the model changed, so judging on them would be in-sample: v3 keeps v2's calibration cells (every
-engine at 1 and 2 ranks on gpt2-25m and llama-tiny, 36 cells) and fits host work per micro-batch + per parameter
-only (v1's form): the 2-rank excess v2's per-second-of-communication term carried is now priced by the cores'
-contention, and that term, fitted at 2 ranks, multiplied the larger communication of 4 ranks (gap b; on v2's
-already-seen cells, with the new model, it gave a worst cell of +51% to +69% where the two terms gave +19% to
-+26%: a choice made on seen data, judged here on unseen cells; `report --terms v2` shows v3's cells with v2's
-three terms beside). It holds out 26 NEW cells:
-three model shapes no run of the check has used (llama-60m: 60.1M parameters, 10 layers x 640, untied; qwen2-tiny;
-the GPT-2 shaped tiny), and the calibrated shapes at another micro-batch and sequence length (gpt2-25m 1 x 128,
-llama-tiny 2 x 256); 1 rank (qwen2-tiny, checkpointing), 2 ranks (llama-60m; tiny with checkpointing and
-accumulation) and 4 ranks (gpt2-25m with accumulation; llama-tiny); every engine in at least two held-out sets
-(ds3 in two, the others in three)."""
-DESIGNS = {"v1": (SETS_V1, ("per_micro_batch_s", "per_param_s")),
-           "v2": (SETS_V2, ("per_micro_batch_s", "per_param_s", "per_comm_s")),
-           "v3": (SETS_V3, ("per_micro_batch_s", "per_param_s"))}  # fmt: skip
+from steptime_designs import DESIGNS, STEPS_OF
+
+
+def _design_name(out: pathlib.Path) -> str:
+    """The design OUT was run with (v1 where the run wrote none)."""
+    path = out / "design.json"
+    return json.loads(path.read_text())["design"] if path.exists() else "v1"
 
 
 def _design(out: pathlib.Path, terms_of: str | None = None) -> tuple[list[dict], tuple[str, ...]]:
-    """The sets and fitted terms of the design OUT was run with (v1 where the run wrote none); `terms_of`:
-    another design's fitted terms instead."""
-    path = out / "design.json"
-    sets, terms = DESIGNS[json.loads(path.read_text())["design"] if path.exists() else "v1"]
+    """The sets and fitted terms of the design OUT was run with; `terms_of`: another design's fitted terms
+    instead."""
+    sets, terms = DESIGNS[_design_name(out)]
     return sets, DESIGNS[terms_of][1] if terms_of else terms
 
 
-STEPS = dict(steps=5, warmup=2)
 RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v3") -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v4") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
@@ -137,7 +68,7 @@ def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: st
         flags = ["--model", cell_set["model"], "--engines", cell_set["engines"], "--precisions", "fp32",
                  "--world-size", str(cell_set["world_size"]), "--micro-batch-size", str(cell_set["micro_batch_size"]),
                  "--block-size", str(cell_set["block_size"]), "--grad-accum", str(cell_set.get("grad_accum", 1)),
-                 "--steps", str(STEPS["steps"]), "--warmup", str(STEPS["warmup"]), "--repeats", "1",
+                 "--steps", str(STEPS_OF[design]["steps"]), "--warmup", str(STEPS_OF[design]["warmup"]), "--repeats", "1",
                  "--other-repeats", "1", "--timeout", str(RUN_TIMEOUT_S), "--out", str(out / cell_set["name"])]  # fmt: skip
         flags += ["--gradient-checkpointing"] if cell_set.get("gradient_checkpointing") else []
         subprocess.run([*zero_train, "bench", *flags], check=False)
@@ -195,6 +126,17 @@ def _measured(folder: pathlib.Path) -> tuple[dict[str, float], tuple]:
     return cells, (bench["load_average"]["start"][0], bench["load_average"]["end"][0])
 
 
+def _spread(folder: pathlib.Path) -> dict[str, tuple[float, float]]:
+    """engine -> (min, max) of the step seconds the median was taken over (after the warm-up)."""
+    bench = _bench(folder) or {"samples": []}
+    spread = {}
+    for sample in bench["samples"]:
+        steps = (sample.get("step_times_s") or [])[sample.get("warmup", 0) :]
+        if steps and not sample.get("error"):
+            spread[sample["engine"]] = (min(steps), max(steps))
+    return spread
+
+
 def fit(out: pathlib.Path, machine, sets: list[dict], terms: tuple[str, ...], suffix: str = ""):
     """Each engine's host work fitted on the calibration sets' residuals: (fitted machine, calibration rows)."""
     from zero_train.hf.models import model_config
@@ -230,11 +172,14 @@ def report(out: pathlib.Path, terms_of: str | None = None) -> dict:
         measured, load_average = _measured(out / cell_set["name"])
         if not measured:
             continue
+        spread = _spread(out / cell_set["name"])
         loads.append((cell_set["name"], *load_average))
         for engine, seconds in measured.items():
             step, bare = predict(cell_set, engine, fitted), predict(cell_set, engine, machine)
             top = max(step.terms, key=lambda name: abs(step.terms[name]))
-            rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=step.seconds,
+            low, high = spread.get(engine, (seconds, seconds))
+            rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, measured_min_s=low,
+                             measured_max_s=high, predicted_s=step.seconds,
                              error=step.seconds / seconds - 1, without_host_s=bare.seconds,
                              error_without_host=bare.seconds / seconds - 1, host_s=step.terms.get(TERM, 0.0),
                              largest_term=top))  # fmt: skip
@@ -261,9 +206,10 @@ def report(out: pathlib.Path, terms_of: str | None = None) -> dict:
     (out / f"check{suffix}.json").write_text(json.dumps(dict(summary=summary, rows=rows, pairs=pairs,
                                                     calibration=calibration, host_work=fitted.engine_host),
                                                indent=1) + "\n")  # fmt: skip
-    lines = ["| set | engine | measured s | predicted s | error | without host work | host work s | largest term |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-    lines += [f"| {r['set']} | {r['engine']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.0%} | "
+    lines = ["| set | engine | measured s (min / median / max) | predicted s | error | without host work | host work s "
+             "| largest term |", "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines += [f"| {r['set']} | {r['engine']} | {r['measured_min_s']:.3f} / **{r['measured_s']:.3f}** / "
+              f"{r['measured_max_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.0%} | "
               f"{r['error_without_host']:+.0%} | {r['host_s']:.3f} | {r['largest_term']} |" for r in rows]  # fmt: skip
     lines += [
         "",
@@ -305,7 +251,7 @@ def duration_report(out: pathlib.Path, sets: list[dict]) -> None:
             continue
         runs = _duration_runs(bench)
         planned = len(bench["samples"])
-        steps = STEPS["steps"] * planned
+        steps = STEPS_OF[_design_name(out)]["steps"] * planned
         step_then = (bench["predicted_s"] - then["LAUNCH_START_S"] - planned * then["RUN_START_S"]) / steps
         share_one = then["STEP_SHARE_OF_MATMUL"] * step_then  # the predicted step were the share 1
         bench["_share_one"], bench["_planned"] = share_one, planned
@@ -319,7 +265,7 @@ def duration_report(out: pathlib.Path, sets: list[dict]) -> None:
         if bench is None or "_share_one" not in bench:
             continue
         predicted = (then["LAUNCH_START_S"] + bench["_planned"] * start
-                     + STEPS["steps"] * bench["_planned"] * bench["_share_one"] / share)  # fmt: skip
+                     + STEPS_OF[_design_name(out)]["steps"] * bench["_planned"] * bench["_share_one"] / share)  # fmt: skip
         judged.append(dict(set=name, role=cell_set["role"], wall_s=bench["wall_s"], predicted_then_s=bench["predicted_s"],
                            predicted_s=predicted, error=predicted / bench["wall_s"] - 1,
                            load=(bench["load_average"]["start"][0], bench["load_average"]["end"][0])))  # fmt: skip
@@ -353,7 +299,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="v3", help="run: the design's sets")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v4", help="run: the design's sets")
     parser.add_argument("--terms", choices=sorted(DESIGNS),
                         help="report: fit another design's host-work terms (writes check-terms-DESIGN.md)")  # fmt: skip
     args = parser.parse_args()
