@@ -4,9 +4,9 @@ Real commands, real launchers, real ranks, all started at once (they overlap the
 bench` and `zero-train profile`, each told to train for far longer than the test waits, are stopped while their
 ranks train (a step line in the launch's log):
 
-- SIGTERM to the command (a scheduler's time limit, `timeout`), and SIGINT to its process group (Ctrl-C in its
-  terminal): the command stops its launcher and every rank, says what it stopped in one line and exits with
-  128 + the signal; nothing of it is left 15 s after the signal;
+- SIGTERM to the command (a scheduler's time limit, `timeout`: the profile), and SIGINT to its process group
+  (Ctrl-C in its terminal: the bench): the command stops its launcher and every rank, says what it stopped in
+  one line and exits with 128 + the signal; nothing of it is left 15 s after the signal;
 - SIGKILL of the bench (nothing can clean up after it): the kernel's parent-death signal stops the launcher and
   each rank notices its command is gone; nothing is left after 20 s;
 - SIGTERM to torchrun, and to DeepSpeed's launcher, training with checkpoints (`timeout`, or a scheduler that
@@ -73,12 +73,13 @@ def _train(launcher: str, engine: str):
     return command
 
 
+# bench and profile stop through the same code (launch.launcher.run_logged raises runtime.errors.Stopped, run_cli
+# prints its line): the launcher runs in a session of its own, so SIGTERM to the command and SIGINT to its group
+# both reach only the command. One case per command and per signal covers that path; each is ~14 CPU-s.
 CASES = {
-    "bench-SIGTERM": (_bench, signal.SIGTERM, False, 15),
     "bench-SIGINT-to-its-group": (_bench, signal.SIGINT, True, 15),
     "bench-SIGKILL": (_bench, signal.SIGKILL, False, 20),
     "profile-SIGTERM": (_profile, signal.SIGTERM, False, 15),
-    "profile-SIGINT-to-its-group": (_profile, signal.SIGINT, True, 15),
     "torchrun-training-SIGTERM": (_train("torchrun", "zero2"), signal.SIGTERM, False, 30),
     "deepspeed-training-SIGTERM": (_train("deepspeed", "ds2"), signal.SIGTERM, False, 30),
 }
