@@ -7,13 +7,18 @@ import json
 
 import pytest
 
+from zero_train.timing import calibrate as calibrate_module
 from zero_train.timing.calibrate import COMM_OPS, calibrate, measure_collectives
 from zero_train.timing.machine import load_machine
 
 pytestmark = pytest.mark.tier("quick")
 
 
-def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path):
+def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path, monkeypatch):
+    # what is checked is the Machine's shape and positive rates, not their precision: windows a quarter as long
+    # (0.2 -> 0.05 s per microbenchmark, 1 -> 0.25 s per contention run) still time every one of them
+    monkeypatch.setattr(calibrate_module, "TIMED_SECONDS", 0.05)
+    monkeypatch.setattr(calibrate_module, "CONTENTION_SECONDS", 0.25)
     machine = calibrate(world_sizes=())
     assert machine.device == "cpu" and machine.shared and machine.overlap == 0
     assert all(rate > 0 for rates in machine.matmul_by_size.values() for rate in rates.values())

@@ -42,9 +42,15 @@ COMM_CALLS = (30, 10, 3)
 COMM_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p_ring")
 
 
-def _timed(work, *, seconds: float = 0.2, repeats: int = 5, calls: int = 0) -> float:
+TIMED_SECONDS = 0.2
+"""Wall seconds each microbenchmark's repeats share (the optimizer's: 2.5 times that)."""
+
+
+def _timed(work, *, seconds: float | None = None, repeats: int = 5, calls: int = 0) -> float:
     """Seconds of one call of `work`, the best of `repeats` batches (the machine's rate, not its neighbours'
-    load); calls batched to `seconds` / repeats each, or `calls` (ranks timing a collective must agree on it)."""
+    load); calls batched to `seconds` (default TIMED_SECONDS) / repeats each, or `calls` (ranks timing a
+    collective must agree on it)."""
+    seconds = TIMED_SECONDS if seconds is None else seconds
     work()
     if not calls:
         started = time.perf_counter()
@@ -122,7 +128,7 @@ def optimizer_gbps(layout: str = "foreach") -> float:
     for param in params:
         param.grad = torch.randn_like(param)
     optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=layout == "foreach")
-    seconds = _timed(optimizer.step, seconds=0.5)
+    seconds = _timed(optimizer.step, seconds=2.5 * TIMED_SECONDS)
     return sum(p.numel() for p in params) * constants.OPTIMIZER_BYTES_PER_PARAM["fp32"] / seconds / 1e9
 
 
@@ -145,7 +151,10 @@ def _concurrent(processes: int) -> dict[str, float]:
     """The mean per-process rate of `processes` single-thread processes running each benchmark together."""
     context = mp.get_context("spawn")
     results, barrier = context.SimpleQueue(), context.Barrier(processes)
-    workers = [context.Process(target=_contention_main, args=(barrier, results)) for _ in range(processes)]
+    workers = [  # the window passed on: a spawned process reads the module's constant afresh
+        context.Process(target=_contention_main, args=(barrier, results, CONTENTION_SECONDS))
+        for _ in range(processes)
+    ]
     for worker in workers:
         worker.start()
     rates = [results.get() for _ in workers]
@@ -154,7 +163,7 @@ def _concurrent(processes: int) -> dict[str, float]:
     return {kind: sum(r[kind] for r in rates) / len(rates) for kind in rates[0]}
 
 
-def _contention_main(barrier, results) -> None:
+def _contention_main(barrier, results, seconds: float) -> None:
     torch.set_num_threads(1)
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     x, y = torch.randn(4096, 1024), torch.randn(4096, 1024)
@@ -164,7 +173,7 @@ def _contention_main(barrier, results) -> None:
         op()
         barrier.wait()  # every process runs the same span of wall time, all at once
         calls, started = 0, time.perf_counter()
-        while time.perf_counter() - started < CONTENTION_SECONDS:
+        while time.perf_counter() - started < seconds:
             op()
             calls += 1
         rates[kind] = calls * amount / (time.perf_counter() - started)
