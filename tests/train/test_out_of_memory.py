@@ -69,15 +69,16 @@ def _launch(flags: list[str], limit: int, output_dir) -> subprocess.CompletedPro
                           timeout=600)  # fmt: skip
 
 
-def _explain(run_dir) -> list[str]:
-    out = subprocess.run([sys.executable, "-m", "zero_train.cli.main", "explain", str(run_dir)], env=_env(),
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+def _explain(cli_main, run_dir) -> list[str]:
+    """`zero-train explain RUN_DIR` in this process: it reads the kept records, a fresh interpreter would only add
+    its imports (~2.5 CPU-s)."""
+    out = cli_main("explain", str(run_dir))
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()
 
 
 @pytest.mark.tier("slow")
-def test_a_rank_out_of_a_real_memory_limit_names_a_change_that_then_fits(tmp_path):
+def test_a_rank_out_of_a_real_memory_limit_names_a_change_that_then_fits(tmp_path, cli_main):
     limit = _start_bytes() + int(BUDGET)
     failed = _launch(["--micro-batch-size", "8"], limit, tmp_path / "failed")
     assert failed.returncode == 1, failed.stderr[-3000:]  # torchrun's code for a failed rank, as before
@@ -95,12 +96,12 @@ def test_a_rank_out_of_a_real_memory_limit_names_a_change_that_then_fits(tmp_pat
         json.loads(p.read_text())["rank"]: p for p in (tmp_path / "failed" / "vitals").glob("rank-*.json")
     }
     assert set(records) == {0, 1}
-    explained = _explain(tmp_path / "failed")
+    explained = _explain(cli_main, tmp_path / "failed")
     for match in lines:  # the same line from the kept records
         assert explained[int(match.group(1))] == match.group(0).removeprefix("error: ").split(" ([enforce")[0]
     fixed = _launch(shlex.split(change), limit, tmp_path / "fixed")
     assert fixed.returncode == 0, (change, (fixed.stdout + fixed.stderr)[-3000:])
-    for rank, line in enumerate(_explain(tmp_path / "fixed")):
+    for rank, line in enumerate(_explain(cli_main, tmp_path / "fixed")):
         used, had = map(float, re.search(r"reached ([\d.]+) GB of the ([\d.]+) GB it had", line).groups())
         assert line.startswith(f"rank {rank} finished") and used < had, line
 
@@ -138,9 +139,7 @@ def test_memory_errors_are_told_from_other_errors():
     assert not is_out_of_memory(ValueError("out of memory"))
 
 
-@pytest.mark.tier("slow")
-def test_explain_without_records_is_one_line_and_exit_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "zero_train.cli.main", "explain", str(tmp_path)], env=_env(),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+def test_explain_without_records_is_one_line_and_exit_2(tmp_path, cli_main):
+    out = cli_main("explain", str(tmp_path))
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0
     assert "holds no rank records" in out.stderr and "--output-dir" in out.stderr
