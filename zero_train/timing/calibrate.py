@@ -2,7 +2,7 @@
 
     machine = calibrate(world_sizes=(1, 2, 4))      # a Machine; machine.as_dict() is the JSON
 
-What is measured, each the best of repeats after a warm-up, on one thread and multiplied by the cores (an OpenMP
+What is measured, each the best of repeats after a warm-up (a call over a second: itself), on one thread and multiplied by the cores (an OpenMP
 region on a busy machine waits for its slowest thread; ranks of one machine share the cores: the model gives each
 rank 1/ranks):
 - matmul TFLOPS per precision (fp32, bf16) at square sizes 128-1024, and a linear layer's three matmuls (forward,
@@ -49,9 +49,15 @@ TIMED_SECONDS = 0.2
 def _timed(work, *, seconds: float | None = None, repeats: int = 5, calls: int = 0) -> float:
     """Seconds of one call of `work`, the best of `repeats` batches (the machine's rate, not its neighbours'
     load); calls batched to `seconds` (default TIMED_SECONDS) / repeats each, or `calls` (ranks timing a
-    collective must agree on it)."""
+    collective must agree on it). A warm-up call longer than `repeats` x `seconds` is its own measurement: its
+    one-time costs are milliseconds against its seconds, and bf16 emulated on AVX2 takes 22 s for the widest
+    linear (seven calls of it made a calibration minutes long)."""
     seconds = TIMED_SECONDS if seconds is None else seconds
+    started = time.perf_counter()
     work()
+    warm_up_s = time.perf_counter() - started
+    if not calls and warm_up_s >= repeats * seconds:
+        return warm_up_s
     if not calls:
         started = time.perf_counter()
         while time.perf_counter() - started < seconds / repeats:
