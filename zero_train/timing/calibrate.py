@@ -50,8 +50,8 @@ def _timed(work, *, seconds: float | None = None, repeats: int = 5, calls: int =
     """Seconds of one call of `work`, the best of `repeats` batches (the machine's rate, not its neighbours'
     load); calls batched to `seconds` (default TIMED_SECONDS) / repeats each, or `calls` (ranks timing a
     collective must agree on it). A warm-up call longer than `repeats` x `seconds` is its own measurement: its
-    one-time costs are milliseconds against its seconds, and bf16 emulated on AVX2 takes 22 s for the widest
-    linear (seven calls of it made a calibration minutes long)."""
+    one-time costs are small against it, and repeating a call that slow (emulated bf16) makes calibration
+    minutes long (docs/steptime.md, "Calibrating a machine")."""
     seconds = TIMED_SECONDS if seconds is None else seconds
     started = time.perf_counter()
     work()
