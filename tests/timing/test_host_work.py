@@ -1,6 +1,7 @@
 """An engine's fitted host work (zero_train.timing.host_work) and a CPU rank's share of the machine: the fit recovers
-the per-micro-batch and per-parameter costs it was given, the term scales with accumulation and with ranks beyond
-the cores, and the step model adds it only for engines fitted on the machine."""
+the per-micro-batch and per-parameter costs it was given (and the terms shared by every engine: per logit element,
+per checkpointed layer, per collective call), the term scales with accumulation and with ranks beyond the cores,
+and the step model adds it only for engines fitted on the machine."""
 
 from __future__ import annotations
 
@@ -115,3 +116,40 @@ def test_per_parameter_work_runs_with_each_gradient_reduction():
     assert fit_host_work(rows)["ds2"] == dict(
         per_micro_batch_s=pytest.approx(0.05), per_param_s=pytest.approx(4e-9), cells=3
     )
+
+
+def test_shared_terms_are_fitted_once_for_every_engine_beside_each_engines_own():
+    # per logit element, per checkpointed layer (both per micro-batch on one core) and per collective call,
+    # shared; each engine's own per micro-batch and per parameter: exact residuals give back every value
+    shared = dict(per_logit_s=1e-8, per_ckpt_layer_s=4e-3, per_call_s=2e-3)
+    own = {"ds2": (0.01, 6e-9), "zero1": (-0.005, 1e-9)}
+    cells = [  # grad_accum, params, host cores, logits, checkpointed layers, calls
+        (1, 24_800_000, 1.0, 128 * 8192, 0, 0),
+        (1, 620_000, 1.0, 512 * 8192, 0, 40),
+        (2, 620_000, 0.5, 512 * 8192, 2, 80),
+        (1, 60_000_000, 1.0, 64 * 8192, 10, 0),
+    ]
+    rows = []
+    for engine, (a, b) in own.items():
+        for k, n, h, logits, layers, calls in cells:
+            row = dict(engine=engine, grad_accum=k, num_params=n, host_cores=h, logits=logits, ckpt_layers=layers,
+                       calls=calls)  # fmt: skip
+            seconds = (a * k + b * n * reductions(engine, k)) / h
+            seconds += (shared["per_logit_s"] * logits + shared["per_ckpt_layer_s"] * layers) * k / h
+            seconds += shared["per_call_s"] * calls
+            rows.append(row | dict(residual_s=seconds, measured_s=seconds + 0.5))
+    fits = fit_host_work(rows, shared=tuple(shared), relative=True)
+    for engine, (a, b) in own.items():
+        expected = dict(shared, per_micro_batch_s=a, per_param_s=b)
+        assert fits[engine] == {t: pytest.approx(v, rel=1e-6) for t, v in expected.items()} | {"cells": 4}
+    # and the step model charges them: one rank (no calls) against two, with checkpointing
+    machine = with_host_work(_cpu(), fits)
+    shape = ModelShape(num_params=620_000, num_layers=2, hidden_size=64, vocab_size=8192)
+    setup = dict(engine="ds2", gpus_per_node=2, micro_batch_size=4, block_size=128, precision="fp32")
+    one = step_time(shape, None, StepSetup(**setup, world_size=1, gradient_checkpointing=True), machine)
+    two = step_time(shape, None, StepSetup(**setup, world_size=2, gradient_checkpointing=True), machine)
+    own_s = 0.01 + 6e-9 * 620_000
+    assert one.terms[TERM] == pytest.approx(own_s + 1e-8 * 512 * 8192 + 4e-3 * 2)
+    calls = sum(entry["calls"] for entry in two.comm.values())
+    assert calls > 0
+    assert two.terms[TERM] == pytest.approx(one.terms[TERM] + 2e-3 * calls)

@@ -19,6 +19,22 @@ ZeRO-2/3, FSDP2: the registry's `every_micro_step` reductions), once per step fo
 accumulation boundary only (DDP under no_sync, our ZeRO-1, DeepSpeed ZeRO-1): `reductions`), on the residuals
 (measured - predicted without it) of calibration cells only, by least squares over the terms a check's design chooses (per_comm_s needs cells with and without
 communication: 1 and 2 ranks). The fit is a correction and may be negative where the terms overcount.
+
+Three more terms may be fitted SHARED by every engine (one value each, fitted jointly with the engines' own):
+
+    + (per_logit_s x logits + per_ckpt_layer_s x checkpointed layers) x accumulation / the rank's cores
+    + per_call_s x the step's collective calls (at more than one rank)
+
+- per logit element (micro-batch tokens x vocabulary): the loss over the vocabulary and the other non-matmul
+  work at the LM head, which the memory-bound term prices at the elementwise rate but which runs slower inside
+  a step (exp/log bound, out of cache: torch's profiler put llama-tiny's log-softmax and its backward at 1,024 x
+  8,192 at ~53 ms a micro-batch in the step, 19 ms alone; docs/steptime.md, design v4);
+- per checkpointed layer per micro-batch: torch's checkpoint's own Python (its saved-tensor hooks and the
+  re-entry into each block's forward), ~2.5 ms a layer on gpt2-25m by the profile;
+- per collective call: a call inside a step waits for the slowest rank (gloo ranks on shared cores reach it at
+  different times), which a collective timed alone does not: it scales with the engine's calls (DeepSpeed's
+  per-bucket reductions, ZeRO-3's and FSDP2's per-unit gathers, DDP's few buckets), counted from the engine's
+  collectives (registry), not a per-engine factor.
 """
 
 from __future__ import annotations
@@ -32,8 +48,13 @@ TERM = "host work (fitted)"
 
 
 TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s")
-"""What a fit may hold: seconds per micro-batch and per parameter per gradient reduction on one core, and
-seconds per second of the model's exposed communication (its excess: gloo ranks on a loaded machine wait for each other's scheduling)."""
+"""What a fit may hold per engine: seconds per micro-batch and per parameter per gradient reduction on one core,
+and seconds per second of the model's exposed communication (its excess: gloo ranks on a loaded machine wait for
+each other's scheduling)."""
+
+SHARED = ("per_logit_s", "per_ckpt_layer_s", "per_call_s")
+"""What a fit may hold shared by every engine: seconds per logit element and per checkpointed layer, each per
+micro-batch on one core, and seconds per collective call at more than one rank."""
 
 
 def reductions(engine: str, grad_accum: int) -> int:
@@ -51,45 +72,85 @@ def host_seconds(
     num_params: int,
     ranks_on_node: int,
     comm_s: float = 0.0,
+    logits: int = 0,
+    ckpt_layers: int = 0,
+    calls: int = 0,
 ) -> float:
     """The engine's fitted host work per step on this machine (0 without a fit for it); `comm_s`: the step's
-    exposed communication as the model prices it."""
+    exposed communication as the model prices it; `logits`: a micro-batch's tokens x vocabulary;
+    `ckpt_layers`: the layers checkpointed (0 without checkpointing); `calls`: the step's collective calls (0 at
+    one rank)."""
     fit = machine.engine_host.get(engine)
     if not fit:
         return 0.0
-    per_param = fit.get("per_param_s", 0.0) * num_params * reductions(engine, grad_accum)
-    work = fit.get("per_micro_batch_s", 0.0) * grad_accum + per_param
-    return work / machine.host_cores_per_rank(ranks_on_node) + fit.get("per_comm_s", 0.0) * comm_s
+    row = dict(grad_accum=grad_accum, num_params=num_params, logits=logits, ckpt_layers=ckpt_layers, calls=calls,
+               host_cores=machine.host_cores_per_rank(ranks_on_node), comm_s=comm_s)  # fmt: skip
+    return sum(fit.get(term, 0.0) * value for term, value in _columns(engine, row).items())
 
 
-def fit_host_work(rows: list[dict], terms: tuple[str, ...] = TERMS[:2]) -> dict[str, dict[str, float]]:
-    """Per engine, the chosen `terms` (of TERMS) from calibration cells, by least squares.
+def _columns(engine: str, row: dict) -> dict[str, float]:
+    """What each term is multiplied by in one cell (a row of the fit, or a step to predict)."""
+    k, cores = row["grad_accum"], row["host_cores"]
+    return {
+        "per_micro_batch_s": k / cores,
+        "per_param_s": row["num_params"] * reductions(engine, k) / cores,
+        "per_comm_s": row.get("comm_s", 0.0),
+        "per_logit_s": k * row.get("logits", 0) / cores,
+        "per_ckpt_layer_s": k * row.get("ckpt_layers", 0) / cores,
+        "per_call_s": row.get("calls", 0),
+    }
+
+
+def fit_host_work(
+    rows: list[dict], terms: tuple[str, ...] = TERMS[:2], shared: tuple[str, ...] = (), relative: bool = False
+) -> dict[str, dict[str, float]]:
+    """Per engine, the chosen `terms` (of TERMS) and the `shared` ones (of SHARED, one value for every engine),
+    from calibration cells, by least squares.
 
     Args:
         rows: dict(engine, residual_s (measured - predicted without host work), grad_accum, num_params,
-            host_cores (machine.host_cores_per_rank of the cell), comm_s (the model's exposed communication)),
+            host_cores (machine.host_cores_per_rank of the cell), comm_s (the model's exposed communication);
+            for shared terms also logits, ckpt_layers, calls (host_seconds' arguments); relative: measured_s),
             one per calibration cell.
-        terms: which of TERMS to fit; a term whose column is zero in every cell of an engine is fitted as 0.
+        terms: which of TERMS to fit per engine; a term whose column is zero in every cell of an engine is fitted
+            as 0.
+        shared: which of SHARED to fit jointly with them (one least squares over every engine's cells).
+        relative: weight each cell by 1 / its measured step (least squares on relative error, what the check
+            judges) rather than on seconds.
 
     Returns:
-        {engine: {term: value, ..., "cells": n}}.
+        {engine: {term: value, ..., "cells": n}} (the shared terms' values repeated in every engine).
     """
     by_engine: dict[str, list[dict]] = {}
     for row in rows:
         by_engine.setdefault(row["engine"], []).append(row)
-    fits = {}
-    for engine, cells in sorted(by_engine.items()):
-        columns = {
-            "per_micro_batch_s": [c["grad_accum"] / c["host_cores"] for c in cells],
-            "per_param_s": [
-                c["num_params"] * reductions(engine, c["grad_accum"]) / c["host_cores"] for c in cells
-            ],
-            "per_comm_s": [c.get("comm_s", 0.0) for c in cells],
-        }
-        used = [t for t in terms if any(columns[t])]
-        values = _least_squares([columns[t] for t in used], [c["residual_s"] for c in cells])
-        fits[engine] = {t: 0.0 for t in terms} | dict(zip(used, values, strict=True)) | {"cells": len(cells)}
-    return fits
+    if not shared and not relative:
+        fits = {}
+        for engine, cells in sorted(by_engine.items()):
+            columns = {t: [_columns(engine, c)[t] for c in cells] for t in terms}
+            used = [t for t in terms if any(columns[t])]
+            values = _least_squares([columns[t] for t in used], [c["residual_s"] for c in cells])
+            fits[engine] = (
+                {t: 0.0 for t in terms} | dict(zip(used, values, strict=True)) | {"cells": len(cells)}
+            )
+        return fits
+    keys = [(None, t) for t in shared] + [(e, t) for e in sorted(by_engine) for t in terms]
+    weights = [1 / row["measured_s"] if relative else 1.0 for row in rows]
+    columns = {
+        (engine, term): [
+            w * _columns(row["engine"], row)[term] if engine in (None, row["engine"]) else 0.0
+            for row, w in zip(rows, weights, strict=True)
+        ]
+        for engine, term in keys
+    }
+    used = [key for key in keys if any(columns[key])]
+    values = dict(zip(used, _least_squares([columns[k] for k in used], [w * r["residual_s"] for r, w in zip(rows, weights, strict=True)]), strict=True))  # fmt: skip
+    return {
+        engine: {t: values.get((None, t), 0.0) for t in shared}
+        | {t: values.get((engine, t), 0.0) for t in terms}
+        | {"cells": len(cells)}
+        for engine, cells in sorted(by_engine.items())
+    }
 
 
 def _least_squares(columns: list[list[float]], ys: list[float]) -> list[float]:

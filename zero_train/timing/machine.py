@@ -94,7 +94,8 @@ class Machine:
     engine_host: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per engine, its host work per step beyond what the terms count (Python, hooks, flattening copies),
     FITTED on training steps measured on this machine (timing.host_work): {"per_micro_batch_s": a,
-    "per_param_s": b}, seconds on one core; empty: none counted."""
+    "per_param_s": b}, seconds on one core, and where a fit shared them across engines "per_logit_s",
+    "per_ckpt_layer_s", "per_call_s" (timing.host_work.SHARED); empty: none counted."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each figure came from."""
 

@@ -211,6 +211,9 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
             num_params=shape.num_params,
             ranks_on_node=ranks_on_node,
             comm_s=sum(value for name, value in terms.items() if name.startswith("comm: ")),
+            logits=setup.micro_batch_size * setup.block_size * (shape.vocab_size or 0),
+            ckpt_layers=shape.num_layers if setup.gradient_checkpointing else 0,
+            calls=sum(entry["calls"] for entry in comm.values()) if setup.world_size > 1 else 0,
         )
     model_flops = setup.grad_accum * (work.forward_flops + work.backward_flops - work.recompute_flops)
     return StepTime(
