@@ -5,14 +5,17 @@ cells, then predict bench cells neither ever saw.
     .venv/bin/python scripts/steptime_check.py report --out runs/steptime           # fit, predict, judge
 
 The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
-verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's; each committed before its own run):
+verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's, v5 after v4's; each committed
+before its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
   24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 and v3 at 1 and 2) and HELD-OUT sets (other rank
   counts, checkpointing, accumulation; v3: other model shapes, micro-batches and sequence lengths too; v2 and v3
   alternate them with the calibration sets);
 - `report` predicts the calibration cells from machine.json, fits each engine's host work on their residuals
-  (zero_train.timing.host_work; v1 and v3: per micro-batch + per parameter, v2: + per second of communication), writes
+  (zero_train.timing.host_work; v1, v3 and v4: per micro-batch + per parameter, v2: + per second of communication;
+  v5: + per logit element, per checkpointed layer and per collective call shared by every engine, on relative
+  error, with the cells of v3's and v4's runs beside its own: `export` stored them in SEEN), writes
   OUT/machine-fitted.json, and predicts the held-out cells from it. Only held-out cells are judged: each within
   25%, median |error| within 10%, every pair of engines of one set whose measured step times differ by more
   than 15% ordered right;
@@ -33,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from steptime_designs import DESIGNS, STEPS_OF
+from steptime_designs import DESIGNS, FIT_OF, STEPS_OF
 
 
 def _design_name(out: pathlib.Path) -> str:
@@ -53,7 +56,7 @@ RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v4") -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v5") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
@@ -137,24 +140,74 @@ def _spread(folder: pathlib.Path) -> dict[str, tuple[float, float]]:
     return spread
 
 
-def fit(out: pathlib.Path, machine, sets: list[dict], terms: tuple[str, ...], suffix: str = ""):
-    """Each engine's host work fitted on the calibration sets' residuals: (fitted machine, calibration rows)."""
+def _fit_row(cell_set: dict, engine: str, seconds: float, machine) -> dict:
+    """One measured cell as a row of the host-work fit (host_work.fit_host_work's columns)."""
     from zero_train.hf.models import model_config
     from zero_train.memory.model.theory import model_shape
+
+    shape = model_shape(model_config(cell_set["model"]))
+    step = predict(cell_set, engine, machine)
+    comm_s = sum(value for name, value in step.terms.items() if name.startswith("comm: "))
+    calls = sum(entry["calls"] for entry in step.comm.values()) if cell_set["world_size"] > 1 else 0
+    return dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=step.seconds, comm_s=comm_s,
+                residual_s=seconds - step.seconds, grad_accum=cell_set.get("grad_accum", 1),
+                num_params=shape.num_params, host_cores=machine.host_cores_per_rank(cell_set["world_size"]),
+                logits=cell_set["micro_batch_size"] * cell_set["block_size"] * shape.vocab_size,
+                ckpt_layers=shape.num_layers if cell_set.get("gradient_checkpointing") else 0, calls=calls)  # fmt: skip
+
+
+SEEN = pathlib.Path(__file__).resolve().parent.parent / "docs" / "steptime-quiet" / "seen"
+"""Earlier runs' measured cells (`export`), each with the calibration it ran with: a design's FIT_OF `seen`."""
+
+
+def _seen_rows(name: str) -> list[dict]:
+    """Every cell an earlier run measured (calibration and held-out: its verdict is published), as fit rows
+    predicted with that run's own calibration."""
+    from zero_train.timing.machine import load_machine
+
+    folder = SEEN / name
+    machine = load_machine(folder / "machine.json")
+    stored = json.loads((folder / "cells.json").read_text())
+    sets = {s["name"]: s for s in DESIGNS[stored["design"]][0]}
+    _COUNTS.clear()
+    rows = [
+        _fit_row(sets[c["set"]], c["engine"], c["measured_s"], machine) | dict(run=name)
+        for c in stored["cells"]
+    ]
+    _COUNTS.clear()
+    return rows
+
+
+def export(out: pathlib.Path, to: pathlib.Path) -> None:
+    """A run's calibration and measured cells (both roles) into `to`, for later designs to fit on."""
+    to.mkdir(parents=True, exist_ok=True)
+    (to / "machine.json").write_text((out / "machine.json").read_text())
+    design = _design_name(out)
+    cells = [dict(set=s["name"], role=s["role"], engine=engine, measured_s=seconds)
+             for s in DESIGNS[design][0] for engine, seconds in _measured(out / s["name"])[0].items()]  # fmt: skip
+    (to / "cells.json").write_text(json.dumps(dict(design=design, cells=cells), indent=1) + "\n")
+
+
+def fit(
+    out: pathlib.Path,
+    machine,
+    sets: list[dict],
+    terms: tuple[str, ...],
+    suffix: str = "",
+    how: dict | None = None,
+):
+    """Each engine's host work fitted on the calibration sets' residuals (and, where the design says `seen`,
+    on earlier runs' cells too): (fitted machine, calibration rows)."""
     from zero_train.timing.host_work import fit_host_work, with_host_work
 
+    how = how or {}
     rows = []
     for cell_set in [s for s in sets if s["role"] == "calibration"]:
         measured, _ = _measured(out / cell_set["name"])
-        params = model_shape(model_config(cell_set["model"])).num_params
-        for engine, seconds in measured.items():
-            step = predict(cell_set, engine, machine)
-            predicted = step.seconds
-            comm_s = sum(value for name, value in step.terms.items() if name.startswith("comm: "))
-            rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=predicted, comm_s=comm_s,
-                             residual_s=seconds - predicted, grad_accum=cell_set.get("grad_accum", 1),
-                             num_params=params, host_cores=machine.host_cores_per_rank(cell_set["world_size"])))  # fmt: skip
-    fitted = with_host_work(machine, fit_host_work(rows, terms))
+        rows += [_fit_row(cell_set, engine, seconds, machine) for engine, seconds in measured.items()]
+    seen = [row for name in how.get("seen", ()) for row in _seen_rows(name)]
+    fits = fit_host_work(rows + seen, terms, how.get("shared", ()), how.get("relative", False))
+    fitted = with_host_work(machine, fits)
     (out / f"machine-fitted{suffix}.json").write_text(json.dumps(fitted.as_dict(), indent=1) + "\n")
     return fitted, rows
 
@@ -166,7 +219,7 @@ def report(out: pathlib.Path, terms_of: str | None = None) -> dict:
     machine = load_machine(out / "machine.json")
     sets, terms = _design(out, terms_of)
     suffix = f"-terms-{terms_of}" if terms_of else ""
-    fitted, calibration = fit(out, machine, sets, terms, suffix)
+    fitted, calibration = fit(out, machine, sets, terms, suffix, FIT_OF.get(terms_of or _design_name(out)))
     rows, pairs, loads = [], [], []
     for cell_set in [s for s in sets if s["role"] == "held-out"]:
         measured, load_average = _measured(out / cell_set["name"])
@@ -294,12 +347,13 @@ def _record_duration_constants(out: pathlib.Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("run", "report"))
+    parser.add_argument("action", choices=("run", "report", "export"))
     parser.add_argument("--out", default="runs/steptime")
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="v4", help="run: the design's sets")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v5", help="run: the design's sets")
+    parser.add_argument("--to", help="export: the folder to write OUT's calibration and measured cells to")
     parser.add_argument("--terms", choices=sorted(DESIGNS),
                         help="report: fit another design's host-work terms (writes check-terms-DESIGN.md)")  # fmt: skip
     args = parser.parse_args()
@@ -310,6 +364,10 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         _record_duration_constants(out)
         run(out, args.role, args.sets.split(",") if args.sets else None, args.design)
+    elif args.action == "export":
+        if not args.to:
+            parser.error("export needs --to FOLDER")
+        export(out, pathlib.Path(args.to))
     else:
         report(out, args.terms)
 
