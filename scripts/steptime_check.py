@@ -5,7 +5,7 @@ cells, then predict bench cells neither ever saw.
     .venv/bin/python scripts/steptime_check.py report --out runs/steptime           # fit, predict, judge
 
 The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
-verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's, v5 after v4's; each committed
+verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's, v5 after v4's, v6 after v5's; each committed
 before its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
@@ -15,7 +15,7 @@ before its own run):
 - `report` predicts the calibration cells from machine.json, fits each engine's host work on their residuals
   (zero_train.timing.host_work; v1, v3 and v4: per micro-batch + per parameter, v2: + per second of communication;
   v5: + per logit element, per checkpointed layer and per collective call shared by every engine, on relative
-  error, with the cells of v3's and v4's runs beside its own: `export` stored them in SEEN), writes
+  error, with the cells of v3's and v4's runs beside its own (v6: and v5's): `export` stored them in SEEN), writes
   OUT/machine-fitted.json, and predicts the held-out cells from it. Only held-out cells are judged: each within
   25%, median |error| within 10%, every pair of engines of one set whose measured step times differ by more
   than 15% ordered right;
@@ -56,7 +56,7 @@ RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v5") -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v6") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
@@ -352,7 +352,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="v5", help="run: the design's sets")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v6", help="run: the design's sets")
     parser.add_argument("--to", help="export: the folder to write OUT's calibration and measured cells to")
     parser.add_argument("--terms", choices=sorted(DESIGNS),
                         help="report: fit another design's host-work terms (writes check-terms-DESIGN.md)")  # fmt: skip
