@@ -49,21 +49,31 @@ def settled_bytes(device) -> int:
     return measure.allocated_bytes(device)
 
 
-def preload() -> tuple[Train, Train]:
-    """Import what any run imports, so that the baseline already holds every module (not the first run).
+def preload(runs: list[dict]) -> tuple[Train, Train | None]:
+    """Import what the plan's runs import, so that the baseline already holds every module (not the first run):
+    each run's model module and engine (zero_train.train.setup.import_run_modules, as its own launch imports
+    them), and the Trainer with DeepSpeed where a run is a Trainer peer. Only those: the ranks of a plan without
+    a peer or a DeepSpeed engine do not import either (docs/startup.md#the-bench-workers-imports).
 
     Returns:
-        (run_training, run_peer): how a run trains on our engines, and how the Trainer peer trains it.
+        (run_training, run_peer): how a run trains on our engines, and how the Trainer peer trains it (None
+        where no run of the plan is a peer).
     """
-    # expensive: the Trainer, DeepSpeed, the engines (seconds), with the collector paused before the baseline
-    from zero_train.bench.hf_peer import run_peer  # transformers' Trainer
-    from zero_train.engines import deepspeed_engine  # noqa: F401  (imports deepspeed)
+    # expensive: the engines, the Trainer, DeepSpeed (seconds), with the collector paused before the baseline
     from zero_train.train.loop import run_training
+    from zero_train.train.setup import import_run_modules
 
+    run_peer = None
+    for run in runs:
+        if not run["peer"]:
+            import_run_modules(parse_args(run["argv"]))
+        elif run_peer is None:
+            from zero_train.bench.hf_peer import run_peer  # transformers' Trainer
+            from zero_train.engines import deepspeed_engine  # noqa: F401  (imports deepspeed)
     return run_training, run_peer
 
 
-def train_one(run: dict, run_training: Train, run_peer: Train) -> None:
+def train_one(run: dict, run_training: Train, run_peer: Train | None) -> None:
     """One run, exactly as its own launch would do it (python -m zero_train.train, or the Trainer peer)."""
 
     config = parse_args(run["argv"])
@@ -87,7 +97,7 @@ def run_plan(plan_path: pathlib.Path) -> int:
     plan = json.loads(plan_path.read_text())
     dist_info = init_distributed()
     with collector_paused():  # faster start-up (zero_train.runtime.startup)
-        run_training, run_peer = preload()
+        run_training, run_peer = preload(plan["runs"])
     baseline = gather_bytes(settled_bytes(dist_info.device), dist_info)
     for run in plan["runs"]:
         started = time.perf_counter()
