@@ -52,8 +52,8 @@ def settled_bytes(device) -> int:
 def preload(runs: list[dict]) -> tuple[Train, Train | None]:
     """Import what the plan's runs import, so that the baseline already holds every module (not the first run):
     each run's model module and engine (zero_train.train.setup.import_run_modules, as its own launch imports
-    them), and the Trainer with DeepSpeed where a run is a Trainer peer. Only those: the ranks of a plan without
-    a peer or a DeepSpeed engine do not import either (docs/startup.md#the-bench-workers-imports).
+    them, DeepSpeed with a DeepSpeed engine), and the Trainer where a run is a Trainer peer. Only those: the
+    ranks of a plan without a peer or a DeepSpeed engine import neither (docs/startup.md#the-bench-workers-imports).
 
     Returns:
         (run_training, run_peer): how a run trains on our engines, and how the Trainer peer trains it (None
@@ -65,11 +65,9 @@ def preload(runs: list[dict]) -> tuple[Train, Train | None]:
 
     run_peer = None
     for run in runs:
-        if not run["peer"]:
-            import_run_modules(parse_args(run["argv"]))
-        elif run_peer is None:
-            from zero_train.bench.hf_peer import run_peer  # transformers' Trainer
-            from zero_train.engines import deepspeed_engine  # noqa: F401  (imports deepspeed)
+        import_run_modules(parse_args(run["argv"]))
+        if run["peer"] and run_peer is None:
+            from zero_train.bench.hf_peer import run_peer  # expensive: transformers' Trainer
     return run_training, run_peer
 
 
