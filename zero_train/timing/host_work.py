@@ -83,8 +83,15 @@ def host_seconds(
     fit = machine.engine_host.get(engine)
     if not fit:
         return 0.0
-    row = dict(grad_accum=grad_accum, num_params=num_params, logits=logits, ckpt_layers=ckpt_layers, calls=calls,
-               host_cores=machine.host_cores_per_rank(ranks_on_node), comm_s=comm_s)  # fmt: skip
+    row = dict(
+        grad_accum=grad_accum,
+        num_params=num_params,
+        logits=logits,
+        ckpt_layers=ckpt_layers,
+        calls=calls,
+        host_cores=machine.host_cores_per_rank(ranks_on_node),
+        comm_s=comm_s,
+    )
     return sum(fit.get(term, 0.0) * value for term, value in _columns(engine, row).items())
 
 
@@ -144,7 +151,8 @@ def fit_host_work(
         for engine, term in keys
     }
     used = [key for key in keys if any(columns[key])]
-    values = dict(zip(used, _least_squares([columns[k] for k in used], [w * r["residual_s"] for r, w in zip(rows, weights, strict=True)]), strict=True))  # fmt: skip
+    targets = [w * row["residual_s"] for row, w in zip(rows, weights, strict=True)]
+    values = dict(zip(used, _least_squares([columns[k] for k in used], targets), strict=True))
     return {
         engine: {t: values.get((None, t), 0.0) for t in shared}
         | {t: values.get((engine, t), 0.0) for t in terms}
