@@ -12,9 +12,10 @@ import torch
 
 from zero_train.hf.models import model_config
 from zero_train.sharding import norms
-from zero_train.sharding.accounting import balance_report
+from zero_train.sharding.accounting import balance_report, padding
 from zero_train.sharding.comm.gloo import ring_receive_elements, ring_schedule
 from zero_train.sharding.partition import Piece, flat_partition, gradient_buckets
+from zero_train.sharding.state_dict import pieces_of
 from zero_train.sharding.step import ELEMENTWISE_OPTIMIZERS
 
 pytestmark = pytest.mark.tier("quick")
@@ -23,13 +24,16 @@ pytestmark = pytest.mark.tier("quick")
 def test_partition_cuts_one_flat_buffer_into_equal_slices_and_splits_tensors():
     partition = flat_partition([3, 10, 5, 7, 1], 3)  # 26 elements -> slices of 9, one padding element
     assert partition.offsets == (0, 3, 13, 18, 25)
-    assert partition.partition_size == 9 and partition.total_size == 27 and partition.padding() == 1
+    assert partition.partition_size == 9 and partition.total_size == 27 and padding(partition) == 1
     assert [partition.rank_range(r) for r in range(3)] == [(0, 9), (9, 18), (18, 27)]
     assert partition.loads() == [9, 9, 8]
     assert partition.pieces(0) == (Piece(0, 0, 3, 0, whole=True), Piece(1, 0, 6, 3, whole=False))
     assert partition.pieces(1) == (Piece(1, 6, 4, 9, whole=False), Piece(2, 0, 5, 13, whole=True))
     assert partition.pieces(2) == (Piece(3, 0, 7, 18, whole=True), Piece(4, 0, 1, 25, whole=True))
-    assert [(rank, p.tensor_offset, p.length) for rank, p in partition.pieces_of(1)] == [(0, 0, 6), (1, 6, 4)]
+    assert [(rank, p.tensor_offset, p.length) for rank, p in pieces_of(partition, 1)] == [
+        (0, 0, 6),
+        (1, 6, 4),
+    ]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7, 8, 64])
@@ -45,17 +49,17 @@ def test_every_element_is_owned_exactly_once_and_padding_is_below_n(world_size):
                 assert piece.flat_offset == partition.offsets[piece.index] + piece.tensor_offset
                 for element in range(piece.flat_offset, piece.flat_offset + piece.length):
                     owned[element] += 1
-        assert owned == [1] * sum(numels) + [0] * partition.padding()
-        assert partition.padding() < world_size or sum(numels) < world_size
-        assert max(partition.loads()) - min(partition.loads()) <= max(partition.padding(), 1)
+        assert owned == [1] * sum(numels) + [0] * padding(partition)
+        assert padding(partition) < world_size or sum(numels) < world_size
+        assert max(partition.loads()) - min(partition.loads()) <= max(padding(partition), 1)
         for index, numel in enumerate(numels):  # pieces_of joins back into the tensor, in order
-            spans = [(p.tensor_offset, p.length) for _, p in partition.pieces_of(index)]
+            spans = [(p.tensor_offset, p.length) for _, p in pieces_of(partition, index)]
             assert sum(length for _, length in spans) == numel and spans[0][0] == 0
             assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(spans))
 
 
 def test_a_piece_copied_by_its_slices_rebuilds_every_tensor_from_the_rank_slices():
-    """Piece.in_tensor and Piece.within are the one slice arithmetic ZeRO-1/2's segments and ZeRO-3's units use:
+    """Piece.within (and the piece's tensor_offset/length) are the one slice arithmetic ZeRO-1/2's segments and ZeRO-3's units use:
     scattering whole tensors into rank slices with them and reading the slices back gives the tensors."""
     numels = [3, 10, 5, 7, 1]
     tensors = [torch.arange(n, dtype=torch.float32) + 100 * i for i, n in enumerate(numels)]
@@ -64,12 +68,14 @@ def test_a_piece_copied_by_its_slices_rebuilds_every_tensor_from_the_rank_slices
     for rank in partition.ranks:
         start = partition.rank_range(rank)[0]
         for piece in partition.pieces(rank):
-            slices[rank][piece.within(start)] = tensors[piece.index][piece.in_tensor]
+            slices[rank][piece.within(start)] = tensors[piece.index][
+                piece.tensor_offset : piece.tensor_offset + piece.length
+            ]
     flat = torch.cat(slices)
     for index, tensor in enumerate(tensors):
         offset = partition.offsets[index]
         assert torch.equal(flat[offset : offset + numels[index]], tensor)
-    assert flat[-partition.padding() :].tolist() == [-1.0]  # the padding was never written
+    assert flat[-padding(partition) :].tolist() == [-1.0]  # the padding was never written
 
 
 def test_gpt2_small_holds_psi_over_n_at_every_world_size():
@@ -83,7 +89,7 @@ def test_gpt2_small_holds_psi_over_n_at_every_world_size():
     psi = sum(numels)
     for world_size in (2, 4, 8, 16, 64):
         partition = flat_partition(numels, world_size)
-        assert partition.padding() < world_size
+        assert padding(partition) < world_size
         assert max(partition.loads()) == -(-psi // world_size)
         report = balance_report(partition, 4)
         assert report["max_over_mean"] < 1 + world_size / psi

@@ -42,6 +42,11 @@ def partition_of(numels: Sequence[int], world_size: int) -> FlatPartition:
     return flat_partition(numels, world_size)
 
 
+def padding(partition: FlatPartition) -> int:
+    """Padding elements at the end of the flat buffer (fewer than N when there is any data)."""
+    return partition.total_size - partition.num_elements
+
+
 def even_partition(num_params: int, world_size: int) -> FlatPartition:
     """The partition of `num_params` elements without tensor sizes (one tensor): for estimates."""
     return flat_partition([num_params], world_size)
@@ -111,7 +116,7 @@ def _buffers(
 ) -> BufferBytes:
     receive = _receive_elements(partition, backend, bucket_elements)
     return BufferBytes(
-        padding=partition.padding() * element_size,
+        padding=padding(partition) * element_size,
         receive_elements=receive,
         receive=receive * element_size,
         partition_elements=partition.partition_size,
@@ -194,7 +199,7 @@ def balance_report(partitions: FlatPartition | Sequence[FlatPartition], element_
         max_bytes=max(loads) * element_size,
         min_bytes=min(loads) * element_size,
         max_over_mean=(max(loads) / mean) if mean else 1.0,
-        padding_bytes=sum(p.padding() for p in partitions) * element_size,
+        padding_bytes=sum(padding(p) for p in partitions) * element_size,
         pieces_per_rank=[sum(len(p.pieces(rank)) for p in partitions) for rank in ranks],
     )
 

@@ -27,11 +27,6 @@ class Piece:
     whole: bool
     """The piece is the entire tensor (it was not split)."""
 
-    @property
-    def in_tensor(self) -> slice:
-        """Its elements in the flattened tensor."""
-        return slice(self.tensor_offset, self.tensor_offset + self.length)
-
     def within(self, start: int) -> slice:
         """Its elements in a buffer that begins at flat element `start` (a rank's slice: rank_range(rank)[0])."""
         return slice(self.flat_offset - start, self.flat_offset - start + self.length)
@@ -58,10 +53,6 @@ class FlatPartition:
     def total_size(self) -> int:
         """Elements in the flat buffer, padding included: N * P."""
         return self.partition_size * self.world_size
-
-    def padding(self) -> int:
-        """Padding elements at the end of the buffer (fewer than N when there is any data)."""
-        return self.total_size - self.num_elements
 
     def rank_range(self, rank: int) -> tuple[int, int]:
         """[start, stop) of `rank`'s slice in the flat buffer."""
@@ -90,19 +81,6 @@ class FlatPartition:
             if high > low:
                 pieces.append(Piece(index, low - offset, high - low, low, whole=high - low == numel))
         return tuple(pieces)
-
-    def pieces_of(self, index: int) -> tuple[tuple[int, Piece], ...]:
-        """(rank, piece) for every rank holding part of tensor `index`, in rank order."""
-        offset, numel = self.offsets[index], self.numels[index]
-        if numel == 0:
-            return ()
-        first, last = offset // self.partition_size, (offset + numel - 1) // self.partition_size
-        return tuple(
-            (rank, piece)
-            for rank in range(first, last + 1)
-            for piece in self.pieces(rank)
-            if piece.index == index
-        )
 
 
 def flat_partition(numels: Sequence[int], world_size: int) -> FlatPartition:

@@ -22,6 +22,7 @@ import torch
 
 from zero_train.runtime.errors import UsageError
 from zero_train.sharding.comm.gather import gather_objects_to
+from zero_train.sharding.partition import FlatPartition, Piece
 from zero_train.sharding.step import PieceOptimizer, hyperparameters
 
 SHARD_FORMAT = "zero_train.flat_shard/2"
@@ -31,6 +32,17 @@ WHOLE_TENSOR_FORMAT = "zero_train.zero1_shard/1"
 def global_indices(param_groups: list[dict]) -> dict[int, int]:
     """id(param) -> its index in torch's state_dict numbering (all params of all groups, in order)."""
     return {id(p): i for i, p in enumerate(p for g in param_groups for p in g["params"])}
+
+
+def pieces_of(partition: FlatPartition, index: int) -> tuple[tuple[int, Piece], ...]:
+    """(rank, piece) for every rank holding part of tensor `index` of `partition`, in rank order: where a
+    parameter's saved state comes from, whichever rank gathers it."""
+    offset, numel = partition.offsets[index], partition.numels[index]
+    if numel == 0:
+        return ()
+    size = partition.partition_size
+    owners = range(offset // size, (offset + numel - 1) // size + 1)
+    return tuple((rank, piece) for rank in owners for piece in partition.pieces(rank) if piece.index == index)
 
 
 def check_groups_match(saved_groups: list[dict], groups: list[dict]) -> None:

@@ -174,9 +174,7 @@ class PieceOptimizer(torch.optim.Optimizer):
         if self._agreement is not None:
             return
         device, key = self._device(), tuple(self._local_has_grad)
-        if (
-            self._flags is None or self._flags[0] != key
-        ):  # a host-to-device copy only when the pattern changes
+        if self._flags is None or self._flags[0] != key:  # a host-to-device copy only on a new pattern
             self._flags = key, torch.tensor(key, dtype=torch.float64, device=device)
         overflow = torch.zeros(1, dtype=torch.float64, device=device)
         if self.loss_scaler is not None and powers is None:
@@ -189,9 +187,7 @@ class PieceOptimizer(torch.optim.Optimizer):
         self._agreement = vector
         active = [p.requires_grad for p in self._params]
         has_grad = active
-        if not all(
-            local or not act for local, act in zip(key, active, strict=True)
-        ):  # read back: a host sync
+        if not all(local or not act for local, act in zip(key, active, strict=True)):  # read back: host sync
             has_grad = [n > 0 and act for n, act in zip(vector[: len(active)].tolist(), active, strict=True)]
         for owned in self.pieces:
             if not has_grad[owned.position]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from zero_train.sharding import accounting
+from zero_train.sharding import accounting, state_dict
 from zero_train.sharding.comm.groups import backend_name
 from zero_train.sharding.partition import Bucket, FlatPartition
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
@@ -39,7 +39,9 @@ def pieces_of(optimizer: ShardedOptimizer, param: torch.Tensor) -> list[tuple[in
     for segment in optimizer.segments:
         for index, known in enumerate(segment.params):
             if known is param:
-                return [(r, p.tensor_offset, p.length) for r, p in segment.partition.pieces_of(index)]
+                return [
+                    (r, p.tensor_offset, p.length) for r, p in state_dict.pieces_of(segment.partition, index)
+                ]
     return []
 
 
@@ -56,7 +58,8 @@ def buffer_bytes(optimizer: ShardedOptimizer) -> accounting.BufferBytes:
     recv_buffer = optimizer._queue.recv_buffer
     receive = recv_buffer.numel() if recv_buffer is not None else 0
     return accounting.BufferBytes(
-        padding=sum(s.partition.padding() for s in optimizer.segments) * optimizer._params[0].element_size(),
+        padding=sum(accounting.padding(s.partition) for s in optimizer.segments)
+        * optimizer._params[0].element_size(),
         receive_elements=receive,
         receive=receive * recv_buffer.element_size() if recv_buffer is not None else 0,
         partition_elements=sum(s.partition.partition_size for s in optimizer.segments),
@@ -76,7 +79,8 @@ def _grad_bytes(optimizer: ShardedOptimizer) -> int:
     else:
         held = [store.buffer for store in stores]
         kept = sum(
-            (s.buffer.numel() - s.segment.partition.padding()) * s.buffer.element_size() for s in stores
+            (s.buffer.numel() - accounting.padding(s.segment.partition)) * s.buffer.element_size()
+            for s in stores
         )
     ends = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in held]
     loose = sum(

@@ -104,7 +104,7 @@ def gathered_master_params(optimizer: ShardedOptimizer, to: int = 0) -> list[tor
                 dtype=optimizer.master_dtype,
                 process_group=optimizer.process_group,
             )
-            for owner, piece in segment.partition.pieces_of(position)
+            for owner, piece in shards.pieces_of(segment.partition, position)
         ]
         gathered.append(torch.cat(parts).view(param.shape) if rank == to else None)
     return gathered if rank == to else None

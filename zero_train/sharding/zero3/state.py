@@ -53,7 +53,7 @@ def gathered_param(
     position = next(i for i, p in enumerate(unit.params) if p is param)
     master = optimizer.masters.get(id(unit), unit.shard)  # a frozen unit: its slice, in the model's dtype
     parts = []
-    for rank, piece in unit.partition.pieces_of(position):
+    for rank, piece in shards.pieces_of(unit.partition, position):
         mine = master[piece.within(unit.start)] if rank == optimizer.rank else None
         parts.append(
             gather_tensor(

@@ -126,7 +126,9 @@ class Unit:
         """Copy this rank's piece of every parameter into the shard; `values_of(i)` gives parameter i whole."""
         for piece in self.partition.pieces(self.rank):
             self.shard[piece.within(self.start)].copy_(
-                values_of(piece.index).detach().reshape(-1)[piece.in_tensor]
+                values_of(piece.index)
+                .detach()
+                .reshape(-1)[piece.tensor_offset : piece.tensor_offset + piece.length]
             )
 
     def begin_gather(self, gather) -> None:
