@@ -153,3 +153,23 @@ def test_shared_terms_are_fitted_once_for_every_engine_beside_each_engines_own()
     calls = sum(entry["calls"] for entry in two.comm.values())
     assert calls > 0
     assert two.terms[TERM] == pytest.approx(one.terms[TERM] + 2e-3 * calls)
+
+
+def test_a_collinear_engine_drops_only_its_own_dependent_column_not_every_later_engines():
+    # ddp measured at one accumulation and one size only: its per-parameter column is its per-micro-batch column
+    # times 100, so only their sum is known; zero2 (later in the joint fit) has two independent cells and must keep
+    # its own 0.1 s per micro-batch and 1 ms per parameter (a defect fitted it 0 / 0 behind ddp's dependent column)
+    def row(engine, k, n, seconds):
+        return dict(
+            engine=engine, grad_accum=k, num_params=n, host_cores=1.0, residual_s=seconds, measured_s=1.0
+        )
+
+    rows = [row("ddp", 1, 100, 0.3)] * 3
+    rows += [row("zero2", k, n, 0.1 * k + 0.001 * n * k) for k, n in ((1, 100), (1, 400), (2, 100))]
+    for how in (dict(), dict(relative=True), dict(shared=("per_call_s",))):
+        fits = fit_host_work(rows, **how)
+        assert fits["zero2"]["per_micro_batch_s"] == pytest.approx(0.1), how
+        assert fits["zero2"]["per_param_s"] == pytest.approx(0.001), how
+        # ddp: all of its residual on its first column, the dependent one fitted as 0
+        assert fits["ddp"]["per_micro_batch_s"] == pytest.approx(0.3), how
+        assert fits["ddp"]["per_param_s"] == 0.0, how

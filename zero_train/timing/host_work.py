@@ -131,16 +131,8 @@ def fit_host_work(
     by_engine: dict[str, list[dict]] = {}
     for row in rows:
         by_engine.setdefault(row["engine"], []).append(row)
-    if not shared and not relative:
-        fits = {}
-        for engine, cells in sorted(by_engine.items()):
-            columns = {t: [_columns(engine, c)[t] for c in cells] for t in terms}
-            used = [t for t in terms if any(columns[t])]
-            values = _least_squares([columns[t] for t in used], [c["residual_s"] for c in cells])
-            fits[engine] = (
-                {t: 0.0 for t in terms} | dict(zip(used, values, strict=True)) | {"cells": len(cells)}
-            )
-        return fits
+    # one least squares over every engine's cells: without shared terms its matrix is block-diagonal (an
+    # engine's columns are 0 on other engines' cells), so it is each engine's own fit
     keys = [(None, t) for t in shared] + [(e, t) for e in sorted(by_engine) for t in terms]
     weights = [1 / row["measured_s"] if relative else 1.0 for row in rows]
     columns = {
@@ -162,10 +154,9 @@ def fit_host_work(
 
 
 def _least_squares(columns: list[list[float]], ys: list[float]) -> list[float]:
-    """x minimising |A x - y|^2 for A's columns (normal equations, columns scaled to 1); with fewer cells than
-    columns, the later columns are dropped (fitted as 0)."""
-    dropped = max(0, len(columns) - len(ys))
-    columns = columns[: len(ys)]
+    """x minimising |A x - y|^2 for A's columns (normal equations, columns scaled to 1); a column that adds
+    nothing the earlier ones do not (collinear with them, or beyond as many independent columns as cells) is
+    fitted as 0 and the others are fitted without it."""
     scale = [max(abs(v) for v in col) or 1.0 for col in columns]
     cols = [[v / s for v in col] for col, s in zip(columns, scale, strict=True)]
     n = len(cols)
@@ -174,14 +165,15 @@ def _least_squares(columns: list[list[float]], ys: list[float]) -> list[float]:
     for i in range(n):  # Gauss-Jordan with partial pivoting
         pivot = max(range(i, n), key=lambda r: abs(a[r][i]))
         a[i], a[pivot], b[i], b[pivot] = a[pivot], a[i], b[pivot], b[i]
-        if abs(a[i][i]) < 1e-12:  # column i adds nothing the earlier ones do not: it and the rest fitted as 0
-            return (_least_squares(columns[:i], ys) if i else []) + [0.0] * (n - i)
+        if abs(a[i][i]) < 1e-12:  # column i is in the span of columns 0..i-1: drop it alone, refit the rest
+            rest = _least_squares(columns[:i] + columns[i + 1 :], ys)
+            return rest[:i] + [0.0] + rest[i:]
         for r in range(n):
             if r != i:
                 f = a[r][i] / a[i][i]
                 a[r] = [x - f * y for x, y in zip(a[r], a[i], strict=True)]
                 b[r] -= f * b[i]
-    return [b[i] / a[i][i] / scale[i] for i in range(n)] + [0.0] * dropped
+    return [b[i] / a[i][i] / scale[i] for i in range(n)]
 
 
 def with_host_work(machine: Machine, fits: dict[str, dict[str, float]]) -> Machine:
