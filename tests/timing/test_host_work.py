@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy
 import pytest
 
 from zero_train.memory.model.theory import ModelShape
-from zero_train.timing.host_work import TERM, fit_host_work, host_seconds, reductions, with_host_work
+from zero_train.timing.host_work import TERM, TERMS, fit_host_work, host_seconds, reductions, with_host_work
 from zero_train.timing.machine import preset_machine
 from zero_train.timing.step import StepSetup, step_time
 
@@ -122,7 +123,7 @@ def test_shared_terms_are_fitted_once_for_every_engine_beside_each_engines_own()
     # per logit element, per checkpointed layer (both per micro-batch on one core) and per collective call,
     # shared; each engine's own per micro-batch and per parameter: exact residuals give back every value
     shared = dict(per_logit_s=1e-8, per_ckpt_layer_s=4e-3, per_call_s=2e-3)
-    own = {"ds2": (0.01, 6e-9), "zero1": (-0.005, 1e-9)}
+    own = {"ds2": (0.01, 6e-9), "zero1": (0.005, 1e-9)}
     cells = [  # grad_accum, params, host cores, logits, checkpointed layers, calls
         (1, 24_800_000, 1.0, 128 * 8192, 0, 0),
         (1, 620_000, 1.0, 512 * 8192, 0, 40),
@@ -173,3 +174,54 @@ def test_a_collinear_engine_drops_only_its_own_dependent_column_not_every_later_
         # ddp: all of its residual on its first column, the dependent one fitted as 0
         assert fits["ddp"]["per_micro_batch_s"] == pytest.approx(0.3), how
         assert fits["ddp"]["per_param_s"] == 0.0, how
+
+
+def test_the_fit_is_never_negative_where_the_unconstrained_one_is():
+    # zero2's residual falls as the model grows (the terms overcount its larger model): unconstrained least squares
+    # gives it a negative cost per parameter, which would predict a step faster the more parameters it reduces
+    cells = ((1, 1_000_000, 0.10), (1, 20_000_000, 0.08), (2, 1_000_000, 0.21))
+    rows = [
+        dict(engine="zero2", grad_accum=k, num_params=n, host_cores=1.0, residual_s=r) for k, n, r in cells
+    ]
+    a = numpy.array([[k, n * k] for k, n, _ in cells], dtype=float)
+    y = numpy.array([r for _, _, r in cells])
+    unconstrained = numpy.linalg.lstsq(a, y, rcond=None)[0]
+    assert unconstrained[1] < 0 < unconstrained[0]
+    fit = fit_host_work(rows)["zero2"]
+    # the per-parameter cost at 0, and the per-micro-batch one the least squares of the k column alone:
+    # sum(k r) / sum(k^2) = (0.10 + 0.08 + 0.42) / 6
+    assert fit["per_param_s"] == 0.0
+    assert fit["per_micro_batch_s"] == pytest.approx(0.60 / 6)
+    # the same with a shared term whose unconstrained value is negative (calls the terms overprice): the reference
+    # is numpy's least squares with per_call_s held at 0, which is the constrained optimum when its values are all
+    # positive and moving per_call_s up from 0 would fit worse (the residual's correlation with the calls < 0)
+    cells = [
+        (e, n, c)
+        for e in ("ds1", "ds3")
+        for n, c in ((10**6, 0), (10**6, 40), (24 * 10**6, 10), (24 * 10**6, 90))
+    ]
+    rows = [_row(e, n, c, 0.05 + 2e-9 * n - 1e-3 * c) for e, n, c in cells]
+    a = numpy.array(
+        [[float(e == f) * v for f in ("ds1", "ds3") for v in (1.0, n / 1e6)] + [c] for e, n, c in cells]
+    )
+    y = numpy.array([row["residual_s"] for row in rows])
+    assert numpy.linalg.lstsq(a, y, rcond=None)[0][4] < 0
+    held = numpy.linalg.lstsq(a[:, :4], y, rcond=None)[0]
+    assert (held > 0).all() and a[:, 4] @ (y - a[:, :4] @ held) < 0
+    fits = fit_host_work(rows, shared=("per_call_s",), relative=True)
+    assert fits["ds1"]["per_call_s"] == fits["ds3"]["per_call_s"] == 0.0
+    got = [fits[e][t] * (1e6 if t == "per_param_s" else 1) for e in ("ds1", "ds3") for t in TERMS[:2]]
+    assert got == pytest.approx(list(held), rel=1e-6)
+
+
+def _row(engine: str, num_params: int, calls: int, residual_s: float) -> dict:
+    """A cell at one micro-batch on one core (all measured alike: relative error weighs them the same)."""
+    return dict(
+        engine=engine,
+        grad_accum=1,
+        num_params=num_params,
+        host_cores=1.0,
+        calls=calls,
+        residual_s=residual_s,
+        measured_s=0.5,
+    )
