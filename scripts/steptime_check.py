@@ -150,6 +150,7 @@ def _fit_row(cell_set: dict, engine: str, seconds: float, machine) -> dict:
     comm_s = sum(value for name, value in step.terms.items() if name.startswith("comm: "))
     calls = sum(entry["calls"] for entry in step.comm.values()) if cell_set["world_size"] > 1 else 0
     return dict(set=cell_set["name"], engine=engine, measured_s=seconds, predicted_s=step.seconds, comm_s=comm_s,
+                world_size=cell_set["world_size"], sync_points=step.sync_points,
                 residual_s=seconds - step.seconds, grad_accum=cell_set.get("grad_accum", 1),
                 num_params=shape.num_params, host_cores=machine.host_cores_per_rank(cell_set["world_size"]),
                 logits=cell_set["micro_batch_size"] * cell_set["block_size"] * shape.vocab_size,
@@ -171,7 +172,7 @@ def _seen_rows(name: str) -> list[dict]:
     sets = {s["name"]: s for s in DESIGNS[stored["design"]][0]}
     _COUNTS.clear()
     rows = [
-        _fit_row(sets[c["set"]], c["engine"], c["measured_s"], machine) | dict(run=name)
+        _fit_row(sets[c["set"]], c["engine"], c["measured_s"], machine) | dict(run=name, role=c["role"])
         for c in stored["cells"]
     ]
     _COUNTS.clear()

@@ -225,3 +225,55 @@ def _row(engine: str, num_params: int, calls: int, residual_s: float) -> dict:
         residual_s=residual_s,
         measured_s=0.5,
     )
+
+
+def test_a_rank_waits_where_it_blocks_and_longer_with_more_ranks_than_cores():
+    # sync points from the engines' collectives: DeepSpeed ZeRO-2 waits at every bucket's all-reduce (blocking in
+    # backward), our ZeRO-2 launches as many reduce-scatters and waits once per micro-batch; both once for the
+    # gather after the step; nobody at one rank
+    numels = (100_000,) * 6 + (20_000,) * 2
+    shape = ModelShape(
+        num_params=sum(numels), num_layers=2, hidden_size=64, vocab_size=8192, param_numels=numels
+    )
+    setup = dict(gpus_per_node=4, micro_batch_size=4, block_size=128, precision="fp32", grad_accum=2)
+    setup["bucket_elements"] = 200_000
+    steps = {
+        e: step_time(shape, None, StepSetup(engine=e, world_size=4, **setup), _cpu())
+        for e in ("ds2", "zero2")
+    }
+    for engine, step in steps.items():
+        reduce_calls = sum(v["calls"] for k, v in step.comm.items() if "all_gather" not in k)
+        assert reduce_calls > 2 * 2  # more than one bucket per micro-batch
+        # blocking: a wait at each call; launched in backward: one wait per micro-batch
+        waits = reduce_calls if engine == "ds2" else 2
+        assert step.sync_points == waits + 1, engine
+    alone = step_time(shape, None, StepSetup(engine="ds2", world_size=1, **setup), _cpu())
+    assert alone.sync_points == 0
+    # the oversubscribed term: 0 while ranks fit the cores, (ranks / cores - 1) x sync points beyond them
+    fit = dict(per_sync_s=3e-3, per_oversubscribed_sync_s=2e-3)
+    machine = with_host_work(_cpu(), {"ds2": fit})
+
+    def host(ranks):
+        return host_seconds(machine, "ds2", grad_accum=1, num_params=0, ranks_on_node=ranks, sync_points=10)
+
+    assert (host(2), host(4), host(8)) == pytest.approx((0.030, 0.030 + 0.020, 0.030 + 3 * 0.020))
+    assert step_time(shape, None, StepSetup(engine="ds2", world_size=4, **setup), machine).terms[TERM] == (
+        pytest.approx(steps["ds2"].sync_points * (3e-3 + 2e-3))
+    )
+    # and the fit separates the two from cells at 1, 2 and 4 ranks on 2 cores (exact residuals give them back)
+    rows = [
+        dict(
+            engine="ds2",
+            grad_accum=1,
+            num_params=10**6,
+            host_cores=min(1.0, 2 / r),
+            sync_points=s,
+            residual_s=0.01 / min(1.0, 2 / r) + 3e-3 * s + 2e-3 * s * max(0, r / 2 - 1),
+            measured_s=0.5,
+        )
+        for r, s in ((1, 0), (2, 20), (2, 35), (4, 20), (4, 35))
+    ]
+    fits = fit_host_work(rows, ("per_micro_batch_s",), shared=("per_sync_s", "per_oversubscribed_sync_s"))
+    assert (fits["ds2"]["per_sync_s"], fits["ds2"]["per_oversubscribed_sync_s"]) == pytest.approx(
+        (3e-3, 2e-3)
+    )

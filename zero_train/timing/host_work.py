@@ -37,7 +37,21 @@ Three more terms may be fitted SHARED by every engine (one value each, fitted jo
 - per collective call: a call inside a step waits for the slowest rank (gloo ranks on shared cores reach it at
   different times), which a collective timed alone does not: it scales with the engine's calls (DeepSpeed's
   per-bucket reductions, ZeRO-3's and FSDP2's per-unit gathers, DDP's few buckets), counted from the engine's
-  collectives (registry), not a per-engine factor.
+  collectives (registry), not a per-engine factor (designs v5, v6).
+
+Design v7 counts the waits instead of the calls, and prices more ranks than cores:
+
+    + per_sync_s x sync points + per_oversubscribed_sync_s x sync points x (ranks / cores - 1, at least 0)
+
+- per sync point (timing.step.sync_points): a rank waits for its peers where it blocks, not at every call: at
+  each call it waits for where it launched it (DeepSpeed ZeRO-1/2's reductions, a unit's gather), once per
+  micro-batch for the reductions it launches in backward and waits for at its end (DDP, our ZeRO-1/2/3, FSDP2),
+  once for the gathers after the step. Our ZeRO-1/2 make as many bucket calls as DeepSpeed's but wait once: on
+  v3-v6's 4-rank cells the model missed them by ~0 s and DeepSpeed ZeRO-1/2 by +0.02 .. +0.30 s;
+- per sync point per rank beyond the cores: four single-thread ranks on two cores run two at a time, so the
+  last peer reaches a sync point up to a scheduler slice later (its work runs on half a core), where at most one
+  rank per core it arrives only a jitter later. If the wait were all the lagging rank's own work, stretched by
+  ranks / cores as the host work is, this would equal per_sync_s; fitted on the seen cells it is 0.5-0.7 of it.
 """
 
 from __future__ import annotations
@@ -55,9 +69,10 @@ TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s")
 and seconds per second of the model's exposed communication (its excess: gloo ranks on a loaded machine wait for
 each other's scheduling)."""
 
-SHARED = ("per_logit_s", "per_ckpt_layer_s", "per_call_s")
+SHARED = ("per_logit_s", "per_ckpt_layer_s", "per_call_s", "per_sync_s", "per_oversubscribed_sync_s")
 """What a fit may hold shared by every engine: seconds per logit element and per checkpointed layer, each per
-micro-batch on one core, and seconds per collective call at more than one rank."""
+micro-batch on one core; seconds per collective call at more than one rank (designs v5, v6); seconds per sync
+point (step.sync_points) and per sync point per rank beyond the cores per core (design v7)."""
 
 
 def reductions(engine: str, grad_accum: int) -> int:
@@ -78,11 +93,12 @@ def host_seconds(
     logits: int = 0,
     ckpt_layers: int = 0,
     calls: int = 0,
+    sync_points: int = 0,
 ) -> float:
     """The engine's fitted host work per step on this machine (0 without a fit for it); `comm_s`: the step's
     exposed communication as the model prices it; `logits`: a micro-batch's tokens x vocabulary;
     `ckpt_layers`: the layers checkpointed (0 without checkpointing); `calls`: the step's collective calls (0 at
-    one rank)."""
+    one rank); `sync_points`: where a rank waits for its peers in the step (step.sync_points; 0 at one rank)."""
     fit = machine.engine_host.get(engine)
     if not fit:
         return 0.0
@@ -92,6 +108,7 @@ def host_seconds(
         logits=logits,
         ckpt_layers=ckpt_layers,
         calls=calls,
+        sync_points=sync_points,
         host_cores=machine.host_cores_per_rank(ranks_on_node),
         comm_s=comm_s,
     )
@@ -108,6 +125,8 @@ def _columns(engine: str, row: dict) -> dict[str, float]:
         "per_logit_s": k * row.get("logits", 0) / cores,
         "per_ckpt_layer_s": k * row.get("ckpt_layers", 0) / cores,
         "per_call_s": row.get("calls", 0),
+        "per_sync_s": row.get("sync_points", 0),
+        "per_oversubscribed_sync_s": row.get("sync_points", 0) * max(0.0, 1 / cores - 1),
     }
 
 

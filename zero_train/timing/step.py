@@ -75,6 +75,8 @@ class StepTime:
     """FLOPs per rank per step without recomputation (MFU's numerator)."""
     peak_flops: float = 0.0
     """The rank's dense peak, FLOP/s."""
+    sync_points: int = 0
+    """Where a rank waits for its peers in the step (sync_points; 0 at one rank)."""
 
     @property
     def seconds(self) -> float:
@@ -201,6 +203,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     )
     calls = engine_calls(spec, comm_setup, machine)
     exposed, hidden, comm = _overlap(calls, setup, machine, forward_s, backward_s)
+    waits = sync_points(calls, setup) if setup.world_size > 1 else 0
     terms.update(exposed)
     terms.update(_optimizer_terms(shape, spec, setup, machine, shares["memory"], ranks_on_node))
     if setup.engine in machine.engine_host:
@@ -214,6 +217,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
             logits=setup.micro_batch_size * setup.block_size * (shape.vocab_size or 0),
             ckpt_layers=shape.num_layers if setup.gradient_checkpointing else 0,
             calls=sum(entry["calls"] for entry in comm.values()) if setup.world_size > 1 else 0,
+            sync_points=waits,
         )
     model_flops = setup.grad_accum * (work.forward_flops + work.backward_flops - work.recompute_flops)
     return StepTime(
@@ -223,6 +227,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
         tokens_per_step=setup.tokens_per_step,
         model_flops=model_flops,
         peak_flops=machine.peak_tflops[setup.precision] * 1e12 * share,
+        sync_points=waits,
     )
 
 
@@ -298,6 +303,23 @@ def _overlap(calls, setup: StepSetup, machine: Machine, forward_s: float, backwa
             _add(exposed, call.name, call.seconds)
             comm[call.name] = {"calls": call.calls, "payload_bytes": call.payload_bytes}
     return {f"comm: {name}": value for name, value in exposed.items()}, hidden, comm
+
+
+def sync_points(calls, setup: StepSetup) -> int:
+    """Where a rank waits for its peers in one step: at every call it waits for where it launched it (DeepSpeed
+    ZeRO-1/2's blocking reductions; a unit's gather, waited before the unit's forward or backward); once per
+    micro-batch for the reductions it launches in backward and waits for at backward's end; once for the
+    gathers after the step (back to back: the ranks met at the first). A wait lasts as long as the last peer
+    takes to arrive (timing.host_work's per_sync_s), not as many calls as it covers."""
+    waits = 0
+    for call in calls:
+        phase = _phase(call, setup)
+        micro_batches = setup.grad_accum if call.collective.every_micro_step else 1
+        if phase in ("backward_blocking", "forward", "backward_gather"):
+            waits += micro_batches * call.calls
+        else:  # backward: one wait per micro-batch it runs in; after_step: one
+            waits += micro_batches if phase == "backward" else 1
+    return waits
 
 
 def _phase(call, setup: StepSetup) -> str:

@@ -1,0 +1,89 @@
+"""A host-work fit judged on the stored runs' cells before a design commits to it: each stored run's held-out
+cells predicted from a fit on every other stored run's cells (both roles) and that run's own calibration cells,
+as a design that had not seen the run would fit, and judged as scripts/steptime_check.py judges (within 25%,
+median |error|, pairs more than 15% apart ordered right).
+
+    .venv/bin/python scripts/steptime_crossval.py --fit v6                    # v6's fit (steptime_designs.FIT_OF)
+    .venv/bin/python scripts/steptime_crossval.py --fit v6 --shared per_logit_s,per_ckpt_layer_s,per_sync_s
+
+Only cells whose verdicts are published (docs/steptime-quiet/seen/) are used: this is how a design is chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from steptime_check import SEEN, _seen_rows
+from steptime_designs import DESIGNS, FIT_OF
+
+
+def crossval(terms: tuple[str, ...], shared: tuple[str, ...], relative: bool, runs: list[str]) -> dict:
+    """Per stored run: its held-out cells' errors, pairs and the fitted shared values."""
+    from zero_train.timing.host_work import fit_host_work, host_seconds, with_host_work
+    from zero_train.timing.machine import load_machine
+
+    rows_of = {run: _seen_rows(run) for run in runs}
+    results = {}
+    for run in runs:
+        train = [row for other in runs if other != run for row in rows_of[other]]
+        train += [row for row in rows_of[run] if row["role"] == "calibration"]
+        fitted = with_host_work(
+            load_machine(SEEN / run / "machine.json"), fit_host_work(train, terms, shared, relative)
+        )
+        cells = []
+        for row in (r for r in rows_of[run] if r["role"] == "held-out"):
+            host = host_seconds(fitted, row["engine"], grad_accum=row["grad_accum"], num_params=row["num_params"],
+                                ranks_on_node=row["world_size"], comm_s=row["comm_s"], logits=row["logits"],
+                                ckpt_layers=row["ckpt_layers"], calls=row["calls"], sync_points=row["sync_points"])  # fmt: skip
+            cells.append(row | dict(predicted_s=row["predicted_s"] + host))
+        results[run] = dict(cells=cells, pairs=_pairs(cells),
+                            shared={t: fitted.engine_host[cells[0]["engine"]].get(t, 0.0) for t in shared})  # fmt: skip
+    return results
+
+
+def _pairs(cells: list[dict]) -> list[bool]:
+    """Per pair of one set's engines measured more than 15% apart: whether the prediction orders them right."""
+    right = []
+    for i, a in enumerate(cells):
+        for b in cells[i + 1 :]:
+            measured = (a["measured_s"], b["measured_s"])
+            if a["set"] == b["set"] and max(measured) / min(measured) > 1.15:
+                right.append((a["measured_s"] > b["measured_s"]) == (a["predicted_s"] > b["predicted_s"]))
+    return right
+
+
+def summary(cells: list[dict], pairs: list[bool]) -> dict:
+    errors = [c["predicted_s"] / c["measured_s"] - 1 for c in cells]
+    return dict(cells=len(errors), median_abs_error=statistics.median(abs(e) for e in errors),
+                within_25=sum(abs(e) <= 0.25 for e in errors), pairs=len(pairs), pairs_right=sum(pairs),
+                min_error=min(errors), max_error=max(errors))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fit", choices=sorted(FIT_OF), required=True, help="the design whose fit to judge")
+    parser.add_argument("--shared", help="these shared terms instead of the design's (comma-separated)")
+    parser.add_argument("--runs", help="the stored runs (default: the design's seen runs, comma-separated)")
+    parser.add_argument("--cells", action="store_true", help="print every held-out cell's error")
+    args = parser.parse_args()
+    how = FIT_OF[args.fit]
+    shared = tuple(args.shared.split(",")) if args.shared else how["shared"]
+    runs = args.runs.split(",") if args.runs else list(how["seen"])
+    results = crossval(DESIGNS[args.fit][1], shared, how["relative"], runs)
+    for run, result in results.items():
+        if args.cells:
+            for c in result["cells"]:
+                error = c["predicted_s"] / c["measured_s"] - 1
+                print(
+                    f"{run} {c['set']} {c['engine']} {c['measured_s']:.3f} {c['predicted_s']:.3f} {error:+.0%}"
+                )
+        line = summary(result["cells"], result["pairs"]) | dict(shared=result["shared"])
+        print(run, json.dumps(line))
+    every = [c for r in results.values() for c in r["cells"]]
+    print("all", json.dumps(summary(every, [p for r in results.values() for p in r["pairs"]])))
+
+
+if __name__ == "__main__":
+    main()
