@@ -21,6 +21,7 @@ rank 1/ranks):
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -139,51 +140,80 @@ def optimizer_gbps(layout: str = "foreach") -> float:
 
 
 CONTENTION_SECONDS = 1.0
-"""How long each process runs each microbenchmark when timing contention (all of them at once)."""
+"""How long each process runs each microbenchmark when timing contention (one round of alone and together)."""
+CONTENTION_ROUNDS = 3
+"""Rounds of alone-then-together timings, interleaved, of which the median ratio is taken: one round alone
+measured matmul 0.54 / memory 0.49 in design v7's run where v3-v6's measured 1.01-1.07 / 0.72-1.40
+(docs/steptime.md, v7's "why it missed")."""
 
 
-def contention(cores: int) -> dict[str, float]:
+def contention(cores: int) -> tuple[dict[str, float], dict[str, float]]:
     """Per-core rate with every core running a microbenchmark at once / with one core running it alone, for a
     matmul (fp32, 256) and elementwise ops: CPU ranks (or one rank's threads) on every core share what the cores
-    share (SMT siblings' units, caches, memory bandwidth), which one thread timed alone does not see. {} on one core.
-    """
+    share (SMT siblings' units, caches, memory bandwidth), which one thread timed alone does not see. (used,
+    measured raw) ({}, {} on one core): the median over CONTENTION_ROUNDS interleaved rounds, used capped at 1."""
     if cores < 2:
-        return {}
-    alone, together = _concurrent(1), _concurrent(cores)
-    return {kind: together[kind] / alone[kind] for kind in alone}
+        return {}, {}
+    alone, together = _concurrent(cores, CONTENTION_ROUNDS)
+    return contention_ratios(alone, together)
 
 
-def _concurrent(processes: int) -> dict[str, float]:
-    """The mean per-process rate of `processes` single-thread processes running each benchmark together."""
+def contention_ratios(
+    alone: list[dict[str, float]], together: list[list[dict[str, float]]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(used, raw) contention per kind from each round's alone rate and its processes' together rates: per round
+    the mean together rate over the alone rate, the median over rounds (one disturbed round does not set it),
+    used capped at 1 (cores busy together are not each faster than one alone: Machine.rank_share caps it too)."""
+    raw = {
+        kind: statistics.median(
+            statistics.fmean(r[kind] for r in rates) / single[kind]
+            for single, rates in zip(alone, together, strict=True)
+        )
+        for kind in alone[0]
+    }
+    return {kind: min(1.0, value) for kind, value in raw.items()}, raw
+
+
+def _concurrent(processes: int, rounds: int) -> tuple[list[dict[str, float]], list[list[dict[str, float]]]]:
+    """`processes` single-thread processes, spawned once, each round first one of them running each benchmark
+    alone (the others blocked), then all together: (alone rates per round, every process's rates per round)."""
     context = mp.get_context("spawn")
     results, barrier = context.SimpleQueue(), context.Barrier(processes)
     workers = [  # the window passed on: a spawned process reads the module's constant afresh
-        context.Process(target=_contention_main, args=(barrier, results, CONTENTION_SECONDS))
-        for _ in range(processes)
+        context.Process(target=_contention_main, args=(index, barrier, results, CONTENTION_SECONDS, rounds))
+        for index in range(processes)
     ]
     for worker in workers:
         worker.start()
-    rates = [results.get() for _ in workers]
+    outcomes = dict(results.get() for _ in workers)
     for worker in workers:
         worker.join()
-    return {kind: sum(r[kind] for r in rates) / len(rates) for kind in rates[0]}
+    together = [[outcomes[i]["together"][r] for i in outcomes] for r in range(rounds)]
+    return outcomes[0]["alone"], together
 
 
-def _contention_main(barrier, results, seconds: float) -> None:
+def _contention_main(index: int, barrier, results, seconds: float, rounds: int) -> None:
     torch.set_num_threads(1)
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     x, y = torch.randn(4096, 1024), torch.randn(4096, 1024)
     work = {"matmul": (lambda: a @ b, 2 * 256**3), "memory": (lambda: x + y, 3 * x.numel() * 4)}
-    rates = {}
-    for kind, (op, amount) in work.items():
-        op()
-        barrier.wait()  # every process runs the same span of wall time, all at once
-        calls, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            op()
-            calls += 1
-        rates[kind] = calls * amount / (time.perf_counter() - started)
-    results.put(rates)
+    timed: dict[str, list] = {"alone": [], "together": []}
+    for _ in range(rounds):
+        for phase in ("alone", "together"):
+            rates = {}
+            for kind, (op, amount) in work.items():
+                op()
+                barrier.wait()  # every process runs the same span of wall time (alone: process 0, the rest wait)
+                if phase == "alone" and index:
+                    continue
+                calls, started = 0, time.perf_counter()
+                while time.perf_counter() - started < seconds:
+                    op()
+                    calls += 1
+                rates[kind] = calls * amount / (time.perf_counter() - started)
+            if rates:
+                timed[phase].append(rates)
+    results.put((index, timed))
 
 
 def _rank_main(rank: int, world_size: int, port: int, results) -> None:
@@ -270,7 +300,7 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
     attention = {p: rate * cores for p, rate in attention.items()}
     memory = {p: rate * cores for p, rate in memory.items()}
     layouts = {layout: rate * cores for layout, rate in layouts.items()}
-    shared_cores = contention(cores)
+    shared_cores, contention_raw = contention(cores)
     measured: dict[str, dict[int, Measured]] = {}
     for world in sorted(n for n in set(world_sizes) if n > 1):
         for op, fit in measure_collectives(world).items():
@@ -309,6 +339,10 @@ def calibrate(*, world_sizes: tuple[int, ...] = (2, 4), name: str = "this machin
         contention=shared_cores,
         sources={
             "all": f"zero-train calibrate: one thread x {cores} cores, torch {torch.__version__}, gloo, "
-            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+            "contention": "median of "
+            f"{CONTENTION_ROUNDS} interleaved alone/together rounds, measured raw "
+            + ", ".join(f"{kind} {value:.3f}" for kind, value in contention_raw.items())
+            + ", used capped at 1",
         },
     )
