@@ -199,15 +199,20 @@ def fit(
 ):
     """Each engine's host work fitted on the calibration sets' residuals (and, where the design says `seen`,
     on earlier runs' cells too): (fitted machine, calibration rows)."""
-    from zero_train.timing.host_work import fit_host_work, with_host_work
+    from zero_train.timing.host_work import at_speed, fit_host_work, speed_scale, with_host_work
 
     how = how or {}
     rows = []
     for cell_set in [s for s in sets if s["role"] == "calibration"]:
         measured, _ = _measured(out / cell_set["name"])
         rows += [_fit_row(cell_set, engine, seconds, machine) for engine, seconds in measured.items()]
-    seen = [row for name in how.get("seen", ()) for row in _seen_rows(name)]
-    fits = fit_host_work(rows + seen, terms, how.get("shared", ()), how.get("relative", False))
+    seen = []  # "speed": each earlier run's cells at this run's speed (host_work.at_speed); "own": rows count
+    for name in how.get("seen", ()):
+        stored = _seen_rows(name)
+        seen += at_speed(stored, speed_scale(stored, rows)) if how.get("speed") else stored
+    fits = fit_host_work(
+        rows * how.get("own", 1) + seen, terms, how.get("shared", ()), how.get("relative", False)
+    )
     fitted = with_host_work(machine, fits)
     (out / f"machine-fitted{suffix}.json").write_text(json.dumps(fitted.as_dict(), indent=1) + "\n")
     return fitted, rows

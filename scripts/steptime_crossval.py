@@ -19,16 +19,28 @@ from steptime_check import SEEN, _seen_rows
 from steptime_designs import DESIGNS, FIT_OF
 
 
-def crossval(terms: tuple[str, ...], shared: tuple[str, ...], relative: bool, runs: list[str]) -> dict:
-    """Per stored run: its held-out cells' errors, pairs and the fitted shared values."""
-    from zero_train.timing.host_work import fit_host_work, host_seconds, with_host_work
+def crossval(
+    terms: tuple[str, ...],
+    shared: tuple[str, ...],
+    relative: bool,
+    runs: list[str],
+    speed: bool = False,
+    own: int = 1,
+) -> dict:
+    """Per stored run: its held-out cells' errors, pairs and the fitted shared values. speed: every other run's
+    cells rescaled to this run's speed (host_work.speed_scale on the calibration cells both measured); own: this
+    run's calibration cells counted this many times."""
+    from zero_train.timing.host_work import at_speed, fit_host_work, host_seconds, speed_scale, with_host_work
     from zero_train.timing.machine import load_machine
 
     rows_of = {run: _seen_rows(run) for run in runs}
     results = {}
     for run in runs:
-        train = [row for other in runs if other != run for row in rows_of[other]]
-        train += [row for row in rows_of[run] if row["role"] == "calibration"]
+        mine = [row for row in rows_of[run] if row["role"] == "calibration"]
+        train = mine * own
+        for other in (other for other in runs if other != run):
+            scale = speed_scale(rows_of[other], mine) if speed else 1.0
+            train += at_speed(rows_of[other], scale)
         fitted = with_host_work(
             load_machine(SEEN / run / "machine.json"), fit_host_work(train, terms, shared, relative)
         )
@@ -66,12 +78,16 @@ def main() -> None:
     parser.add_argument("--fit", choices=sorted(FIT_OF), required=True, help="the design whose fit to judge")
     parser.add_argument("--shared", help="these shared terms instead of the design's (comma-separated)")
     parser.add_argument("--runs", help="the stored runs (default: the design's seen runs, comma-separated)")
+    parser.add_argument("--speed", action="store_true", help="other runs' cells rescaled to the run's speed")
+    parser.add_argument(
+        "--own", type=int, default=1, help="the run's own calibration cells counted this often"
+    )
     parser.add_argument("--cells", action="store_true", help="print every held-out cell's error")
     args = parser.parse_args()
     how = FIT_OF[args.fit]
     shared = tuple(args.shared.split(",")) if args.shared else how["shared"]
     runs = args.runs.split(",") if args.runs else list(how["seen"])
-    results = crossval(DESIGNS[args.fit][1], shared, how["relative"], runs)
+    results = crossval(DESIGNS[args.fit][1], shared, how["relative"], runs, args.speed, args.own)
     for run, result in results.items():
         if args.cells:
             for c in result["cells"]:

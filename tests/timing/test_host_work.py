@@ -11,7 +11,16 @@ import numpy
 import pytest
 
 from zero_train.memory.model.theory import ModelShape
-from zero_train.timing.host_work import TERM, TERMS, fit_host_work, host_seconds, reductions, with_host_work
+from zero_train.timing.host_work import (
+    TERM,
+    TERMS,
+    at_speed,
+    fit_host_work,
+    host_seconds,
+    reductions,
+    speed_scale,
+    with_host_work,
+)
 from zero_train.timing.machine import preset_machine
 from zero_train.timing.step import StepSetup, step_time
 
@@ -277,3 +286,27 @@ def test_a_rank_waits_where_it_blocks_and_longer_with_more_ranks_than_cores():
     assert (fits["ds2"]["per_sync_s"], fits["ds2"]["per_oversubscribed_sync_s"]) == pytest.approx(
         (3e-3, 2e-3)
     )
+
+
+def test_another_runs_cells_are_rescaled_to_this_runs_speed_by_the_cells_both_measured():
+    # the earlier run measured three shared calibration cells at 1.0 / 2.0 / 4.0 s and one this run did not;
+    # this run measured them at 0.8 / 1.5 / 3.6 s (0.8, 0.75, 0.9 of them): the median ratio 0.8, not the mean
+    earlier = [
+        dict(set="cal-a", engine="ddp", measured_s=1.0, predicted_s=0.5, residual_s=0.5),
+        dict(set="cal-a", engine="ds3", measured_s=2.0, predicted_s=1.0, residual_s=1.0),
+        dict(set="cal-b", engine="ddp", measured_s=4.0, predicted_s=3.0, residual_s=1.0),
+        dict(set="held", engine="ddp", measured_s=3.0, predicted_s=2.0, residual_s=1.0),
+    ]
+    this = [
+        dict(set="cal-a", engine="ddp", measured_s=0.8),
+        dict(set="cal-a", engine="ds3", measured_s=1.5),
+        dict(set="cal-b", engine="ddp", measured_s=3.6),
+    ]
+    scale = speed_scale(earlier, this)
+    assert scale == pytest.approx(0.8)
+    assert speed_scale(earlier, [dict(set="other", engine="ddp", measured_s=9.0)]) == 1.0  # nothing shared
+    scaled = at_speed(earlier, scale)
+    # each step 0.8 as long; its residual over that run's own prediction what is left: 3.0 s -> 2.4 - 2.0
+    assert [row["measured_s"] for row in scaled] == pytest.approx([0.8, 1.6, 3.2, 2.4])
+    assert [row["residual_s"] for row in scaled] == pytest.approx([0.3, 0.6, 0.2, 0.4])
+    assert earlier[3]["measured_s"] == 3.0  # the stored rows are not changed

@@ -57,6 +57,7 @@ Design v7 counts the waits instead of the calls, and prices more ranks than core
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 from zero_train.registry import engine_spec
 from zero_train.timing.machine import Machine
@@ -230,6 +231,28 @@ def _nonnegative_least_squares(columns: list[list[float]], ys: list[float]) -> l
             passive = [j for j in passive if ratios.get(j, 2.0) > step and x[j] > 0]
             x = [x[j] if j in passive else 0.0 for j in range(n)]
     return [value / s for value, s in zip(x, scale, strict=True)]
+
+
+def speed_scale(rows: list[dict], reference: list[dict]) -> float:
+    """How fast the run `reference` measured ran against the run `rows` measured: the median, over the cells
+    both measured (same set and engine: every design's calibration sets), of reference's step / rows' step (1
+    where they share none). Design v7's run ran the calibration cells every run shares at 0.75-0.89 of v3-v6's
+    times: earlier runs' host work, fitted at their speed, overpriced it (docs/steptime.md, v7's "why it missed")."""
+    mine = {(row["set"], row["engine"]): row["measured_s"] for row in reference}
+    ratios = [mine[key] / row["measured_s"] for row in rows if (key := (row["set"], row["engine"])) in mine]
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def at_speed(rows: list[dict], scale: float) -> list[dict]:
+    """Another run's cells as if measured `scale` times as long (speed_scale): each step, and so its residual
+    over the prediction of that run's own calibration, scaled."""
+    return [
+        row
+        | dict(
+            measured_s=row["measured_s"] * scale, residual_s=row["measured_s"] * scale - row["predicted_s"]
+        )
+        for row in rows
+    ]
 
 
 def with_host_work(machine: Machine, fits: dict[str, dict[str, float]]) -> Machine:
