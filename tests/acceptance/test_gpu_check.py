@@ -31,15 +31,17 @@ def _gpu_check(*argv: str) -> subprocess.CompletedProcess:
     ZT_DEVICE) is restored after; the ranks it launches import this checkout."""
     from zero_train.cli.main import main
 
-    stdout, stderr, environment = io.StringIO(), io.StringIO(), dict(os.environ)
+    stdout, stderr, environment, cwd = io.StringIO(), io.StringIO(), dict(os.environ), os.getcwd()
     code = 0
-    try:
+    try:  # os.chdir, not contextlib.chdir: the project supports Python 3.10
         os.environ["PYTHONPATH"] = str(ROOT)
-        with contextlib.chdir(ROOT), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             main(["gpu-check", "--cpu", *argv])
     except SystemExit as end:
         code = end.code
     finally:
+        os.chdir(cwd)
         os.environ.clear()
         os.environ.update(environment)
     return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
