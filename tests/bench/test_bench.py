@@ -91,10 +91,10 @@ def test_bytes_per_step_are_the_models_size(tiny_bench):
     assert cells["ddp"]["payload"]["all_reduce"] == psi_bytes  # DDP's buckets: every parameter once
     assert cells["zero1"]["payload"]["send_recv"] == 2 * psi_bytes  # both ends of each message, no padding
     assert cells["zero2"]["payload"]["send_recv"] == 2 * psi_bytes  # the buckets to their owners + all-gather
-    # our sharders agree on the step in one small all-reduce: a has-gradient flag per tensor, the sum of squares
-    # and the overflow flag (float64 words); the training loop all-gathers its step record (loss, memory, save flag)
+    # our sharders agree on the step in one small all-reduce: a has-gradient flag per tensor and the sum of squares
+    # (float64 words); the training loop all-gathers its step record (loss, memory, save flag)
     tensors = sum(1 for p in build_model(model_config("tiny")).parameters() if p.requires_grad)
-    agreement = {"ddp": 0, "zero1": 8 * (tensors + 2), "zero2": 8 * (tensors + 2)}
+    agreement = {"ddp": 0, "zero1": 8 * (tensors + 1), "zero2": 8 * (tensors + 1)}
     step_record = cells["ddp"]["wire"]["all_gather"]
     assert 0 < step_record <= 64
     for engine in ("ddp", "zero1", "zero2"):

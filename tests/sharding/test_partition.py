@@ -64,8 +64,8 @@ def test_a_piece_copied_by_its_slices_rebuilds_every_tensor_from_the_rank_slices
     numels = [3, 10, 5, 7, 1]
     tensors = [torch.arange(n, dtype=torch.float32) + 100 * i for i, n in enumerate(numels)]
     partition = flat_partition(numels, 3)
-    slices = [torch.full((partition.partition_size,), -1.0) for _ in partition.ranks]
-    for rank in partition.ranks:
+    slices = [torch.full((partition.partition_size,), -1.0) for _ in range(partition.world_size)]
+    for rank in range(partition.world_size):
         start = partition.rank_range(rank)[0]
         for piece in partition.pieces(rank):
             slices[rank][piece.within(start)] = tensors[piece.index][

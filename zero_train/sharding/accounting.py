@@ -126,8 +126,8 @@ def _buffers(
 
 def agreement_bytes(num_tensors: int, world_size: int) -> int:
     """Bytes a rank sends in the ring all-reduce (2 (N-1)/N of the vector) that agrees on the step:
-    a has-gradient count per tensor, the sum of squares of the gradients, the fp16 overflow count."""
-    return (2 * (world_size - 1) * ENTRY_BYTES * (num_tensors + 2)) // world_size
+    a has-gradient count per tensor and the sum of |g|^p of the gradients (not finite on an fp16 overflow)."""
+    return (2 * (world_size - 1) * ENTRY_BYTES * (num_tensors + 1)) // world_size
 
 
 def comm_bytes_per_step(
@@ -191,7 +191,7 @@ def balance_report(partitions: FlatPartition | Sequence[FlatPartition], element_
         "pieces_per_rank": [...]} ; max_over_mean is 1.0 for a perfect balance.
     """
     partitions = [partitions] if isinstance(partitions, FlatPartition) else list(partitions)
-    ranks = partitions[0].ranks
+    ranks = range(partitions[0].world_size)
     loads = [sum(loads) for loads in zip(*(p.loads() for p in partitions), strict=True)]
     mean = sum(loads) / len(ranks)
     return dict(

@@ -60,13 +60,8 @@ class FlatPartition:
 
     def loads(self) -> list[int]:
         """Elements of data (without padding) each rank owns."""
-        data = self.num_elements  # a sum over the tensors: once, not once per rank
-        return [max(0, min(stop, data) - start) for start, stop in map(self.rank_range, self.ranks)]
-
-    @property
-    def ranks(self) -> range:
-        """range(N)."""
-        return range(self.world_size)
+        data, size = self.num_elements, self.partition_size  # a sum over the tensors: once, not once per rank
+        return [min(size, max(0, data - rank * size)) for rank in range(self.world_size)]
 
     def pieces(self, rank: int) -> tuple[Piece, ...]:
         """The pieces of tensors inside `rank`'s slice, in buffer order."""
@@ -159,7 +154,7 @@ def _bucket(partition: FlatPartition, indices: list[int], bucket_elements: int) 
     start = partition.offsets[indices[0]]
     stop = partition.offsets[indices[-1]] + partition.numels[indices[-1]]
     starts, lengths = [], []
-    for rank in partition.ranks:
+    for rank in range(partition.world_size):
         low, high = partition.rank_range(rank)
         low, high = max(low, start), min(high, stop)
         starts.append(low - start if high > low else 0)

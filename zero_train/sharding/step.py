@@ -9,7 +9,7 @@ master gradients (`_take_grads`), one all-reduce that agrees on the step (`_agre
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -81,8 +81,7 @@ class PieceOptimizer(torch.optim.Optimizer):
     _flags: tuple[tuple[bool, ...], torch.Tensor] | None
     """The last pattern of `_local_has_grad` and its tensor on the device."""
     _agreement: torch.Tensor | None
-    """This step's all-reduced [flags, sum of |g|^p, overflows] (None before the agreement)."""
-    _grad_norm: torch.Tensor | None
+    """This step's all-reduced [flags, |g|^p] (None before the agreement)."""
 
     def __init__(
         self,
@@ -105,7 +104,7 @@ class PieceOptimizer(torch.optim.Optimizer):
         self.last_step_skipped = False
         super().__init__(params, defaults)
         self._params, self._local_has_grad, self.pieces = [], [], []
-        self.inner, self._flags, self._agreement, self._grad_norm = None, None, None, None
+        self.inner, self._flags, self._agreement = None, None, None
 
     def _gradients_ready(self) -> None:
         """Set this step's master gradients (`_take_grads`) and `_local_has_grad`; idempotent until the step ends."""
@@ -133,14 +132,18 @@ class PieceOptimizer(torch.optim.Optimizer):
         """`loss` times the fp16 loss scale (identity without a loss scaler); call backward on the result."""
         return loss if self.loss_scaler is None else loss * self.loss_scaler.loss_scale
 
-    def _build_inner(self, pieces_of: Callable[[torch.nn.Parameter], list]) -> None:
-        """The inner optimizer over the (holder, piece, master) of each parameter's owned pieces (states carry over)."""
+    def _build_inner(self, owned: Iterable[tuple]) -> None:
+        """The inner optimizer over the masters of `owned`: (holder, piece, master) of each piece this rank owns,
+        the piece's tensor being `holder.params[piece.index]` (states carry over)."""
         position = {id(p): i for i, p in enumerate(self._params)}
+        pieces_of: dict[int, list] = {}
+        for holder, piece, master in owned:
+            pieces_of.setdefault(id(holder.params[piece.index]), []).append((holder, piece, master))
         self.pieces, inner_groups = [], []
         for group in self.param_groups:
             masters = []
             for param in group["params"]:
-                for holder, piece, master in pieces_of(param):
+                for holder, piece, master in pieces_of.get(id(param), ()):
                     self.pieces.append(OwnedPiece(param, position[id(param)], holder, piece, master))
                     masters.append(master)
             inner_groups.append({**hyperparameters(group), "params": masters})
@@ -168,22 +171,20 @@ class PieceOptimizer(torch.optim.Optimizer):
     def _master_grads(self) -> list[torch.Tensor]:
         return [owned.master.grad for owned in self.pieces if owned.master.grad is not None]
 
-    def _agree(self, powers: torch.Tensor | None = None) -> None:
-        """One all-reduce of [has-gradient flag per parameter] + [sum of |g|^p] + [fp16 overflows]; drops the
-        gradients no rank had (a gradient only some ranks had counts as zeros there: DDP's rule). Collective."""
+    def _agree(self, powers: torch.Tensor | None = None, op=torch.distributed.ReduceOp.SUM) -> None:
+        """One all-reduce (`op`) of [has-gradient flag per parameter] + [this rank's |g|^p sum or max, `powers`; by
+        default the sum of squares]: drops the gradients no rank had (one only some ranks had counts as zeros
+        there: DDP's rule); `powers` becomes the total, not finite after an fp16 overflow. Collective."""
         if self._agreement is not None:
             return
         device, key = self._device(), tuple(self._local_has_grad)
         if self._flags is None or self._flags[0] != key:  # a host-to-device copy only on a new pattern
             self._flags = key, torch.tensor(key, dtype=torch.float64, device=device)
-        overflow = torch.zeros(1, dtype=torch.float64, device=device)
-        if self.loss_scaler is not None and powers is None:
-            overflow = (~torch.isfinite(norms.sum_of_powers(self._master_grads(), device=device))).reshape(1)
-        carried = powers if powers is not None else torch.zeros((), dtype=torch.float64, device=device)
-        vector = torch.cat([self._flags[1], carried.reshape(1), overflow.to(torch.float64)])
-        collectives.all_reduce_(vector, self.process_group)
-        if powers is not None:
-            powers.copy_(vector[-2])
+        if powers is None:
+            powers = norms.sum_of_powers(self._master_grads() if self.loss_scaler else [], device=device)
+        vector = torch.cat([self._flags[1], powers.reshape(1)])
+        collectives.all_reduce_(vector, self.process_group, op=op)
+        powers.copy_(vector[-1])
         self._agreement = vector
         active = [p.requires_grad for p in self._params]
         has_grad = active
@@ -207,16 +208,15 @@ class PieceOptimizer(torch.optim.Optimizer):
         """
         self._gradients_ready()
         powers = norms.sum_of_powers(self._master_grads(), norm_type, device=self._device())
-        if math.isinf(norm_type):  # the largest |g| of any rank: a MAX, not a sum
-            collectives.all_reduce_(powers, self.process_group, op=torch.distributed.ReduceOp.MAX)
-            self._agree()
-        else:
-            self._agree(powers)
-        self._grad_norm = norms.total_norm(powers, norm_type)
+        max_of_ranks = math.isinf(norm_type)  # the largest |g| of any rank: a MAX, not a sum (flags alike)
+        self._agree(
+            powers, torch.distributed.ReduceOp.MAX if max_of_ranks else torch.distributed.ReduceOp.SUM
+        )
+        grad_norm = norms.total_norm(powers, norm_type)
         grads = self._master_grads()
         if grads and not math.isinf(max_norm):
-            torch._foreach_mul_(grads, norms.clip_coefficient(self._grad_norm, max_norm))
-        return self._grad_norm
+            torch._foreach_mul_(grads, norms.clip_coefficient(grad_norm, max_norm))
+        return grad_norm
 
     def step(self, closure=None, **kwargs):
         """Update this rank's pieces with the inner optimizer, then publish them; skip on an fp16 overflow.
@@ -235,11 +235,8 @@ class PieceOptimizer(torch.optim.Optimizer):
         self._gradients_ready()
         self._agree()
         self.last_step_skipped = False
-        if self.loss_scaler is not None:
-            if self._grad_norm is not None:
-                self.last_step_skipped = not bool(torch.isfinite(self._grad_norm))
-            else:
-                self.last_step_skipped = bool(self._agreement[-1] > 0)
+        if self.loss_scaler is not None:  # the agreed |g|^p: not finite if any rank's gradients overflowed
+            self.last_step_skipped = not bool(torch.isfinite(self._agreement[-1]))
             self.loss_scaler.update_scale(self.last_step_skipped)
         if not self.last_step_skipped:
             for group, inner_group in zip(self.param_groups, self.inner.param_groups, strict=True):
@@ -255,4 +252,4 @@ class PieceOptimizer(torch.optim.Optimizer):
         """Forget this step's gradients and agreement (after the step or zero_grad)."""
         for owned in self.pieces:
             owned.master.grad = None
-        self._agreement = self._grad_norm = None
+        self._agreement = None

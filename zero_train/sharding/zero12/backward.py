@@ -1,7 +1,7 @@
 """What ZeRO-1/2 see of backward: a call per complete gradient, buckets launched in one order, one call at the end.
 
 A post-accumulate-grad hook on every trainable parameter calls the optimizer's `on_grad(param)` (a tied weight:
-after both uses); the first one of a backward also calls `on_first_grad()` and queues `on_backward_end()` with
+after both uses); the first one of a backward also calls `refresh_trainable()` and queues `on_backward_end()` with
 autograd. The stores the buckets belong to, one per segment, share one interface (GradientStore): ZeRO-1's
 flat_grads.FlatGradients keeps every gradient, ZeRO-2's grad_buckets.GradientBuckets only the owned ones.
 """
@@ -95,7 +95,7 @@ class BucketSchedule:
 
 
 class BackwardHooks:
-    """Hooks on `params` calling `owner`'s on_first_grad / on_grad / on_backward_end; the backward in flight is
+    """Hooks on `params` calling `owner`'s refresh_trainable / on_grad / on_backward_end; the backward in flight is
     `owner._in_backward`, so hooks rebuilt mid-backward do not start a second one. The hooks hold the owner
     weakly: a parameter must not keep a dropped optimizer alive."""
 
@@ -115,7 +115,7 @@ class BackwardHooks:
             if not owner._in_backward:
                 owner._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(ended)
-                owner.on_first_grad()
+                owner.refresh_trainable()
             owner.on_grad(param)
 
         self._handles = [param.register_post_accumulate_grad_hook(arrived) for param in params]

@@ -120,7 +120,7 @@ class ShardedOptimizer(PieceOptimizer):
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the ranks (each rank ends with the average of its slice), set
-        `_local_has_grad`, and call `_set_master_grads` with each segment's averaged slice."""
+        `_local_has_grad`, and call `_set_master_grads`."""
         raise NotImplementedError
 
     def _gradients_ready(self) -> None:
@@ -130,9 +130,9 @@ class ShardedOptimizer(PieceOptimizer):
         """Per entry of `_params`: trainable, and this rank brought its gradient to this step."""
         return [p.requires_grad and self._where[id(p)][0].has_grad(p) for p in self._params]
 
-    def _set_master_grads(self, owned_grads: list[torch.Tensor]) -> None:
-        """Each segment's averaged slice -> the master gradients of its pieces (step.PieceOptimizer._take_grads)."""
-        by_segment = {id(s): g for s, g in zip(self.segments, owned_grads, strict=True)}
+    def _set_master_grads(self) -> None:
+        """Each store's averaged slice -> the master gradients of its pieces (step.PieceOptimizer._take_grads)."""
+        by_segment = {id(store.segment): store.owned() for store in self._stores}
 
         def grad_of(owned: OwnedPiece) -> torch.Tensor | None:
             if not owned.param.requires_grad:  # frozen: not reduced, its slot holds nothing of this step
@@ -175,13 +175,7 @@ class ShardedOptimizer(PieceOptimizer):
             lengths = [list(bucket.lengths) for store in self._stores for bucket in store.buckets]
             self._queue.fit_receive_buffer(lengths, dtype=self._gradient_dtypes()[1], device=self._device())
             self._relayout()
-        owned: dict[int, list] = {}
-        for segment in self.segments:
-            for piece in segment.pieces:
-                owned.setdefault(id(segment.params[piece.index]), []).append(
-                    (segment, piece, segment.master_view(piece))
-                )
-        self._build_inner(lambda param: owned.get(id(param), []))
+        self._build_inner((s, piece, s.master_view(piece)) for s in self.segments for piece in s.pieces)
 
     def _relayout(self) -> None:
         """Hook the parameters trainable now and put every segment's buckets in one schedule."""
@@ -197,13 +191,9 @@ class ShardedOptimizer(PieceOptimizer):
         )
         self._schedule = BucketSchedule(self._stores, self._queue)
 
-    def on_first_grad(self) -> None:
-        """The first gradient of a backward: take in parameters frozen or unfrozen since the last one."""
-        self._refresh_trainable()
-
-    def _refresh_trainable(self) -> None:
-        """Take in parameters unfrozen (a new segment) or frozen (their buckets) since the last call; every rank
-        must change requires_grad alike."""
+    def refresh_trainable(self) -> None:
+        """Take in parameters unfrozen (a new segment) or frozen (their buckets) since the last call (the hooks
+        call it at a backward's first gradient); every rank must change requires_grad alike."""
         all_params = [p for g in self.param_groups for p in g["params"]]
         known = {id(p) for p in self._params}
         if any(p.requires_grad and id(p) not in known for p in all_params):

@@ -67,7 +67,7 @@ class Zero1Optimizer(ShardedOptimizer):
         if self._reduced:
             return
         if not self._flushed:
-            self._refresh_trainable()
+            self.refresh_trainable()
             self._local_has_grad = self._has_grads()
             self._schedule.flush()
         for segment, store in zip(self.segments, self._stores, strict=True):
@@ -76,7 +76,7 @@ class Zero1Optimizer(ShardedOptimizer):
             }
             for param in segment.params:
                 param.grad = store.slots[id(param)] if id(param) in whole and param.requires_grad else None
-        self._set_master_grads([store.owned() for store in self._stores])
+        self._set_master_grads()
         self._reduced = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:

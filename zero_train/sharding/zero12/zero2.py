@@ -74,7 +74,7 @@ class Zero2Optimizer(ShardedOptimizer):
         """
         if self._reduced:
             return
-        self._refresh_trainable()
+        self.refresh_trainable()
         if any(p.requires_grad and p.grad is not None for p in self._params):
             self._schedule.flush()  # gradients no hook saw (computed before this optimizer existed)
         self._local_has_grad = self._has_grads()
@@ -85,7 +85,7 @@ class Zero2Optimizer(ShardedOptimizer):
                 param = segment.params[piece.index]
                 if piece.whole and param.requires_grad and store.owned().dtype == param.dtype:
                     param.grad = segment.view_of(store.owned(), piece)
-        self._set_master_grads([store.owned() for store in self._stores])
+        self._set_master_grads()
         self._reduced = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:

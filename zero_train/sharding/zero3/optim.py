@@ -96,13 +96,12 @@ class Zero3Optimizer(PieceOptimizer):
         for unit in self.sharded.units:
             if unit.trainable():
                 self.masters[id(unit)] = self._master_slice(unit)
-        pieces: dict[int, list] = {}
-        for unit in self.sharded.units:
-            for piece in unit.partition.pieces(self.rank):
-                param = unit.params[piece.index]
-                if param.requires_grad:
-                    pieces.setdefault(id(param), []).append((unit, piece, self._master_view(unit, piece)))
-        self._build_inner(lambda param: pieces.get(id(param), []))
+        self._build_inner(
+            (unit, piece, self._master_view(unit, piece))
+            for unit in self.sharded.units
+            for piece in unit.partition.pieces(self.rank)
+            if unit.params[piece.index].requires_grad
+        )
 
     # ------------------------------------------------------------ the step
     def _gradients_ready(self) -> None:
