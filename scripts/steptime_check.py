@@ -199,7 +199,9 @@ def fit(
 ):
     """Each engine's host work fitted on the calibration sets' residuals (and, where the design says `seen`,
     on earlier runs' cells too): (fitted machine, calibration rows)."""
-    from zero_train.timing.host_work import at_speed, fit_host_work, speed_scale, with_host_work
+    import dataclasses
+
+    from zero_train.timing.host_work import at_speed, fit_host_work, run_scale, speed_scale, with_host_work
 
     how = how or {}
     rows = []
@@ -214,6 +216,8 @@ def fit(
         rows * how.get("own", 1) + seen, terms, how.get("shared", ()), how.get("relative", False)
     )
     fitted = with_host_work(machine, fits)
+    if how.get("scale"):  # "scale": every step x the run's own calibration cells' measured / predicted
+        fitted = dataclasses.replace(fitted, step_scale=run_scale(fitted, rows))
     (out / f"machine-fitted{suffix}.json").write_text(json.dumps(fitted.as_dict(), indent=1) + "\n")
     return fitted, rows
 
@@ -260,6 +264,7 @@ def report(out: pathlib.Path, terms_of: str | None = None) -> dict:
                    within_25=sum(abs(e) <= 0.25 for e in errors),
                    median_abs_error_without_host=statistics.median(bare) if bare else None,
                    pairs=len(pairs), pairs_right=sum(p["right"] for p in pairs), load_average=loads,
+                   step_scale=fitted.step_scale,
                    calibration_load=[(s["name"], *_measured(out / s["name"])[1]) for s in sets
                                      if s["role"] == "calibration"])  # fmt: skip
     (out / f"check{suffix}.json").write_text(json.dumps(dict(summary=summary, rows=rows, pairs=pairs,

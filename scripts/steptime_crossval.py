@@ -26,11 +26,22 @@ def crossval(
     runs: list[str],
     speed: bool = False,
     own: int = 1,
+    scale: bool = False,
 ) -> dict:
     """Per stored run: its held-out cells' errors, pairs and the fitted shared values. speed: every other run's
     cells rescaled to this run's speed (host_work.speed_scale on the calibration cells both measured); own: this
-    run's calibration cells counted this many times."""
-    from zero_train.timing.host_work import at_speed, fit_host_work, host_seconds, speed_scale, with_host_work
+    run's calibration cells counted this many times; scale: every step x this run's calibration cells' measured
+    / predicted (host_work.run_scale)."""
+    import dataclasses
+
+    from zero_train.timing.host_work import (
+        at_speed,
+        fit_host_work,
+        row_seconds,
+        run_scale,
+        speed_scale,
+        with_host_work,
+    )
     from zero_train.timing.machine import load_machine
 
     rows_of = {run: _seen_rows(run) for run in runs}
@@ -39,17 +50,17 @@ def crossval(
         mine = [row for row in rows_of[run] if row["role"] == "calibration"]
         train = mine * own
         for other in (other for other in runs if other != run):
-            scale = speed_scale(rows_of[other], mine) if speed else 1.0
-            train += at_speed(rows_of[other], scale)
+            train += at_speed(rows_of[other], speed_scale(rows_of[other], mine) if speed else 1.0)
         fitted = with_host_work(
             load_machine(SEEN / run / "machine.json"), fit_host_work(train, terms, shared, relative)
         )
-        cells = []
-        for row in (r for r in rows_of[run] if r["role"] == "held-out"):
-            host = host_seconds(fitted, row["engine"], grad_accum=row["grad_accum"], num_params=row["num_params"],
-                                ranks_on_node=row["world_size"], comm_s=row["comm_s"], logits=row["logits"],
-                                ckpt_layers=row["ckpt_layers"], calls=row["calls"], sync_points=row["sync_points"])  # fmt: skip
-            cells.append(row | dict(predicted_s=row["predicted_s"] + host))
+        if scale:
+            fitted = dataclasses.replace(fitted, step_scale=run_scale(fitted, mine))
+        cells = [
+            row | dict(predicted_s=row_seconds(fitted, row) * fitted.step_scale)
+            for row in rows_of[run]
+            if row["role"] == "held-out"
+        ]
         results[run] = dict(cells=cells, pairs=_pairs(cells),
                             shared={t: fitted.engine_host[cells[0]["engine"]].get(t, 0.0) for t in shared})  # fmt: skip
     return results
@@ -80,14 +91,21 @@ def main() -> None:
     parser.add_argument("--runs", help="the stored runs (default: the design's seen runs, comma-separated)")
     parser.add_argument("--speed", action="store_true", help="other runs' cells rescaled to the run's speed")
     parser.add_argument(
-        "--own", type=int, default=1, help="the run's own calibration cells counted this often"
+        "--own",
+        type=int,
+        help="the run's own calibration cells counted this often (default: the design's, or 1)",
+    )
+    parser.add_argument(
+        "--scale", action="store_true", help="every step x the run's own calibration cells' ratio"
     )
     parser.add_argument("--cells", action="store_true", help="print every held-out cell's error")
     args = parser.parse_args()
     how = FIT_OF[args.fit]
     shared = tuple(args.shared.split(",")) if args.shared else how["shared"]
     runs = args.runs.split(",") if args.runs else list(how["seen"])
-    results = crossval(DESIGNS[args.fit][1], shared, how["relative"], runs, args.speed, args.own)
+    speed, scale = args.speed or how.get("speed", False), args.scale or how.get("scale", False)
+    own = args.own or how.get("own", 1)
+    results = crossval(DESIGNS[args.fit][1], shared, how["relative"], runs, speed, own, scale)
     for run, result in results.items():
         if args.cells:
             for c in result["cells"]:

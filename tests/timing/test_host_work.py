@@ -12,12 +12,14 @@ import pytest
 
 from zero_train.memory.model.theory import ModelShape
 from zero_train.timing.host_work import (
+    SCALE_TERM,
     TERM,
     TERMS,
     at_speed,
     fit_host_work,
     host_seconds,
     reductions,
+    run_scale,
     speed_scale,
     with_host_work,
 )
@@ -310,3 +312,21 @@ def test_another_runs_cells_are_rescaled_to_this_runs_speed_by_the_cells_both_me
     assert [row["measured_s"] for row in scaled] == pytest.approx([0.8, 1.6, 3.2, 2.4])
     assert [row["residual_s"] for row in scaled] == pytest.approx([0.3, 0.6, 0.2, 0.4])
     assert earlier[3]["measured_s"] == 3.0  # the stored rows are not changed
+
+
+def test_a_run_scales_every_step_by_its_own_calibration_cells_measured_over_predicted():
+    machine = with_host_work(_cpu(), {"ddp": dict(per_micro_batch_s=0.1, per_param_s=0.0)})
+    cell = dict(engine="ddp", grad_accum=1, num_params=10**6, world_size=1, comm_s=0.0, logits=0, ckpt_layers=0,
+                calls=0, sync_points=0)  # fmt: skip
+    # predicted 0.4 + 0.1 s of host work = 0.5 s each; measured 0.55 / 0.6 / 0.9 s: the median ratio 1.2
+    rows = [cell | dict(predicted_s=0.4, measured_s=m) for m in (0.55, 0.6, 0.9)]
+    assert run_scale(machine, rows) == pytest.approx(1.2)
+    assert run_scale(machine, []) == 1.0
+    shape = ModelShape(num_params=10**8)
+    setup = StepSetup(engine="ddp", world_size=1, gpus_per_node=1, micro_batch_size=2, block_size=64,
+                      precision="fp32", threads_per_rank=1)  # fmt: skip
+    plain = step_time(shape, None, setup, machine)
+    scaled = step_time(shape, None, setup, dataclasses.replace(machine, step_scale=1.2))
+    assert SCALE_TERM not in plain.terms
+    assert scaled.seconds == pytest.approx(1.2 * plain.seconds)  # every term alike, the terms still the sum
+    assert scaled.terms[SCALE_TERM] == pytest.approx(0.2 * plain.seconds)

@@ -63,6 +63,7 @@ from zero_train.registry import engine_spec
 from zero_train.timing.machine import Machine
 
 TERM = "host work (fitted)"
+SCALE_TERM = "run speed (fitted)"
 
 
 TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s")
@@ -253,6 +254,32 @@ def at_speed(rows: list[dict], scale: float) -> list[dict]:
         )
         for row in rows
     ]
+
+
+def row_seconds(machine: Machine, row: dict) -> float:
+    """One fit row's step (its predicted_s: the terms without host work) with the machine's host work."""
+    return row["predicted_s"] + host_seconds(
+        machine,
+        row["engine"],
+        grad_accum=row["grad_accum"],
+        num_params=row["num_params"],
+        ranks_on_node=row["world_size"],
+        comm_s=row["comm_s"],
+        logits=row["logits"],
+        ckpt_layers=row["ckpt_layers"],
+        calls=row["calls"],
+        sync_points=row["sync_points"],
+    )
+
+
+def run_scale(machine: Machine, rows: list[dict]) -> float:
+    """The median over `rows` (the run's own calibration cells) of measured / predicted step with the machine's
+    fitted host work: Machine.step_scale (1 without rows). A fit over several runs' cells carries their pooled
+    speed, and the run's own calibration cells, a few among hundreds, barely move it; on the shared CPU a run's
+    held-out cells are then off by about what its own calibration cells are, every cell alike
+    (docs/steptime.md, design v9), so the whole step is scaled by them."""
+    ratios = [row["measured_s"] / row_seconds(machine, row) for row in rows]
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def with_host_work(machine: Machine, fits: dict[str, dict[str, float]]) -> Machine:

@@ -96,6 +96,10 @@ class Machine:
     FITTED on training steps measured on this machine (timing.host_work): {"per_micro_batch_s": a,
     "per_param_s": b}, seconds on one core, and where a fit shared them across engines "per_logit_s",
     "per_ckpt_layer_s", "per_call_s" (timing.host_work.SHARED); empty: none counted."""
+    step_scale: float = 1.0
+    """Every step on this machine x this, FITTED with the host work (timing.host_work.run_scale): the median of
+    measured / predicted step over the calibration cells the fit's run measured (the shared CPU's speed that
+    run, which the microbenchmarks alone miss); 1: not fitted (presets, a calibration alone)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each figure came from."""
 

@@ -219,6 +219,8 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
             calls=sum(entry["calls"] for entry in comm.values()) if setup.world_size > 1 else 0,
             sync_points=waits,
         )
+    if machine.step_scale != 1.0:  # the run's speed: every term alike, named so that the terms still sum
+        terms[host_work.SCALE_TERM] = (machine.step_scale - 1.0) * sum(terms.values())
     model_flops = setup.grad_accum * (work.forward_flops + work.backward_flops - work.recompute_flops)
     return StepTime(
         terms=terms,
