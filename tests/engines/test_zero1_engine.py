@@ -3,7 +3,8 @@
 - buckets: without zero_optimization.reduce_bucket_size every model is cut into at least 4 buckets (the shipped
   configs' 5e8 used to put any model under 500M parameters in one, so nothing overlapped backward); a user's
   explicit size wins;
-- gradient dtypes: a bf16 run accumulates its 8 micro-batches and sums the ranks in fp32 by default, and in
+- gradient dtypes: zero1 refuses to sum in another dtype than it accumulates in (its buffer is reduced in
+  place); a bf16 run accumulates its 8 micro-batches and sums the ranks in fp32 by default, and in
   bf16 when data_types.grad_accum_dtype / communication_data_type ask for it. Against the exact average of the
   very gradients backward produced (summed in float64), fp32 accumulation must be strictly closer than bf16's,
   for zero1, zero2 and zero3 (the numbers: docs/zero2.md#gradient-dtypes). The averaged gradient is read
@@ -133,3 +134,16 @@ def test_buckets_default_to_at_least_four_and_a_given_size_wins():
         elements, buckets = sizes[name, "default"]
         assert elements == default_bucket_elements(numels, 500_000_000) and buckets >= MIN_BUCKETS
         assert sizes[name, "given"][0] == 5_000  # the config's reduce_bucket_size wins
+
+
+@pytest.mark.tier("quick")
+def test_zero1_refuses_a_communication_dtype_other_than_its_accumulation_dtype():
+    from zero_train.engines.zero1 import Zero1Engine
+    from zero_train.engines.zero2 import Zero2Engine
+    from zero_train.runtime.errors import UsageError
+
+    mixed = _config(1, {"communication_data_type": "bf16"})  # accumulates in fp32, sums in bf16
+    with pytest.raises(UsageError, match="communication_data_type .* or use --engine zero2"):
+        Zero1Engine._gradient_dtypes(mixed)  # ZeRO-1 sums its accumulation buffer in place
+    assert Zero2Engine._gradient_dtypes(mixed) == dict(grad_dtype=torch.float32, reduce_dtype=torch.bfloat16)
+    assert Zero1Engine._gradient_dtypes(_config(1, BF16_GRADIENTS)) == dict(grad_dtype=torch.bfloat16)

@@ -27,7 +27,7 @@ from zero_train.engines.base import tensor_bytes
 from zero_train.engines.local import LocalEngine
 from zero_train.engines.optim import build_optimizer
 from zero_train.engines.precision import MasterWeights, make_loss_scaler
-from zero_train.sharding.norms import global_norm
+from zero_train.sharding import norms
 
 
 class DDPEngine(LocalEngine):
@@ -62,7 +62,8 @@ class DDPEngine(LocalEngine):
         that both clip by the same number; it stays on the device (the loop reads it)."""
         inv_scale = 1.0 if self.loss_scaler is None else 1.0 / self.loss_scaler.loss_scale
         self.master.grads_to_master(inv_scale=inv_scale)
-        grad_norm = global_norm([p.grad for p in self.master.master_params if p.grad is not None])
+        grads = [p.grad for p in self.master.master_params if p.grad is not None]
+        grad_norm = norms.total_norm(norms.sum_of_powers(grads, device=grads[0].device if grads else None))
         skipped = self._step_unless_overflow(grad_norm, self.master.master_params, lr)
         if not skipped:
             self.master.master_to_model()

@@ -25,6 +25,7 @@ from zero_train.ds_config.parse import reduce_bucket_elements
 from zero_train.engines.optim import optimizer_spec, scheduled_lr
 from zero_train.engines.precision import grad_dtypes, make_loss_scaler
 from zero_train.engines.sharded import ShardedEngine
+from zero_train.runtime.errors import UsageError
 from zero_train.sharding import Zero1Optimizer
 from zero_train.sharding.accounting import default_bucket_elements
 from zero_train.sharding.zero12 import report, state
@@ -62,9 +63,21 @@ class Zero1Engine(ShardedEngine):
             master_dtype=torch.float32,
             loss_scaler=self.loss_scaler,
             bucket_elements=reduce_bucket_size(ds_config, params),  # reduced while backward goes on
-            **grad_dtypes(ds_config),
+            **self._gradient_dtypes(ds_config),
             **{**kwargs, "lr": scheduled_lr(settings, 0)},
         )
+
+    @staticmethod
+    def _gradient_dtypes(ds_config: dict) -> dict[str, torch.dtype]:
+        """The sharder's grad_dtype from the config (Zero2Engine: reduce_dtype too). ZeRO-1 reduces its gradient
+        buffer in place, so the config's communication_data_type must be the accumulation dtype."""
+        dtypes = grad_dtypes(ds_config)
+        if dtypes["reduce_dtype"] != dtypes["grad_dtype"]:
+            raise UsageError(
+                f"zero1 reduces its {dtypes['grad_dtype']} gradient buffer in place: set communication_data_type "
+                "to the accumulation dtype (data_types.grad_accum_dtype), or use --engine zero2"
+            )
+        return {"grad_dtype": dtypes["grad_dtype"]}
 
     def optimizer_shard(self) -> dict:
         return state.state_dict(self.optimizer)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
+from zero_train.engines.precision import grad_dtypes
 from zero_train.engines.zero1 import Zero1Engine
 from zero_train.sharding import Zero2Optimizer
 
@@ -20,6 +23,11 @@ class Zero2Engine(Zero1Engine):
     name = "zero2"
 
     sharder = Zero2Optimizer
+
+    @staticmethod
+    def _gradient_dtypes(ds_config: dict) -> dict[str, torch.dtype]:
+        """grad_dtype and reduce_dtype from the config: ZeRO-2 sums copies of its buckets, in any dtype."""
+        return grad_dtypes(ds_config)
 
     def _no_sync(self, boundary: bool):
         """Nothing to defer: every micro-batch's backward reduces its buckets (DeepSpeed's stage 2 rule)."""

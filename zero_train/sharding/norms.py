@@ -35,9 +35,3 @@ def total_norm(powers: torch.Tensor, norm_type: float = 2.0) -> torch.Tensor:
 def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     """torch.nn.utils.clip_grads_with_norm_'s factor, min(1, max_norm / (norm + 1e-6)), kept on the device."""
     return torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-
-
-def global_norm(grads: Sequence[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
-    """The norm of whole gradients on one rank (ddp, torch-zero): what the sharders compute from pieces."""
-    device = grads[0].device if grads else None
-    return total_norm(sum_of_powers(grads, norm_type, device=device), norm_type)

@@ -50,8 +50,8 @@ class OwnedPiece:
 class PieceOptimizer(torch.optim.Optimizer):
     """The shared step of Zero1Optimizer, Zero2Optimizer and Zero3Optimizer (the stages subclass it).
 
-    A stage sets `_params` and `_local_has_grad`, calls `_build_inner`, and implements `_gradients_ready()`,
-    `_publish()` and `_device()`.
+    A stage sets `_params` and `_local_has_grad`, calls `_build_inner`, and implements `_gradients_ready()`
+    and `_publish()`.
 
     Args:
         params: tensors or param-group dicts, as for any torch optimizer.
@@ -115,8 +115,8 @@ class PieceOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _device(self) -> torch.device:
-        """Where the gradients, masters and flags live."""
-        raise NotImplementedError
+        """Where the gradients, masters and flags live: the parameters' device."""
+        return self._params[0].device
 
     def state_dict(self):
         """Refused: a shard is written by the stage's state module (zero12/state.py, zero3/state.py)."""

@@ -29,12 +29,12 @@ class GradientStore:
     """Tensor index in the segment -> its bucket."""
     world_size: int
     queue: ReductionQueue
+    reduce_dtype: torch.dtype
+    """The dtype its buckets are summed over the ranks in (set by the store)."""
 
-    def __init__(
-        self, segment: Segment, *, world_size: int, bucket_elements: int | None, queue: ReductionQueue
-    ):
-        self.segment, self.world_size, self.queue = segment, world_size, queue
-        self.bucket_elements = bucket_elements
+    def __init__(self, segment: Segment, *, bucket_elements: int | None, queue: ReductionQueue):
+        self.segment, self.bucket_elements, self.queue = segment, bucket_elements, queue
+        self.world_size = segment.partition.world_size
 
     def set_active(self, active: tuple[bool, ...]) -> None:
         """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""

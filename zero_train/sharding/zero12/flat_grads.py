@@ -36,6 +36,7 @@ class FlatGradients(GradientStore):
         dtype = dtype or params[0].dtype
         self.views = dtype == params[0].dtype
         self.buffer = torch.zeros(partition.total_size, dtype=dtype, device=params[0].device)
+        self.reduce_dtype = dtype  # reduced in place
         self.slots, self.averaged, self.written = {}, set(), set()
         for param, offset in zip(params, partition.offsets, strict=True):
             slot = self.buffer[offset : offset + param.numel()].view_as(param)

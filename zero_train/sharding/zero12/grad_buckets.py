@@ -57,7 +57,7 @@ class BucketBuffers:
 class GradientBuckets(GradientStore):
     """One segment's buckets and this rank's accumulator of the averaged gradients of its slice.
 
-    Args: GradientStore's (segment, world_size, bucket_elements, queue), and
+    Args: GradientStore's (segment, bucket_elements, queue), and
         buffers: the shared bucket buffers (in the reduction dtype).
         dtype: the accumulator's dtype (None: the parameters').
         reduce_dtype: the dtype buckets travel in (None: the parameters'); a bucket of one tensor of the
@@ -77,7 +77,8 @@ class GradientBuckets(GradientStore):
         self.buffers = buffers
         param = segment.params[0]
         # a direct bucket travels in its own gradient when that is in the reduction dtype
-        self.in_place = (reduce_dtype or param.dtype) == param.dtype
+        self.reduce_dtype = reduce_dtype or param.dtype
+        self.in_place = self.reduce_dtype == param.dtype
         self.accumulated = torch.zeros(
             segment.stop - segment.start, dtype=dtype or param.dtype, device=param.device
         )

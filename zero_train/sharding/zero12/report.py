@@ -54,7 +54,7 @@ def buffer_bytes(optimizer: ShardedOptimizer) -> accounting.BufferBytes:
     """The padding of the flat buffers (ZeRO-1: parameters and gradients; ZeRO-2: parameters), ZeRO-2's two
     bucket buffers, the gloo ring's receive buffer."""
     zero2 = isinstance(optimizer, Zero2Optimizer)
-    bucket = 2 * optimizer._buffers.size * _element_size(optimizer._gradient_dtypes()[1]) if zero2 else 0
+    bucket = 2 * optimizer._buffers.size * _element_size(optimizer._stores[0].reduce_dtype) if zero2 else 0
     recv_buffer = optimizer._queue.recv_buffer
     receive = recv_buffer.numel() if recv_buffer is not None else 0
     return accounting.BufferBytes(
@@ -129,7 +129,7 @@ def comm_bytes_per_step(optimizer: ShardedOptimizer, micro_steps: int = 1) -> di
             backend_name(optimizer.process_group),
             active=segment.active,
             micro_steps=micro_steps if every_backward else 1,
-            reduce_element_size=_element_size(optimizer._gradient_dtypes()[1]),
+            reduce_element_size=_element_size(optimizer._stores[0].reduce_dtype),
         )
         for key, value in counts.items():
             totals[key] = totals.get(key, 0) + value

@@ -30,7 +30,8 @@ class Segment:
         own = self.param_buffer[self.start : self.stop]
         self.master = own.to(master_dtype, copy=True) if self.has_master_copies else own
         self.pieces: tuple[Piece, ...] = self.partition.pieces(rank)
-        self._views = {piece: self.view_of(self.master, piece) for piece in self.pieces}
+        # each piece's master weights, the same tensor object every time: the inner optimizer's key
+        self.master_views = {piece: self.view_of(self.master, piece) for piece in self.pieces}
         self.active: tuple[bool, ...] = tuple(p.requires_grad for p in params)
 
     def view_of(self, owned: torch.Tensor, piece: Piece) -> torch.Tensor:
@@ -38,10 +39,6 @@ class Segment:
         parameter if whole, else 1-D."""
         view = owned[piece.within(self.start)]
         return view.view_as(self.params[piece.index]) if piece.whole else view
-
-    def master_view(self, piece: Piece) -> torch.Tensor:
-        """The master weights of `piece` (the same tensor object every call: the inner optimizer's key)."""
-        return self._views[piece]
 
     def publish(self, process_group) -> None:
         """Round the updated masters into this rank's slice (mixed precision) and all-gather every slice."""

@@ -23,7 +23,6 @@ class ShardedOptimizer(PieceOptimizer):
     Args: PieceOptimizer's (params, optimizer_class, process_group, master_dtype, loss_scaler, **defaults), and
         bucket_elements: the largest gradient bucket (reduce_bucket_size; None: one bucket per run of tensors).
         grad_dtype: the dtype gradients accumulate in over the micro-batches (None: the parameters').
-        reduce_dtype: the dtype gradients are summed over the ranks in (None: grad_dtype).
 
     A parameter with requires_grad=False gets no slice, state or communication until it is unfrozen (then a new
     segment); one frozen later keeps its slice and state but stops travelling.
@@ -34,7 +33,6 @@ class ShardedOptimizer(PieceOptimizer):
 
     bucket_elements: int | None
     grad_dtype: torch.dtype | None
-    reduce_dtype: torch.dtype | None
     _ready: bool
     """Construction is over (add_param_group is then collective and makes a segment)."""
     segments: list[Segment]
@@ -67,14 +65,13 @@ class ShardedOptimizer(PieceOptimizer):
         loss_scaler=None,
         bucket_elements: int | None = None,
         grad_dtype: torch.dtype | None = None,
-        reduce_dtype: torch.dtype | None = None,
         **defaults,
     ):
         if bucket_elements is not None and int(bucket_elements) < 1:
             raise ValueError(f"bucket_elements must be at least 1, got {bucket_elements}")
         self._ready = False
         self.bucket_elements = int(bucket_elements) if bucket_elements is not None else None
-        self.grad_dtype, self.reduce_dtype = grad_dtype, reduce_dtype
+        self.grad_dtype = grad_dtype
         super().__init__(
             params,
             optimizer_class,
@@ -89,14 +86,6 @@ class ShardedOptimizer(PieceOptimizer):
         self._in_backward = self._flushed = self._reduced = False
         self._add_trainable([p for g in self.param_groups for p in g["params"]])
         self._ready = True
-
-    def _gradient_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
-        """(accumulation, reduction) dtype of the gradients, the parameters' where not given."""
-        grad_dtype = self.grad_dtype or self._params[0].dtype
-        return grad_dtype, self.reduce_dtype or grad_dtype
-
-    def _device(self) -> torch.device:
-        return self._params[0].device
 
     # ------------------------------------------------------------- the stage's part
     def _build_grads(self, segment: Segment) -> GradientStore:
@@ -118,12 +107,9 @@ class ShardedOptimizer(PieceOptimizer):
             self._schedule.flush()
             self._flushed = True
 
-    def reduce_gradients(self) -> None:
-        """Average the gradients over the ranks (each rank ends with the average of its slice), set
-        `_local_has_grad`, and call `_set_master_grads`."""
-        raise NotImplementedError
-
     def _gradients_ready(self) -> None:
+        """The stage's reduce_gradients(): average the gradients over the ranks (each rank ends with the average
+        of its slice), set `_local_has_grad`, and call `_set_master_grads`."""
         self.reduce_gradients()
 
     def _has_grads(self) -> list[bool]:
@@ -173,9 +159,9 @@ class ShardedOptimizer(PieceOptimizer):
             self._params += new
             self._stores.append(self._build_grads(segment))
             lengths = [list(bucket.lengths) for store in self._stores for bucket in store.buckets]
-            self._queue.fit_receive_buffer(lengths, dtype=self._gradient_dtypes()[1], device=self._device())
+            self._queue.fit_receive_buffer(lengths, dtype=self._stores[-1].reduce_dtype, device=new[0].device)
             self._relayout()
-        self._build_inner((s, piece, s.master_view(piece)) for s in self.segments for piece in s.pieces)
+        self._build_inner((s, piece, s.master_views[piece]) for s in self.segments for piece in s.pieces)
 
     def _relayout(self) -> None:
         """Hook the parameters trainable now and put every segment's buckets in one schedule."""

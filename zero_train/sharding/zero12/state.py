@@ -97,7 +97,7 @@ def gathered_master_params(optimizer: ShardedOptimizer, to: int = 0) -> list[tor
         segment, position = where[id(param)]
         parts = [
             gather_tensor(
-                segment.master_view(piece).reshape(-1) if owner == rank else None,
+                segment.master_views[piece].reshape(-1) if owner == rank else None,
                 owner=owner,
                 to=to,
                 shape=(piece.length,),

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 
-from zero_train.runtime.errors import UsageError
 from zero_train.sharding.zero12.flat_grads import FlatGradients
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
@@ -33,18 +32,8 @@ class Zero1Optimizer(ShardedOptimizer):
 
     def _build_grads(self, segment) -> FlatGradients:
         """The segment's flat gradient buffer (gradients become views into it, in the parameters' dtype)."""
-        grad_dtype, reduce_dtype = self._gradient_dtypes()
-        if reduce_dtype != grad_dtype:
-            raise UsageError(
-                f"Zero1Optimizer reduces its {grad_dtype} gradient buffer in place: set communication_data_type "
-                "to the accumulation dtype (data_types.grad_accum_dtype), or use --engine zero2"
-            )
         return FlatGradients(
-            segment,
-            world_size=self.world_size,
-            bucket_elements=self.bucket_elements,
-            queue=self._queue,
-            dtype=grad_dtype,
+            segment, bucket_elements=self.bucket_elements, queue=self._queue, dtype=self.grad_dtype
         )
 
     @contextlib.contextmanager
@@ -81,18 +70,15 @@ class Zero1Optimizer(ShardedOptimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradients (set_to_none) or zero them in place as views of the flat buffer."""
-        slots = {key: slot for store in self._stores for key, slot in store.slots.items()}
-        if not set_to_none:
-            for store in self._stores:
-                store.buffer.zero_()
-        views = {key for store in self._stores if store.views for key in store.slots}
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.requires_grad and id(param) in slots:
-                    param.grad = None if set_to_none or id(param) not in views else slots[id(param)]
-                elif param.grad is not None:
-                    param.grad = None if set_to_none else param.grad.zero_()
         self._end_step()
         if not set_to_none:  # zeros count as this step's gradient, as torch's zero_grad(set_to_none=False)
             for store in self._stores:
-                store.written.update(key for key in store.slots if key not in views)
+                store.buffer.zero_()
+                store.written.update(() if store.views else store.slots)
+        views = {key: slot for store in self._stores if store.views for key, slot in store.slots.items()}
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.requires_grad and id(param) in self._where:
+                    param.grad = None if set_to_none else views.get(id(param))
+                elif param.grad is not None:
+                    param.grad = None if set_to_none else param.grad.zero_()

@@ -24,6 +24,8 @@ pieces, one all-gather of the flat parameter buffer. One training step:
 
 from __future__ import annotations
 
+import torch
+
 from zero_train.sharding.zero12.grad_buckets import BucketBuffers, GradientBuckets
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
@@ -32,29 +34,31 @@ class Zero2Optimizer(ShardedOptimizer):
     """ZeRO-2: gradients reduced to their owners bucket by bucket during backward; owned gradients only.
 
     Arguments as ShardedOptimizer (params, optimizer_class, process_group, master_dtype, loss_scaler,
-    **defaults), except `bucket_elements`, required here: ZeRO-2 reduces during every backward and keeps two
-    bucket buffers of it (the engine passes the config's reduce_bucket_size, DeepSpeed's default if absent).
+    grad_dtype, **defaults), except `bucket_elements`, required here: ZeRO-2 reduces during every backward and
+    keeps two bucket buffers of it (the engine passes the config's reduce_bucket_size, DeepSpeed's default if
+    absent); and reduce_dtype: the dtype the bucket copies are summed over the ranks in (None: grad_dtype's).
     """
 
     _buffers: BucketBuffers | None = None
     _boundary = True  # every backward reduces its buckets (DeepSpeed's stage 2)
+    reduce_dtype: torch.dtype | None
 
-    def __init__(self, params, optimizer_class, *, bucket_elements: int, **kwargs):
+    def __init__(self, params, optimizer_class, *, bucket_elements: int, reduce_dtype=None, **kwargs):
+        self.reduce_dtype = reduce_dtype
         super().__init__(params, optimizer_class, bucket_elements=bucket_elements, **kwargs)
 
     def _build_grads(self, segment) -> GradientBuckets:
         """The segment's buckets and its accumulator of owned gradients."""
         if self._buffers is None:
             self._buffers = BucketBuffers(self._queue)
-        grad_dtype, reduce_dtype = self._gradient_dtypes()
+        grad_dtype = self.grad_dtype or segment.params[0].dtype
         return GradientBuckets(
             segment,
-            world_size=self.world_size,
             bucket_elements=self.bucket_elements,
             queue=self._queue,
             buffers=self._buffers,
             dtype=grad_dtype,
-            reduce_dtype=reduce_dtype,
+            reduce_dtype=self.reduce_dtype or grad_dtype,
         )
 
     def _relayout(self) -> None:
@@ -63,7 +67,7 @@ class Zero2Optimizer(ShardedOptimizer):
         param = self._params[0]
         largest = max(store.copied_elements() for store in self._stores)
         if largest != self._buffers.size:
-            self._buffers.resize(largest, dtype=self._gradient_dtypes()[1], device=param.device)
+            self._buffers.resize(largest, dtype=self._stores[0].reduce_dtype, device=param.device)
 
     def reduce_gradients(self) -> None:
         """Hand the owned averaged gradients to the step (backward already reduced every bucket).
