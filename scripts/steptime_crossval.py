@@ -88,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", choices=sorted(FIT_OF), required=True, help="the design whose fit to judge")
     parser.add_argument("--shared", help="these shared terms instead of the design's (comma-separated)")
+    parser.add_argument("--terms", help="these per-engine terms instead of the design's (comma-separated)")
     parser.add_argument("--runs", help="the stored runs (default: the design's seen runs, comma-separated)")
     parser.add_argument("--speed", action="store_true", help="other runs' cells rescaled to the run's speed")
     parser.add_argument(
@@ -105,7 +106,8 @@ def main() -> None:
     runs = args.runs.split(",") if args.runs else list(how["seen"])
     speed, scale = args.speed or how.get("speed", False), args.scale or how.get("scale", False)
     own = args.own or how.get("own", 1)
-    results = crossval(DESIGNS[args.fit][1], shared, how["relative"], runs, speed, own, scale)
+    terms = tuple(args.terms.split(",")) if args.terms else DESIGNS[args.fit][1]
+    results = crossval(terms, shared, how["relative"], runs, speed, own, scale)
     for run, result in results.items():
         if args.cells:
             for c in result["cells"]:

@@ -330,3 +330,18 @@ def test_a_run_scales_every_step_by_its_own_calibration_cells_measured_over_pred
     assert SCALE_TERM not in plain.terms
     assert scaled.seconds == pytest.approx(1.2 * plain.seconds)  # every term alike, the terms still the sum
     assert scaled.terms[SCALE_TERM] == pytest.approx(0.2 * plain.seconds)
+
+
+def test_a_wait_may_cost_each_engine_its_own_but_not_per_engine_and_shared_at_once():
+    # ds3 waits 5 ms at each of its sync points, zero3 1 ms, both 20 ms a micro-batch: per engine, both recovered
+    rows = [
+        dict(engine=e, grad_accum=k, num_params=0, host_cores=1.0, sync_points=n, residual_s=0.02 * k + s * n)
+        for e, s in (("ds3", 0.005), ("zero3", 0.001))
+        for k, n in ((1, 0), (1, 30), (2, 60))
+    ]
+    fits = fit_host_work(rows, ("per_micro_batch_s", "per_sync_s"))
+    assert fits["ds3"]["per_sync_s"] == pytest.approx(0.005)
+    assert fits["zero3"]["per_sync_s"] == pytest.approx(0.001)
+    assert fits["zero3"]["per_micro_batch_s"] == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="per_sync_s: fitted per engine or shared, not both"):
+        fit_host_work(rows, ("per_micro_batch_s", "per_sync_s"), shared=("per_sync_s",))

@@ -66,10 +66,11 @@ TERM = "host work (fitted)"
 SCALE_TERM = "run speed (fitted)"
 
 
-TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s")
+TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s", "per_sync_s")
 """What a fit may hold per engine: seconds per micro-batch and per parameter per gradient reduction on one core,
-and seconds per second of the model's exposed communication (its excess: gloo ranks on a loaded machine wait for
-each other's scheduling)."""
+seconds per second of the model's exposed communication (its excess: gloo ranks on a loaded machine wait for
+each other's scheduling), and seconds per sync point (design v9: a wait costs each engine its own, DeepSpeed
+ZeRO-3's fetch coordinator at every unit more than our ZeRO-3's gather; shared by every engine in v7 and v8)."""
 
 SHARED = ("per_logit_s", "per_ckpt_layer_s", "per_call_s", "per_sync_s", "per_oversubscribed_sync_s")
 """What a fit may hold shared by every engine: seconds per logit element and per checkpointed layer, each per
@@ -152,6 +153,8 @@ def fit_host_work(
     Returns:
         {engine: {term: value, ..., "cells": n}} (the shared terms' values repeated in every engine).
     """
+    if both := set(terms) & set(shared):
+        raise ValueError(f"{', '.join(sorted(both))}: fitted per engine or shared, not both")
     by_engine: dict[str, list[dict]] = {}
     for row in rows:
         by_engine.setdefault(row["engine"], []).append(row)
