@@ -345,3 +345,21 @@ def test_a_wait_may_cost_each_engine_its_own_but_not_per_engine_and_shared_at_on
     assert fits["zero3"]["per_micro_batch_s"] == pytest.approx(0.02)
     with pytest.raises(ValueError, match="per_sync_s: fitted per engine or shared, not both"):
         fit_host_work(rows, ("per_micro_batch_s", "per_sync_s"), shared=("per_sync_s",))
+
+
+def test_a_wait_may_grow_with_the_peers_it_waits_for():
+    # 1 ms a wait plus 2 ms a wait per peer beyond the rank: 3 ms at 2 ranks, 7 ms at 4, none at 1 (no waits);
+    # fitted from 1- and 2-rank cells and a 4-rank one, it prices a 4-rank wait at 7 ms, not at 2 ranks' 3 ms
+    rows = [
+        dict(engine="ds3", grad_accum=1, num_params=0, host_cores=1.0, sync_points=n, world_size=w,
+             residual_s=0.02 + n * (0.001 + 0.002 * (w - 1)))
+        for w, n in ((1, 0), (2, 30), (2, 60), (4, 30))
+    ]  # fmt: skip
+    fits = fit_host_work(rows, ("per_micro_batch_s", "per_sync_s", "per_sync_peer_s"))
+    assert fits["ds3"]["per_sync_s"] == pytest.approx(0.001)
+    assert fits["ds3"]["per_sync_peer_s"] == pytest.approx(0.002)
+    machine = with_host_work(_cpu(cores=4), fits)  # a core per rank: the micro-batch's 20 ms alike
+    at = {w: host_seconds(machine, "ds3", grad_accum=1, num_params=0, ranks_on_node=w, sync_points=10, world_size=w)
+          for w in (2, 4)}  # fmt: skip
+    assert at[2] == pytest.approx(0.02 + 10 * 0.003)
+    assert at[4] == pytest.approx(0.02 + 10 * 0.007)

@@ -52,6 +52,16 @@ Design v7 counts the waits instead of the calls, and prices more ranks than core
   last peer reaches a sync point up to a scheduler slice later (its work runs on half a core), where at most one
   rank per core it arrives only a jitter later. If the wait were all the lagging rank's own work, stretched by
   ranks / cores as the host work is, this would equal per_sync_s; fitted on the seen cells it is 0.5-0.7 of it.
+
+Design v10 lets a wait grow with the ranks, per engine:
+
+    + per_sync_peer_s x sync points x (ranks - 1)
+
+- a wait ends when the last of ranks - 1 peers arrives, and a gloo collective over W ranks passes W - 1 ring
+  hops, each handed over by a rank's host thread; a fixed cost per wait (per_sync_s) prices 2 ranks and 4 alike.
+  Fitted at 1-2 ranks per wait only, DeepSpeed ZeRO-3 (a wait at every unit's fetch) came out low at 4 ranks in
+  all seven stored 4-rank cells (median -14%) and high at 1 rank (+16%): its 2-rank waits were priced into its
+  per-micro-batch cost (docs/steptime.md, design v10).
 """
 
 from __future__ import annotations
@@ -66,11 +76,12 @@ TERM = "host work (fitted)"
 SCALE_TERM = "run speed (fitted)"
 
 
-TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s", "per_sync_s")
+TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s", "per_sync_s", "per_sync_peer_s")
 """What a fit may hold per engine: seconds per micro-batch and per parameter per gradient reduction on one core,
 seconds per second of the model's exposed communication (its excess: gloo ranks on a loaded machine wait for
 each other's scheduling), and seconds per sync point (design v9: a wait costs each engine its own, DeepSpeed
-ZeRO-3's fetch coordinator at every unit more than our ZeRO-3's gather; shared by every engine in v7 and v8)."""
+ZeRO-3's fetch coordinator at every unit more than our ZeRO-3's gather; shared by every engine in v7 and v8),
+and seconds per sync point per peer (design v10: the wait grows with the ranks it waits for)."""
 
 SHARED = ("per_logit_s", "per_ckpt_layer_s", "per_call_s", "per_sync_s", "per_oversubscribed_sync_s")
 """What a fit may hold shared by every engine: seconds per logit element and per checkpointed layer, each per
@@ -97,11 +108,12 @@ def host_seconds(
     ckpt_layers: int = 0,
     calls: int = 0,
     sync_points: int = 0,
+    world_size: int = 1,
 ) -> float:
     """The engine's fitted host work per step on this machine (0 without a fit for it); `comm_s`: the step's
     exposed communication as the model prices it; `logits`: a micro-batch's tokens x vocabulary;
     `ckpt_layers`: the layers checkpointed (0 without checkpointing); `calls`: the step's collective calls (0 at
-    one rank); `sync_points`: where a rank waits for its peers in the step (step.sync_points; 0 at one rank)."""
+    one rank); `sync_points`: where a rank waits for its peers in the step (step.sync_points; 0 at one rank); `world_size`: the ranks of a wait."""
     fit = machine.engine_host.get(engine)
     if not fit:
         return 0.0
@@ -112,6 +124,7 @@ def host_seconds(
         ckpt_layers=ckpt_layers,
         calls=calls,
         sync_points=sync_points,
+        world_size=world_size,
         host_cores=machine.host_cores_per_rank(ranks_on_node),
         comm_s=comm_s,
     )
@@ -130,6 +143,7 @@ def _columns(engine: str, row: dict) -> dict[str, float]:
         "per_call_s": row.get("calls", 0),
         "per_sync_s": row.get("sync_points", 0),
         "per_oversubscribed_sync_s": row.get("sync_points", 0) * max(0.0, 1 / cores - 1),
+        "per_sync_peer_s": row.get("sync_points", 0) * max(0, row.get("world_size", 1) - 1),
     }
 
 
@@ -272,6 +286,7 @@ def row_seconds(machine: Machine, row: dict) -> float:
         ckpt_layers=row["ckpt_layers"],
         calls=row["calls"],
         sync_points=row["sync_points"],
+        world_size=row["world_size"],
     )
 
 

@@ -218,6 +218,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
             ckpt_layers=shape.num_layers if setup.gradient_checkpointing else 0,
             calls=sum(entry["calls"] for entry in comm.values()) if setup.world_size > 1 else 0,
             sync_points=waits,
+            world_size=setup.world_size,
         )
     if machine.step_scale != 1.0:  # the run's speed: every term alike, named so that the terms still sum
         terms[host_work.SCALE_TERM] = (machine.step_scale - 1.0) * sum(terms.values())
