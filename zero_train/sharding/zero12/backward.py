@@ -31,6 +31,8 @@ class GradientStore:
     queue: ReductionQueue
     reduce_dtype: torch.dtype
     """The dtype its buckets are summed over the ranks in (set by the store)."""
+    owned: torch.Tensor
+    """This rank's slice of the averaged gradients, complete once every reduction is waited for (the store's)."""
 
     def __init__(self, segment: Segment, *, bucket_elements: int | None, queue: ReductionQueue):
         self.segment, self.bucket_elements, self.queue = segment, bucket_elements, queue
@@ -51,10 +53,6 @@ class GradientStore:
 
     def launch(self, k: int) -> None:
         """Start reducing bucket `k` to its owners (missing gradients count as zeros)."""
-        raise NotImplementedError
-
-    def owned(self) -> torch.Tensor:
-        """This rank's slice of the averaged gradients (after every reduction was waited for)."""
         raise NotImplementedError
 
     def new_step(self) -> None:

@@ -36,7 +36,8 @@ class FlatGradients(GradientStore):
         dtype = dtype or params[0].dtype
         self.views = dtype == params[0].dtype
         self.buffer = torch.zeros(partition.total_size, dtype=dtype, device=params[0].device)
-        self.reduce_dtype = dtype  # reduced in place
+        self.reduce_dtype = dtype  # reduced in place: rank r's slice ends up holding the averages it owns
+        self.owned = self.buffer[segment.start : segment.stop]
         self.slots, self.averaged, self.written = {}, set(), set()
         for param, offset in zip(params, partition.offsets, strict=True):
             slot = self.buffer[offset : offset + param.numel()].view_as(param)
@@ -100,10 +101,6 @@ class FlatGradients(GradientStore):
             self._average(self.segment.params[index])
         flat = self.buffer[bucket.start : bucket.stop]
         self.queue.launch(flat, bucket.starts, bucket.lengths)
-
-    def owned(self) -> torch.Tensor:
-        """This rank's slice of the buffer: after the reduction, the averaged gradients it owns."""
-        return self.buffer[self.segment.start : self.segment.stop]
 
     def new_step(self) -> None:
         """Forget which slots were averaged and written (after the step or zero_grad)."""

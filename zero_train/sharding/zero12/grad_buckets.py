@@ -79,7 +79,8 @@ class GradientBuckets(GradientStore):
         # a direct bucket travels in its own gradient when that is in the reduction dtype
         self.reduce_dtype = reduce_dtype or param.dtype
         self.in_place = self.reduce_dtype == param.dtype
-        self.accumulated = torch.zeros(
+        # the accumulated average of the gradients this rank owns (its slice)
+        self.owned = torch.zeros(
             segment.stop - segment.start, dtype=dtype or param.dtype, device=param.device
         )
         self.seen: set[int] = set()  # parameters whose gradient this rank brought to this step
@@ -97,10 +98,6 @@ class GradientBuckets(GradientStore):
     def has_grad(self, param: torch.Tensor) -> bool:
         """This rank brought a gradient of `param` to this step."""
         return id(param) in self.seen
-
-    def owned(self) -> torch.Tensor:
-        """The accumulated average of the gradients this rank owns (its slice)."""
-        return self.accumulated
 
     def launch(self, k: int) -> None:
         """Divide bucket `k`'s gradients by N into a buffer (a direct bucket: in place), release them, and
@@ -147,11 +144,9 @@ class GradientBuckets(GradientStore):
         length = bucket.lengths[rank]
         if length:
             start = bucket.start + bucket.starts[rank] - self.segment.start
-            self.accumulated[start : start + length].add_(
-                flat[bucket.starts[rank] : bucket.starts[rank] + length]
-            )
+            self.owned[start : start + length].add_(flat[bucket.starts[rank] : bucket.starts[rank] + length])
 
     def new_step(self) -> None:
         """Forget this step's gradients (after the step or zero_grad)."""
         self.seen.clear()
-        self.accumulated.zero_()
+        self.owned.zero_()

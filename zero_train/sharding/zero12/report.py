@@ -73,7 +73,7 @@ def _grad_bytes(optimizer: ShardedOptimizer) -> int:
     (Psi/N), plus any gradient outside them (computed before the optimizer existed, or not yet in a bucket)."""
     stores = optimizer._stores
     if isinstance(optimizer, Zero2Optimizer):
-        held = [store.owned() for store in stores]
+        held = [store.owned for store in stores]
         loads = sum(s.segment.partition.loads()[optimizer.rank] for s in stores)
         kept = loads * held[0].element_size()
     else:

@@ -118,7 +118,7 @@ class ShardedOptimizer(PieceOptimizer):
 
     def _set_master_grads(self) -> None:
         """Each store's averaged slice -> the master gradients of its pieces (step.PieceOptimizer._take_grads)."""
-        by_segment = {id(store.segment): store.owned() for store in self._stores}
+        by_segment = {id(store.segment): store.owned for store in self._stores}
 
         def grad_of(owned: OwnedPiece) -> torch.Tensor | None:
             if not owned.param.requires_grad:  # frozen: not reduced, its slot holds nothing of this step
@@ -168,9 +168,7 @@ class ShardedOptimizer(PieceOptimizer):
         if self._hooks is not None:
             self._hooks.remove()
         self._where = {
-            id(p): (st, i)
-            for sg, st in zip(self.segments, self._stores, strict=True)
-            for i, p in enumerate(sg.params)
+            id(p): (store, i) for store in self._stores for i, p in enumerate(store.segment.params)
         }
         self._hooks = BackwardHooks(
             self, [p for s in self.segments for p, a in zip(s.params, s.active, strict=True) if a]

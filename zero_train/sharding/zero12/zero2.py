@@ -87,8 +87,8 @@ class Zero2Optimizer(ShardedOptimizer):
                 param.grad = None
             for piece in segment.pieces:
                 param = segment.params[piece.index]
-                if piece.whole and param.requires_grad and store.owned().dtype == param.dtype:
-                    param.grad = segment.view_of(store.owned(), piece)
+                if piece.whole and param.requires_grad and store.owned.dtype == param.dtype:
+                    param.grad = segment.view_of(store.owned, piece)
         self._set_master_grads()
         self._reduced = True
 
