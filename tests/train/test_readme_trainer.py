@@ -30,6 +30,22 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
 
 
+# A rank that dies in native code (SIGABRT, SIGSEGV) prints no Python traceback, and its own lines can be far
+# above the last 40 (torchrun's report, the other rank's progress bars): a failure also shows every line of
+# the whole output that names such an end, with the stacks Python's faulthandler prints for every thread.
+FATAL = re.compile(
+    r"terminate called|what\(\):|Fatal Python error|no Python frame|FATAL|Aborted|core dumped|"
+    r"Segmentation fault|Bus error|\bSIG[A-Z]+\b|Signal \d+|exitcode|[Cc]urrent thread 0x|^Thread 0x|"
+    r"^\s+File \"|Traceback|\w+(Error|Exception)\b|enforce fail|Exception raised from"
+)
+
+
+def _failure(output: list[str]) -> str:
+    """The last 40 lines, and above them every earlier line matching FATAL."""
+    fatal = [line for line in output[:-40] if FATAL.search(line)]
+    return "\n".join([*fatal, "-- the last 40 lines --", *output[-40:]] if fatal else output[-40:])
+
+
 def _commands() -> list[str]:
     lines = [line.split("#", 1)[0].strip() for line in _blocks("bash")[0].splitlines()]
     return [line for line in lines if line]
@@ -44,14 +60,17 @@ def test_the_readme_trainer_snippet_runs_as_printed(tmp_path):
     (tmp_path / name).write_text(script)
     commands = _commands()
     assert commands[-1] == f"torchrun --nproc_per_node 2 {name}"
-    env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
+    # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's Python stack (see FATAL)
+    env = dict(
+        os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}", PYTHONFAULTHANDLER="1"
+    )
     output = []
     for command in commands:
         done = subprocess.run(
             command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
         )
         output += (done.stdout + done.stderr).splitlines()
-        assert done.returncode == 0, "\n".join(output[-40:])
+        assert done.returncode == 0, _failure(output)
     assert not [line for line in output if "Warning" in line or "unrecognized" in line], "\n".join(output)
     logs = [ast.literal_eval(log) for log in re.findall(r"\{'loss': [^}]*\}", "\n".join(output))]
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=5e-5)
