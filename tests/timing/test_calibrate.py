@@ -16,9 +16,15 @@ pytestmark = pytest.mark.tier("quick")
 
 def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path, monkeypatch):
     # what is checked is the Machine's shape and positive rates, not their precision: windows a quarter as long
-    # (0.2 -> 0.05 s per microbenchmark, 1 -> 0.25 s per contention run) still time every one of them
+    # (0.2 -> 0.05 s per microbenchmark, 1 -> 0.25 s per contention run) still time every one of them, and the
+    # same 3 x 3 grid of linear shapes, smaller, and square sizes up to 256 still time every precision's kernels
+    # (on a CPU without AVX512-BF16, which emulates bf16, the full-size bf16 shapes were most of the test's time:
+    # docs/setup.md)
     monkeypatch.setattr(calibrate_module, "TIMED_SECONDS", 0.05)
     monkeypatch.setattr(calibrate_module, "CONTENTION_SECONDS", 0.25)
+    monkeypatch.setattr(calibrate_module, "SIZES", (128, 256))
+    monkeypatch.setattr(calibrate_module, "LINEAR_TOKENS", (64, 128, 256))
+    monkeypatch.setattr(calibrate_module, "LINEAR_WIDTHS", (64, 128, 256))
     machine = calibrate(world_sizes=())
     assert machine.device == "cpu" and machine.shared and machine.overlap == 0
     assert all(rate > 0 for rates in machine.matmul_by_size.values() for rate in rates.values())
@@ -31,7 +37,10 @@ def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path, monkeypat
         and 0 < min(machine.contention.values()) <= max(machine.contention.values()) <= 1
         and "measured raw" in machine.sources["contention"]
     )
-    assert len(machine.linear_by_shape["fp32"]) == 9 and min(machine.linear_by_shape["fp32"].values()) > 0
+    assert all(
+        len(machine.linear_by_shape[p]) == 9 and min(machine.linear_by_shape[p].values()) > 0
+        for p in ("fp32", "bf16")
+    )
     path = tmp_path / "machine.json"
     path.write_text(json.dumps(machine.as_dict()))
     assert load_machine(path) == machine
