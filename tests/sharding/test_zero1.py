@@ -165,7 +165,28 @@ def _add_group_and_fp16(rank: int, world_size: int) -> dict:
     results["zero2"] = _zero2_bytes(rank)
     results["zero2_fp16"] = _fp16_skips(rank, world_size, partial(Zero2Optimizer, bucket_elements=100))
     results["torch_collectives_diff"] = _torch_collectives_diff(rank)
+    results["nan_on_rank0"] = _inf_norm_nan_on_rank0(rank)
     return results
+
+
+def _inf_norm_nan_on_rank0(rank: int) -> dict:
+    """fp16 overflow (a NaN) in a gradient only rank 0 owns, clipped by the inf-norm: the ranks' MAX must carry
+    it (gloo's MAX keeps a finite value against a NaN on rank 0), so both ranks skip and nothing turns NaN."""
+    model = _wide_model()
+    scaler = DynamicLossScaler(init_scale=2.0**4, scale_window=1000, hysteresis=1, min_scale=1.0)
+    optimizer = Zero1Optimizer(model.parameters(), torch.optim.AdamW, loss_scaler=scaler, lr=1e-2)
+    owners = {id(p): {r for r, _, _ in zero12_report.pieces_of(optimizer, p)} for p in model.parameters()}
+    rank0_only = next(p for p in model.parameters() if owners[id(p)] == {0})
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
+    loss = model(x).square().mean() + rank0_only.sum() * (float("nan") if rank == 0 else 1.0)
+    optimizer.scale_loss(loss).backward()
+    norm = optimizer.clip_grad_norm_(1.0, float("inf"))
+    optimizer.step()
+    return dict(
+        norm=float(norm),
+        skipped=optimizer.last_step_skipped,
+        finite=all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+    )
 
 
 def _torch_collectives_diff(rank: int) -> dict[str, float]:
@@ -347,3 +368,8 @@ def test_fp16_overflow_skips_steps_and_matches_reference(two_ranks, sharder):
         assert all(unchanged for was_skipped, unchanged, _ in fp16["history"] if was_skipped)
         assert [(s, scale) for s, _, scale in fp16["history"]] == fp16["ref_history"]
         assert fp16["diff"] == 0.0
+
+
+def test_an_overflow_on_one_rank_skips_every_rank_under_the_inf_norm(two_ranks):
+    for results in two_ranks:
+        assert results["nan_on_rank0"] == dict(norm=float("inf"), skipped=True, finite=True)

@@ -209,6 +209,8 @@ class PieceOptimizer(torch.optim.Optimizer):
         self._gradients_ready()
         powers = norms.sum_of_powers(self._master_grads(), norm_type, device=self._device())
         max_of_ranks = math.isinf(norm_type)  # the largest |g| of any rank: a MAX, not a sum (flags alike)
+        if max_of_ranks:  # gloo's MAX drops a NaN on one side (std::max): an overflow must reach every rank
+            powers = torch.nan_to_num(powers, nan=math.inf)
         self._agree(
             powers, torch.distributed.ReduceOp.MAX if max_of_ranks else torch.distributed.ReduceOp.SUM
         )
