@@ -14,8 +14,10 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -46,6 +48,19 @@ def _failure(output: list[str]) -> str:
     return "\n".join([*fatal, "-- the last 40 lines --", *output[-40:]] if fatal else output[-40:])
 
 
+# pytorch/pytorch#190489 (open): on CPU ranks a gloo worker thread may free a finished all-gather after its
+# rank's interpreter has begun to shut down; taking the GIL there ends the thread inside a noexcept destructor
+# and the rank aborts: after training and saving, no Python frame left (1 in 87 runs here, docs/launch.md).
+# That end, and only that one, is run again once; the second run must exit 0 like any other.
+def _upstream_abort_at_exit(text: str) -> bool:
+    return (
+        "Writing model shards: 100%" in text
+        and "terminate called without an active exception\nFatal Python error: Aborted" in text
+        and re.search(r"Thread 0x[0-9a-f]+ \(most recent call first\):\n  <no Python frame>", text)
+        is not None
+    )
+
+
 def _commands() -> list[str]:
     lines = [line.split("#", 1)[0].strip() for line in _blocks("bash")[0].splitlines()]
     return [line for line in lines if line]
@@ -66,10 +81,18 @@ def test_the_readme_trainer_snippet_runs_as_printed(tmp_path):
     )
     output = []
     for command in commands:
-        done = subprocess.run(
-            command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
-        )
-        output += (done.stdout + done.stderr).splitlines()
+        for attempt in (1, 2):
+            done = subprocess.run(
+                command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+            )
+            text = done.stdout + done.stderr
+            if done.returncode == 0 or attempt == 2 or not _upstream_abort_at_exit(text):
+                break
+            warnings.warn(
+                f"pytorch/pytorch#190489: a rank aborted at exit; {command!r} run again", stacklevel=1
+            )
+            shutil.rmtree(tmp_path / "out", ignore_errors=True)
+        output += text.splitlines()
         assert done.returncode == 0, _failure(output)
     assert not [line for line in output if "Warning" in line or "unrecognized" in line], "\n".join(output)
     logs = [ast.literal_eval(log) for log in re.findall(r"\{'loss': [^}]*\}", "\n".join(output))]
@@ -91,3 +114,20 @@ def test_the_readme_trainer_snippet_runs_as_printed(tmp_path):
         model.config.model_type == "llama"
         and AutoTokenizer.from_pretrained(tmp_path / "out").vocab_size == 8192
     )
+
+
+ABORT_AT_EXIT = """Writing model shards: 100%|##########| 1/1 [00:00<00:00, 747.51it/s]
+terminate called without an active exception
+Fatal Python error: Aborted
+
+Thread 0x00007f3c8e603b80 (most recent call first):
+  <no Python frame>
+"""  # rank 1's end in a failed run on 2026-11-29 (its core: ProcessGroupGloo::runLoop -> ~AsyncAllgatherWork)
+
+
+def test_only_the_upstream_abort_after_the_save_is_run_again():
+    assert _upstream_abort_at_exit(ABORT_AT_EXIT)
+    python_frame = ABORT_AT_EXIT.replace("<no Python frame>", 'File "train_hf.py", line 30 in <module>')
+    before_the_save = ABORT_AT_EXIT.replace("100%", "0%")
+    other_abort = ABORT_AT_EXIT.replace("without an active exception", "after throwing 'c10::Error'")
+    assert not any(map(_upstream_abort_at_exit, (python_frame, before_the_save, other_abort)))
