@@ -363,3 +363,20 @@ def test_a_wait_may_grow_with_the_peers_it_waits_for():
           for w in (2, 4)}  # fmt: skip
     assert at[2] == pytest.approx(0.02 + 10 * 0.003)
     assert at[4] == pytest.approx(0.02 + 10 * 0.007)
+
+
+def test_the_losss_work_splits_into_a_part_stretched_by_ranks_over_cores_and_a_part_not():
+    # 3 ns a logit stretched (doubled at half a core), 5 ns not: cells at one core and at half a core recover
+    # both, and the step at 4 ranks on 2 cores costs 2 x 3 + 5 = 11 ns a logit, not 2 x 8 = 16
+    logits = 512 * 32_000
+    rows = [
+        dict(engine="ddp", grad_accum=k, num_params=0, host_cores=h, logits=logits,
+             residual_s=k * logits * (3e-9 / h + 5e-9), measured_s=1.0)
+        for k, h in ((1, 1.0), (2, 1.0), (1, 0.5), (2, 0.5))
+    ]  # fmt: skip
+    fits = fit_host_work(rows, (), ("per_logit_s", "per_logit_rank_s"))
+    assert fits["ddp"]["per_logit_s"] == pytest.approx(3e-9)
+    assert fits["ddp"]["per_logit_rank_s"] == pytest.approx(5e-9)
+    machine = with_host_work(_cpu(cores=2), fits)
+    seconds = host_seconds(machine, "ddp", grad_accum=1, num_params=0, ranks_on_node=4, logits=logits)
+    assert seconds == pytest.approx(logits * 11e-9)

@@ -62,6 +62,16 @@ Design v10 lets a wait grow with the ranks, per engine:
   Fitted at 1-2 ranks per wait only, DeepSpeed ZeRO-3 (a wait at every unit's fetch) came out low at 4 ranks in
   all seven stored 4-rank cells (median -14%) and high at 1 rank (+16%): its 2-rank waits were priced into its
   per-micro-batch cost (docs/steptime.md, design v10).
+
+Design v11 splits the loss's work at the LM head in two, a part stretched by ranks / cores and a part not:
+
+    + per_logit_rank_s x logits x accumulation
+
+- four single-thread ranks on two cores do not each run at half speed throughout: a rank waiting at a sync point
+  gives its core to a peer, so work between waits is stretched by less than ranks / cores. v10's run came out
+  high on every 4-rank cell (+4% .. +32%), most on llama-tiny 4 x 64 (vocabulary 32,000), where the per-logit
+  cost was the largest host term and was doubled. Fitted beside per_logit_s on v3-v10's stored runs, the two
+  split the cost ~40 / 60 (docs/steptime.md, design v11).
 """
 
 from __future__ import annotations
@@ -83,10 +93,19 @@ each other's scheduling), and seconds per sync point (design v9: a wait costs ea
 ZeRO-3's fetch coordinator at every unit more than our ZeRO-3's gather; shared by every engine in v7 and v8),
 and seconds per sync point per peer (design v10: the wait grows with the ranks it waits for)."""
 
-SHARED = ("per_logit_s", "per_ckpt_layer_s", "per_call_s", "per_sync_s", "per_oversubscribed_sync_s")
+SHARED = (
+    "per_logit_s",
+    "per_ckpt_layer_s",
+    "per_call_s",
+    "per_sync_s",
+    "per_oversubscribed_sync_s",
+    "per_logit_rank_s",
+)
 """What a fit may hold shared by every engine: seconds per logit element and per checkpointed layer, each per
 micro-batch on one core; seconds per collective call at more than one rank (designs v5, v6); seconds per sync
-point (step.sync_points) and per sync point per rank beyond the cores per core (design v7)."""
+point (step.sync_points) and per sync point per rank beyond the cores per core (design v7); seconds per logit
+element per micro-batch whatever the rank's share of the cores (design v11: fitted beside per_logit_s, it splits
+the loss's work into a part stretched by ranks / cores and a part that is not)."""
 
 
 def reductions(engine: str, grad_accum: int) -> int:
@@ -140,6 +159,7 @@ def _columns(engine: str, row: dict) -> dict[str, float]:
         "per_comm_s": row.get("comm_s", 0.0),
         "per_logit_s": k * row.get("logits", 0) / cores,
         "per_ckpt_layer_s": k * row.get("ckpt_layers", 0) / cores,
+        "per_logit_rank_s": k * row.get("logits", 0),
         "per_call_s": row.get("calls", 0),
         "per_sync_s": row.get("sync_points", 0),
         "per_oversubscribed_sync_s": row.get("sync_points", 0) * max(0.0, 1 / cores - 1),
