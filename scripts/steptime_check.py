@@ -6,7 +6,8 @@ cells, then predict bench cells neither ever saw.
 
 The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
 verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's, v5 after v4's, v6 after v5's,
-v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's; each committed before its own run):
+v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's, v12 after v11's; each committed before
+its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
   24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 and v3 at 1 and 2) and HELD-OUT sets (other rank
@@ -20,7 +21,8 @@ v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's; ea
   25%, median |error| within 10%, every pair of engines of one set whose measured step times differ by more
   than 15% ordered right;
 - every set is one `zero-train bench` launch, its engines interleaved, fp32, 5 steps of which the first 2 are
-  warm-up (left out of the median; v4: 7 steps, the median of 5), the bench's ranks on one thread each (its launches' OMP_NUM_THREADS=1: the
+  warm-up (left out of the median; v4: 7 steps, the median of 5; v12: each engine run twice, interleaved, 6 steps
+  of which 2 warm-up, the median over its runs of each run's median), the bench's ranks on one thread each (its launches' OMP_NUM_THREADS=1: the
   model is told threads_per_rank=1).
 The same benches judge bench's predicted duration (zero_train.bench.duration): its two constants fitted on
 the calibration sets' runs, judged on the held-out sets' wall times (`report` writes OUT/duration.md).
@@ -56,7 +58,7 @@ RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v11") -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v12") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
@@ -65,14 +67,17 @@ def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: st
         subprocess.run([*zero_train, "calibrate", "--world-sizes", "2,4", "-o", str(out / "machine.json"),
                         "--force"], check=True)  # fmt: skip
         print(f"[{time.time() - started:.0f} s] calibrated", flush=True)
+    repeats = str(
+        STEPS_OF[design].get("repeats", 1)
+    )  # runs per cell, interleaved in the set's launch (v12: 2)
     for cell_set in DESIGNS[design][0]:
         if role not in (cell_set["role"], "all") or (names and cell_set["name"] not in names):
             continue
         flags = ["--model", cell_set["model"], "--engines", cell_set["engines"], "--precisions", "fp32",
                  "--world-size", str(cell_set["world_size"]), "--micro-batch-size", str(cell_set["micro_batch_size"]),
                  "--block-size", str(cell_set["block_size"]), "--grad-accum", str(cell_set.get("grad_accum", 1)),
-                 "--steps", str(STEPS_OF[design]["steps"]), "--warmup", str(STEPS_OF[design]["warmup"]), "--repeats", "1",
-                 "--other-repeats", "1", "--timeout", str(RUN_TIMEOUT_S), "--out", str(out / cell_set["name"])]  # fmt: skip
+                 "--steps", str(STEPS_OF[design]["steps"]), "--warmup", str(STEPS_OF[design]["warmup"]), "--repeats", repeats,
+                 "--other-repeats", repeats, "--timeout", str(RUN_TIMEOUT_S), "--out", str(out / cell_set["name"])]  # fmt: skip
         flags += ["--gradient-checkpointing"] if cell_set.get("gradient_checkpointing") else []
         subprocess.run([*zero_train, "bench", *flags], check=False)
         print(f"[{time.time() - started:.0f} s] {cell_set['name']} done", flush=True)
@@ -130,14 +135,14 @@ def _measured(folder: pathlib.Path) -> tuple[dict[str, float], tuple]:
 
 
 def _spread(folder: pathlib.Path) -> dict[str, tuple[float, float]]:
-    """engine -> (min, max) of the step seconds the median was taken over (after the warm-up)."""
+    """engine -> (min, max) of the step seconds its runs' medians were taken over (after each run's warm-up)."""
     bench = _bench(folder) or {"samples": []}
-    spread = {}
+    steps_of: dict[str, list[float]] = {}
     for sample in bench["samples"]:
         steps = (sample.get("step_times_s") or [])[sample.get("warmup", 0) :]
         if steps and not sample.get("error"):
-            spread[sample["engine"]] = (min(steps), max(steps))
-    return spread
+            steps_of.setdefault(sample["engine"], []).extend(steps)
+    return {engine: (min(steps), max(steps)) for engine, steps in steps_of.items()}
 
 
 def _fit_row(cell_set: dict, engine: str, seconds: float, machine) -> dict:
@@ -363,7 +368,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="v11", help="run: the design's sets")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v12", help="run: the design's sets")
     parser.add_argument("--to", help="export: the folder to write OUT's calibration and measured cells to")
     parser.add_argument("--terms", choices=sorted(DESIGNS),
                         help="report: fit another design's host-work terms (writes check-terms-DESIGN.md)")  # fmt: skip
