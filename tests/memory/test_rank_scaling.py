@@ -37,7 +37,7 @@ from zero_train.memory.model.sharder_layout import (
 from zero_train.memory.model.theory import ModelShape
 from zero_train.registry import ENGINES
 from zero_train.sharding import accounting
-from zero_train.sharding.partition import gradient_buckets
+from zero_train.sharding.comm.buckets import gradient_buckets
 
 pytestmark = pytest.mark.tier("quick")
 

@@ -1,4 +1,4 @@
-"""The sharders' pure arithmetic: partitions, buckets, the gloo ring's schedule, split-invariant norms.
+"""The sharders' pure arithmetic: partitions, the gloo ring's schedule, split-invariant norms (buckets: test_buckets.py).
 
 No processes: everything here runs in this one, against hand-computed layouts and torch's own optimizers.
 """
@@ -14,7 +14,7 @@ from zero_train.hf.models import model_config
 from zero_train.sharding import norms
 from zero_train.sharding.accounting import balance_report, padding
 from zero_train.sharding.comm.gloo import ring_receive_elements, ring_schedule
-from zero_train.sharding.partition import Piece, flat_partition, gradient_buckets
+from zero_train.sharding.partition import Piece, flat_partition
 from zero_train.sharding.state_dict import pieces_of
 from zero_train.sharding.step import ELEMENTWISE_OPTIMIZERS
 
@@ -102,27 +102,6 @@ def test_balance_report_bytes_and_padding():
     assert report["max_over_mean"] == pytest.approx(36 / (104 / 3))
 
 
-def test_buckets_run_backwards_over_whole_trainable_tensors_and_give_each_rank_its_part():
-    partition = flat_partition([3, 10, 5, 7, 1], 3)
-    buckets = gradient_buckets(partition, 12)
-    # from the end: [7, 1] (8), then 5 would make 13 > 12 -> [5], then 10 -> [10], then 3
-    assert [b.indices for b in buckets] == [(3, 4), (2,), (1,), (0,)]
-    assert [(b.start, b.stop) for b in buckets] == [(18, 26), (13, 18), (3, 13), (0, 3)]
-    assert buckets[2].lengths == (6, 4, 0) and buckets[2].starts == (0, 6, 0)  # t1 spans ranks 0 and 1
-    assert not any(b.direct for b in buckets)
-    assert [b.direct for b in gradient_buckets(partition, 10)] == [False, False, True, False]
-    frozen = gradient_buckets(partition, 100, active=[True, True, False, True, True])
-    assert [b.indices for b in frozen] == [
-        (3, 4),
-        (0, 1),
-    ]  # a frozen tensor travels in none and ends a bucket
-    for bucket in buckets:  # rank parts are the bucket's overlap with each slice
-        for rank in range(3):
-            low, high = partition.rank_range(rank)
-            expected = max(0, min(high, bucket.stop) - max(low, bucket.start))
-            assert bucket.lengths[rank] == expected
-
-
 def _simulate_ring(starts, lengths, chunk, world_size):
     """Run ring_schedule's messages between N simulated ranks; each element holds the list of who added it."""
     data = [
@@ -208,25 +187,3 @@ def test_norm_from_pieces_is_the_norm_from_whole_tensors():
         agree += bool(split == norms.total_norm(norms.sum_of_powers(tensors)))
         assert float(split) == pytest.approx(float(torch.linalg.vector_norm(flat.double())), rel=1e-7)
     assert agree == 300
-
-
-@pytest.mark.parametrize(
-    "numels",
-    [
-        [
-            38_597_376,
-            786_432,
-            *[2_362_368, 768, 589_824, 768, 768, 768, 2_359_296, 3_072] * 12,
-        ],  # GPT-2 small
-        [1_608_224, 32, 32, 3_072, 96, 1_024, 32, 32, 32, 4_096, 128, 4_096, 32],  # its 50k vocabulary: 97%
-        [10, 10, 10, 10],
-    ],
-)
-def test_the_default_bucket_cuts_any_model_in_at_least_four(numels):
-    from zero_train.sharding.accounting import MIN_BUCKETS, default_bucket_elements
-    from zero_train.sharding.partition import bucket_groups
-
-    size = default_bucket_elements(numels, 500_000_000)
-    assert len(bucket_groups(numels, size)) >= MIN_BUCKETS
-    assert size <= -(-sum(numels) // MIN_BUCKETS)
-    assert default_bucket_elements(numels, 1_000) <= 1_000  # DeepSpeed's cap (5e8) bounds it for huge models

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zero_train.sharding.comm import gloo
-from zero_train.sharding.partition import FlatPartition, bucket_groups, flat_partition, gradient_buckets
+from zero_train.sharding.comm.buckets import bucket_groups, gradient_buckets
+from zero_train.sharding.partition import FlatPartition, flat_partition
 
 ENTRY_BYTES = 8
 """One float64 entry of the all-reduce that agrees on the step: a has-gradient flag per tensor, the sum

@@ -2,7 +2,7 @@
 
 The tensors lie end to end in one flat buffer, padded to N P elements and cut into N equal slices of
 P = ceil(Psi / N); rank r owns [r P, (r + 1) P), and a tensor crossing a cut is split into pieces (ZeRO paper,
-P_os). Gradients travel in buckets of whole tensors, in backward order. Picture and reasons: docs/sharding.md.
+P_os). Picture and reasons: docs/sharding.md; the buckets gradients travel in: comm/buckets.py.
 """
 
 from __future__ import annotations
@@ -85,86 +85,4 @@ def flat_partition(numels: Sequence[int], world_size: int) -> FlatPartition:
     partition_size = max(1, -(-sum(numels) // world_size))
     return FlatPartition(
         numels=tuple(numels), world_size=world_size, offsets=offsets, partition_size=partition_size
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Bucket:
-    """Consecutive whole tensors whose gradients are reduced together: the flat range [start, stop); rank r's
-    part (`starts[r]`, `lengths[r]`, relative to `start`) is where it overlaps rank r's slice."""
-
-    indices: tuple[int, ...]
-    """Tensors in the bucket, in buffer order."""
-    start: int
-    stop: int
-    starts: tuple[int, ...]
-    lengths: tuple[int, ...]
-    direct: bool
-    """A single tensor at least as large as the bucket size: ZeRO-2 reduces it in its own gradient."""
-
-    @property
-    def size(self) -> int:
-        """Elements in the bucket."""
-        return self.stop - self.start
-
-
-def gradient_buckets(
-    partition: FlatPartition, bucket_elements: int | None, active: Sequence[bool] | None = None
-) -> list[Bucket]:
-    """The trainable tensors in buckets of at most `bucket_elements` (None: no limit), in backward order.
-
-    A frozen tensor (`active` False) ends a bucket and travels in none; a tensor of `bucket_elements` or more
-    is a bucket alone (`direct`).
-    """
-    bucket_elements = partition.num_elements + 1 if bucket_elements is None else bucket_elements
-    return [
-        _bucket(partition, group, bucket_elements)
-        for group in bucket_groups(partition.numels, bucket_elements, active)
-    ]
-
-
-def bucket_groups(
-    numels: Sequence[int], bucket_elements: int, active: Sequence[bool] | None = None
-) -> list[list[int]]:
-    """The tensors (indices, ascending) of each of `gradient_buckets`' buckets, in the same order: the grouping
-    alone, which depends on the tensor sizes and not on the ranks (the memory model reads it at any N)."""
-    assert bucket_elements >= 1
-    active = tuple(active) if active is not None else (True,) * len(numels)
-    groups: list[list[int]] = []
-    current: list[int] = []
-    for index in reversed(range(len(numels))):
-        numel = numels[index]
-        if not active[index] or numel >= bucket_elements:
-            if current:
-                groups.append(current)
-            current = []
-            if active[index] and numel:
-                groups.append([index])
-            continue
-        if current and sum(numels[i] for i in current) + numel > bucket_elements:
-            groups.append(current)
-            current = []
-        current.append(index)
-    if current:
-        groups.append(current)
-    return [sorted(group) for group in groups if sum(numels[i] for i in group)]
-
-
-def _bucket(partition: FlatPartition, indices: list[int], bucket_elements: int) -> Bucket:
-    start = partition.offsets[indices[0]]
-    stop = partition.offsets[indices[-1]] + partition.numels[indices[-1]]
-    starts, lengths = [], []
-    for rank in range(partition.world_size):
-        low, high = partition.rank_range(rank)
-        low, high = max(low, start), min(high, stop)
-        starts.append(low - start if high > low else 0)
-        lengths.append(max(0, high - low))
-    direct = len(indices) == 1 and partition.numels[indices[0]] >= bucket_elements
-    return Bucket(
-        indices=tuple(indices),
-        start=start,
-        stop=stop,
-        starts=tuple(starts),
-        lengths=tuple(lengths),
-        direct=direct,
     )

@@ -50,7 +50,7 @@ class OwnedPiece:
 class PieceOptimizer(torch.optim.Optimizer):
     """The shared step of Zero1Optimizer, Zero2Optimizer and Zero3Optimizer (the stages subclass it).
 
-    A stage sets `_params` and `_local_has_grad`, calls `_build_inner`, and implements `_gradients_ready()`
+    A stage sets `_params` and `_local_has_grad`, calls `_build_inner`, and implements `reduce_gradients()`
     and `_publish()`.
 
     Args:
@@ -106,23 +106,18 @@ class PieceOptimizer(torch.optim.Optimizer):
         self._params, self._local_has_grad, self.pieces = [], [], []
         self.inner, self._flags, self._agreement = None, None, None
 
-    def _gradients_ready(self) -> None:
-        """Set this step's master gradients (`_take_grads`) and `_local_has_grad`; idempotent until the step ends."""
+    def reduce_gradients(self) -> None:
+        """Finish averaging the gradients over the ranks; set this step's master gradients (`_take_grads`) and
+        `_local_has_grad`. Idempotent until the step ends; step() and clip_grad_norm_() call it."""
         raise NotImplementedError
 
     def _publish(self) -> None:
         """Bring the updated masters to the model (after the inner optimizer's step)."""
         raise NotImplementedError
 
-    def _device(self) -> torch.device:
-        """Where the gradients, masters and flags live: the parameters' device."""
-        return self._params[0].device
-
     def state_dict(self):
         """Refused: a shard is written by the stage's state module (zero12/state.py, zero3/state.py)."""
-        raise NotImplementedError(
-            "use zero_train.sharding.zero12.state or zero3.state's state_dict(optimizer)"
-        )
+        raise NotImplementedError("use zero_train.sharding.zero12.state's or zero3.state's state_dict()")
 
     def load_state_dict(self, state_dict):
         """Refused, as state_dict()."""
@@ -177,7 +172,7 @@ class PieceOptimizer(torch.optim.Optimizer):
         there: DDP's rule); `powers` becomes the total, not finite after an fp16 overflow. Collective."""
         if self._agreement is not None:
             return
-        device, key = self._device(), tuple(self._local_has_grad)
+        device, key = self._params[0].device, tuple(self._local_has_grad)
         if self._flags is None or self._flags[0] != key:  # a host-to-device copy only on a new pattern
             self._flags = key, torch.tensor(key, dtype=torch.float64, device=device)
         if powers is None:
@@ -195,9 +190,8 @@ class PieceOptimizer(torch.optim.Optimizer):
                 owned.master.grad = None
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip the averaged gradients by their global norm, as torch.nn.utils.clip_grad_norm_ would.
-
-        Partial sums of |g|^p in float64 (norms.py), added over the ranks by the agreement. Collective.
+        """Clip the averaged gradients by their global norm, as torch.nn.utils.clip_grad_norm_ would; partial
+        sums of |g|^p in float64 (norms.py), added over the ranks by the agreement. Collective.
 
         Args:
             max_norm: clip to this norm (math.inf: only compute the norm).
@@ -206,8 +200,8 @@ class PieceOptimizer(torch.optim.Optimizer):
         Returns:
             The norm before clipping, a float32 tensor on the device (inf/nan on fp16 overflow).
         """
-        self._gradients_ready()
-        powers = norms.sum_of_powers(self._master_grads(), norm_type, device=self._device())
+        self.reduce_gradients()
+        powers = norms.sum_of_powers(self._master_grads(), norm_type, device=self._params[0].device)
         max_of_ranks = math.isinf(norm_type)  # the largest |g| of any rank: a MAX, not a sum (flags alike)
         if max_of_ranks:  # gloo's MAX drops a NaN on one side (std::max): an overflow must reach every rank
             powers = torch.nan_to_num(powers, nan=math.inf)
@@ -234,7 +228,7 @@ class PieceOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._gradients_ready()
+        self.reduce_gradients()
         self._agree()
         self.last_step_skipped = False
         if self.loss_scaler is not None:  # the agreed |g|^p: not finite if any rank's gradients overflowed

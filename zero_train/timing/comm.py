@@ -6,7 +6,7 @@ latency + hops x hop latency + factor x B / bus bandwidth, with the ring's facto
 (N-1)/N for a reduce-scatter or an all-gather (a broadcast: 1), as nccl-tests define bus bandwidth. A calibrated
 machine's measured collectives replace the formula: latency + B / measured payload rate, at the nearest world size
 measured (scaled by the ring factor when it differs). A bucketed reduction's calls are its buckets, each a run of
-whole tensors up to the bucket size, a larger tensor alone (sharding.partition.bucket_groups: our ZeRO-1/2's
+whole tensors up to the bucket size, a larger tensor alone (sharding.comm.buckets.bucket_groups: our ZeRO-1/2's
 cut; DeepSpeed's ZeRO-1/2 cut alike).
 """
 
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from zero_train.registry import DEEPSPEED, Collective, EngineSpec
-from zero_train.sharding.partition import bucket_groups
+from zero_train.sharding.comm.buckets import bucket_groups
 from zero_train.timing import constants
 from zero_train.timing.machine import Machine, Measured, ring_hops
 

@@ -6,7 +6,7 @@ Our sharders (zero_train.sharding) lay the tensors end to end in one flat buffer
 optimizer's temporaries. That is DeepSpeed's slicing, so the ranks that differ are DeepSpeed's distinct
 partitions (flat_partition: at most 2 T + 6 of them at any N) and the ranks around the end of the data. The
 padding (N P - Psi), ZeRO-2's buckets and the gloo ring's receive buffer follow in closed form from the bucket
-groups (sharding.partition.bucket_groups, which do not depend on N).
+groups (sharding.comm.buckets.bucket_groups, which do not depend on N).
 
 torch's ZeroRedundancyOptimizer gives WHOLE tensors to ranks, sorted-greedy (largest first, to the least loaded
 rank, lowest rank on ties); ranks that own nothing are alike and those that own something are at most the T
@@ -27,7 +27,7 @@ from zero_train.memory.model.peak_terms import Run, our_gradient_bytes
 from zero_train.sharding import accounting
 from zero_train.sharding.accounting import default_bucket_elements
 from zero_train.sharding.comm import gloo
-from zero_train.sharding.partition import bucket_groups
+from zero_train.sharding.comm.buckets import bucket_groups
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -104,7 +104,7 @@ def sharder_layout(run: Run) -> SharderLayout:
 
 
 def _buckets(run: Run, numels: tuple[int, ...], size: int) -> tuple[int, int, int]:
-    """ZeRO-2's buckets (sharding.partition.gradient_buckets), each from its flat range [start, stop) and P alone:
+    """ZeRO-2's buckets (sharding.comm.buckets.gradient_buckets), each from its flat range [start, stop) and P alone:
     (largest copied bucket, largest bucket, the gloo ring's receive buffer for the largest need)."""
     bucket_elements, world_size = our_bucket_elements(run, numels), run.world_size
     p2p = accounting.uses_p2p_backend(run.backend, world_size)

@@ -2,7 +2,7 @@
 
 sharded.py      ShardedOptimizer: segments, their gradient stores, the hooks (the step: ../step.py)
 segments.py     a flat parameter buffer, this rank's slice and its fp32 masters
-backward.py     the stores' one interface, every segment's buckets launched in one order, the backward hooks
+backward.py     the stores' one interface, the backward hooks (buckets and their order: ../comm/buckets.py)
 report.py       functions of a ZeRO-1/2 optimizer: bytes by category, bytes sent, balance, pieces
 state.py        functions of a ZeRO-1/2 optimizer: its shards (with the fp32 masters), loading, full masters
 zero1.py        Zero1Optimizer: every gradient in one flat buffer, reduced to the owners at the boundary

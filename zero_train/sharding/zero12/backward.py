@@ -1,9 +1,9 @@
-"""What ZeRO-1/2 see of backward: a call per complete gradient, buckets launched in one order, one call at the end.
+"""What ZeRO-1/2 see of backward: a call per complete gradient and one at the end, into a gradient store.
 
 A post-accumulate-grad hook on every trainable parameter calls the optimizer's `on_grad(param)` (a tied weight:
 after both uses); the first one of a backward also calls `refresh_trainable()` and queues `on_backward_end()` with
-autograd. The stores the buckets belong to, one per segment, share one interface (GradientStore): ZeRO-1's
-flat_grads.FlatGradients keeps every gradient, ZeRO-2's grad_buckets.GradientBuckets only the owned ones.
+autograd. The stores, one per segment, share one interface (GradientStore): ZeRO-1's FlatGradients keeps every
+gradient, ZeRO-2's GradientBuckets only the owned ones; their buckets travel as comm/buckets.py orders.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import weakref
 
 import torch
 
+from zero_train.sharding.comm.buckets import Bucket, gradient_buckets
 from zero_train.sharding.comm.overlap import ReductionQueue
-from zero_train.sharding.partition import Bucket, gradient_buckets
 from zero_train.sharding.zero12.segments import Segment
 
 
@@ -24,9 +24,7 @@ class GradientStore:
     bucket_elements: int | None
     """The largest bucket, in elements (None: one bucket per run of trainable tensors)."""
     buckets: list[Bucket]
-    """The segment's buckets of trainable tensors, in backward order (partition.gradient_buckets)."""
-    bucket_of: dict[int, int]
-    """Tensor index in the segment -> its bucket."""
+    """The segment's buckets of trainable tensors, in backward order (comm/buckets.py)."""
     world_size: int
     queue: ReductionQueue
     reduce_dtype: torch.dtype
@@ -41,7 +39,6 @@ class GradientStore:
     def set_active(self, active: tuple[bool, ...]) -> None:
         """(Re)cut the buckets for the tensors trainable now (a frozen one travels in none)."""
         self.buckets = gradient_buckets(self.segment.partition, self.bucket_elements, active)
-        self.bucket_of = {index: k for k, bucket in enumerate(self.buckets) for index in bucket.indices}
 
     def accept(self, param: torch.Tensor, *, boundary: bool) -> None:
         """`param`'s gradient of this backward is complete (`boundary`: its bucket will be reduced now)."""
@@ -58,38 +55,6 @@ class GradientStore:
     def new_step(self) -> None:
         """Forget this step's gradients (after the step or zero_grad)."""
         raise NotImplementedError
-
-
-class BucketSchedule:
-    """Every segment's buckets in one order, the newest segment's first: a bucket is launched once it and every
-    bucket before it are complete, so all ranks reduce in the same order whatever order backward took."""
-
-    def __init__(self, stores: list[GradientStore], queue: ReductionQueue):
-        self.queue = queue
-        self.order = [(store, k) for store in reversed(stores) for k in range(len(store.buckets))]
-        self._place = {(id(store), k): i for i, (store, k) in enumerate(self.order)}
-        self._arrived = [0] * len(self.order)
-        self._launched = 0
-
-    def arrive(self, store: GradientStore, bucket: int) -> None:
-        """One gradient of `bucket` is complete; launch every bucket that is now due, in order."""
-        self._arrived[self._place[id(store), bucket]] += 1
-        while self._launched < len(self.order):
-            store, k = self.order[self._launched]
-            if self._arrived[self._launched] < len(store.buckets[k].indices):
-                break
-            store.launch(k)
-            self._launched += 1
-
-    def flush(self) -> None:
-        """Launch every bucket not launched yet (missing gradients count as zeros), then wait for all."""
-        while self._launched < len(self.order):
-            store, k = self.order[self._launched]
-            store.launch(k)
-            self._launched += 1
-        self.queue.wait_all()
-        self._arrived = [0] * len(self.order)
-        self._launched = 0
 
 
 class BackwardHooks:

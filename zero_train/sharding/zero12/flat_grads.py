@@ -17,8 +17,7 @@ from zero_train.sharding.zero12.segments import Segment
 
 
 class FlatGradients(GradientStore):
-    """One segment's gradients in a flat buffer of `dtype` (None: the parameters'), and the reduction of its
-    buckets to their owners, in place."""
+    """A segment's gradients in a flat buffer of `dtype` (None: the parameters'), reduced to their owners in place."""
 
     views: bool
     """`.grad` is a view of its slot (else, in another dtype, added into it and released)."""
@@ -62,7 +61,6 @@ class FlatGradients(GradientStore):
         param.grad = None
 
     def has_grad(self, param: torch.Tensor) -> bool:
-        """This rank brought a gradient of `param` to this step."""
         return param.grad is not None or id(param) in self.written
 
     def accept(self, param: torch.Tensor, *, boundary: bool) -> None:

@@ -1,8 +1,8 @@
 """ZeRO-2's gradient store: buckets reduced to their owners during backward, non-owned gradients released.
 
 The trainable tensors of a segment are cut into buckets of at most zero_optimization.reduce_bucket_size
-elements, in backward order (`partition.gradient_buckets`). As soon as the next bucket in the schedule
-(backward.BucketSchedule: every rank reduces them in the same order) has all its gradients, they are
+elements, in backward order (`comm/buckets.gradient_buckets`). As soon as the next bucket in the schedule
+(comm/buckets.BucketSchedule: every rank reduces them in the same order) has all its gradients, they are
 copied into a bucket buffer divided by N (as DDP's allreduce_hook does), released, and the buffer is
 reduced to its owners without waiting (overlap.ReductionQueue: on gloo our ring, the same summation order
 as ZeRO-1). When a reduction is waited for, the owner adds its part into its accumulator of the
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from zero_train.sharding.comm.buckets import Bucket
 from zero_train.sharding.comm.overlap import ReductionQueue
-from zero_train.sharding.partition import Bucket
 from zero_train.sharding.zero12.backward import GradientStore
 from zero_train.sharding.zero12.flat_grads import dense_grad
 from zero_train.sharding.zero12.segments import Segment

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from zero_train.sharding import accounting, state_dict
+from zero_train.sharding.comm.buckets import Bucket
 from zero_train.sharding.comm.groups import backend_name
-from zero_train.sharding.partition import Bucket, FlatPartition
+from zero_train.sharding.partition import FlatPartition
 from zero_train.sharding.zero12.sharded import ShardedOptimizer
 from zero_train.sharding.zero12.zero2 import Zero2Optimizer
 

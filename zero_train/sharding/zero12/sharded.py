@@ -1,9 +1,8 @@
-"""ShardedOptimizer: what our ZeRO-1 and ZeRO-2 share: segments, their gradient stores, the hooks.
+"""ShardedOptimizer: what our ZeRO-1 and ZeRO-2 share: segments (segments.py), their gradient stores, the hooks.
 
-Every rank keeps the whole model; each element's optimizer state (and fp32 master) lives on one rank, the owner
-of its slice of the segment's flat buffer (segments.py). The stages differ only in where the gradients go before
-the shared step (../step.py): Zero1Optimizer keeps them all in a flat buffer reduced bucket by bucket
-(flat_grads.py), Zero2Optimizer reduces each bucket during backward and keeps the owned part (grad_buckets.py).
+The stages differ only in where the gradients go before the shared step (../step.py): Zero1Optimizer keeps them
+all in a flat buffer reduced bucket by bucket (flat_grads.py), Zero2Optimizer reduces each bucket during backward
+and keeps the owned part (grad_buckets.py).
 """
 
 from __future__ import annotations
@@ -11,9 +10,10 @@ from __future__ import annotations
 import torch
 
 from zero_train.runtime.errors import UsageError
+from zero_train.sharding.comm.buckets import BucketSchedule
 from zero_train.sharding.comm.overlap import ReductionQueue
 from zero_train.sharding.step import OwnedPiece, PieceOptimizer
-from zero_train.sharding.zero12.backward import BackwardHooks, BucketSchedule, GradientStore
+from zero_train.sharding.zero12.backward import BackwardHooks, GradientStore
 from zero_train.sharding.zero12.segments import Segment
 
 
@@ -93,12 +93,11 @@ class ShardedOptimizer(PieceOptimizer):
         raise NotImplementedError
 
     def on_grad(self, param: torch.Tensor) -> None:
-        """A gradient of this backward is complete (the hooks): into its store, and in a reducing backward its
-        bucket may start."""
+        """A gradient of this backward is complete (the hooks): into its store; in a reducing backward, onwards."""
         store, index = self._where[id(param)]
         store.accept(param, boundary=self._boundary)
-        if self._boundary and index in store.bucket_of:
-            self._schedule.arrive(store, store.bucket_of[index])
+        if self._boundary:
+            self._schedule.arrive(store, index)
 
     def on_backward_end(self) -> None:
         """The backward has ended: a reducing one launches what is left and waits for every reduction."""
@@ -106,11 +105,6 @@ class ShardedOptimizer(PieceOptimizer):
             self._local_has_grad = self._has_grads()
             self._schedule.flush()
             self._flushed = True
-
-    def _gradients_ready(self) -> None:
-        """The stage's reduce_gradients(): average the gradients over the ranks (each rank ends with the average
-        of its slice), set `_local_has_grad`, and call `_set_master_grads`."""
-        self.reduce_gradients()
 
     def _has_grads(self) -> list[bool]:
         """Per entry of `_params`: trainable, and this rank brought its gradient to this step."""

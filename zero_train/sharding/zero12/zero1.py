@@ -25,8 +25,7 @@ from zero_train.sharding.zero12.sharded import ShardedOptimizer
 
 
 class Zero1Optimizer(ShardedOptimizer):
-    """ZeRO-1: every rank holds every gradient in one flat buffer; buckets reduced to their owners at the
-    boundary (during the boundary backward, if it is marked). Arguments as ShardedOptimizer."""
+    """ZeRO-1, as the module's docstring says; arguments as ShardedOptimizer."""
 
     _boundary = False
 
@@ -47,38 +46,32 @@ class Zero1Optimizer(ShardedOptimizer):
             self._boundary = False
 
     def reduce_gradients(self) -> None:
-        """Average the gradients over the ranks: each rank receives the average of its slice. Collective.
-
-        Call it once per step, at the accumulation boundary; idempotent until step() or zero_grad(). Afterwards
-        a parameter's .grad is its averaged gradient if this rank owns all of it, else None; a gradient missing
-        on some rank counts as zeros there (DDP's rule), one missing on every rank is skipped by step().
-        """
+        """Average the gradients over the ranks, each rank receiving its slice's (collective; once per step, at the
+        boundary; idempotent until step() or zero_grad()). Then a parameter's .grad is its average if this rank
+        owns all of it, else None; a gradient missing on some rank counts as zeros there (DDP's rule), one
+        missing on every rank is skipped by step()."""
         if self._reduced:
             return
         if not self._flushed:
             self.refresh_trainable()
             self._local_has_grad = self._has_grads()
             self._schedule.flush()
-        for segment, store in zip(self.segments, self._stores, strict=True):
-            whole = {
-                id(segment.params[piece.index]) for piece in segment.pieces if piece.whole and store.views
-            }
-            for param in segment.params:
-                param.grad = store.slots[id(param)] if id(param) in whole and param.requires_grad else None
+        for store in self._stores:  # .grad: the averaged slot of a tensor this rank owns whole, else None
+            whole = {piece.index for piece in store.segment.pieces if piece.whole and store.views}
+            for index, param in enumerate(store.segment.params):
+                param.grad = store.slots[id(param)] if index in whole and param.requires_grad else None
         self._set_master_grads()
         self._reduced = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradients (set_to_none) or zero them in place as views of the flat buffer."""
         self._end_step()
-        if not set_to_none:  # zeros count as this step's gradient, as torch's zero_grad(set_to_none=False)
+        super().zero_grad(set_to_none)  # torch's: every .grad to None, or zeroed in place
+        if not set_to_none:  # zeros count as this step's gradient, as in torch
             for store in self._stores:
                 store.buffer.zero_()
                 store.written.update(() if store.views else store.slots)
-        views = {key: slot for store in self._stores if store.views for key, slot in store.slots.items()}
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.requires_grad and id(param) in self._where:
-                    param.grad = None if set_to_none else views.get(id(param))
-                elif param.grad is not None:
-                    param.grad = None if set_to_none else param.grad.zero_()
+                if store.views:  # a trainable parameter's .grad is its slot again
+                    for param in store.segment.params:
+                        if param.requires_grad:
+                            param.grad = store.slots[id(param)]

@@ -104,8 +104,9 @@ class Zero3Optimizer(PieceOptimizer):
         )
 
     # ------------------------------------------------------------ the step
-    def _gradients_ready(self) -> None:
-        """Master gradients of every owned piece from its unit's averaged gradient slice (once per step)."""
+    def reduce_gradients(self) -> None:
+        """Nothing left to send (backward reduced every unit): master gradients of every owned piece from its
+        unit's averaged gradient slice (once per step)."""
         if self._prepared:
             return
         if tuple(p.requires_grad for g in self.param_groups for p in g["params"]) != self._trainable:
