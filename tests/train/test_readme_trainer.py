@@ -21,6 +21,8 @@ import warnings
 
 import pytest
 
+from zero_train.runtime.ports import free_port
+
 pytestmark = pytest.mark.tier("slow")
 
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
@@ -75,9 +77,14 @@ def test_the_readme_trainer_snippet_runs_as_printed(tmp_path):
     (tmp_path / name).write_text(script)
     commands = _commands()
     assert commands[-1] == f"torchrun --nproc_per_node 2 {name}"
-    # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's Python stack (see FATAL)
+    # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's Python stack (see FATAL);
+    # PET_MASTER_PORT: torchrun's --master-port from the environment, a free one instead of its default 29500
+    # (another run on the machine may hold that), so the command stays as printed
     env = dict(
-        os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}", PYTHONFAULTHANDLER="1"
+        os.environ,
+        PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+        PYTHONFAULTHANDLER="1",
+        PET_MASTER_PORT=str(free_port()),
     )
     output = []
     for command in commands:
