@@ -33,14 +33,28 @@ def test_every_package_has_its_tests_folder():
     assert folders - set(packages) == {"package"}
 
 
-def test_contributing_map_names_suites_that_exist():
-    """Every suite CONTRIBUTING.md's map names is a file under tests/ (a renamed suite updates the map)."""
+def _map_rows() -> list[tuple[str, str]]:
+    """CONTRIBUTING.md's map, (suite, covers) per table row of "Finding the tests of what you change"."""
     text = (ROOT / "CONTRIBUTING.md").read_text()
     section = text[text.index("## Finding the tests") :]
     section = section[: section.index("\n## ", 1)]
-    rows = [
-        line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ") and "/" in line
-    ]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| ") and "/" in line]
+    return [(suite.strip(), covers.strip()) for suite, covers in rows]
+
+
+def _modules() -> list[str]:
+    """Every module of zero_train/ a test can be about, as its path relative to zero_train/."""
+    package = ROOT / "zero_train"
+    return sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    )
+
+
+def test_contributing_map_names_suites_that_exist():
+    """Every suite CONTRIBUTING.md's map names is a file under tests/ (a renamed suite updates the map)."""
+    rows = [suite for suite, _ in _map_rows()]
     assert len(rows) > 15
     missing = []
     for row in rows:
@@ -69,3 +83,43 @@ def test_no_two_test_files_share_a_name():
         names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert len(names) > 60  # the walk found the suite
     assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
+
+
+def _others(suite: str) -> list[pathlib.Path]:
+    """Where a name in the map that is no module may be: a script, a package file, a suite, a helper."""
+    return [ROOT, ROOT / "zero_train", ROOT / "tests", ROOT / "tests" / suite.split("/")[0]]
+
+
+def test_every_module_has_a_test_file_of_its_name_or_a_map_row():
+    """A newcomer changing zero_train/PKG/MOD.py (or PKG/SUB/MOD.py) finds its tests without grep:
+    tests/PKG/test_MOD.py exists (tests/package/ for a module at the top), or a row of CONTRIBUTING.md's map
+    names the module in its second column, by its path under zero_train/ or an unambiguous tail of it
+    (`zero12/zero2.py`, `cells.py`). A test file of the name in another folder does not count (tests/report/
+    test_build.py is report/build.py's, not engines/build.py's). A name in that column that is no module, or
+    fits two, is a stale or ambiguous row: it fails here too."""
+    modules = _modules()
+    assert len(modules) > 150  # the walk found the package
+    mapped, unclear = set(), []
+    for suite, covers in _map_rows():
+        for name in re.findall(r"[\w/]+\.py", covers):
+            name = name.removeprefix("zero_train/")
+            fits = [module for module in modules if module == name or module.endswith("/" + name)]
+            if len(fits) == 1:
+                mapped.add(fits[0])
+            elif fits or not any(folder.joinpath(name).is_file() for folder in _others(suite)):
+                unclear.append(f"{suite}: {name} fits {fits or 'no module'}")
+    assert not unclear, "CONTRIBUTING.md's map, write the module's path under zero_train/: " + "; ".join(
+        unclear
+    )
+    unfound = [module for module in modules if module not in mapped and not _own_test(module).is_file()]
+    assert not unfound, (
+        f"{len(unfound)} modules of zero_train/ whose tests a newcomer cannot find: {', '.join(unfound)}. Add "
+        "tests/PKG/test_MOD.py, or name the module in the row of the suite that exercises it in CONTRIBUTING.md's "
+        "map (## Finding the tests of what you change)"
+    )
+
+
+def _own_test(module: str) -> pathlib.Path:
+    """tests/PKG/test_MOD.py for PKG/[SUB/]MOD.py; tests/package/ for a module at the package's top."""
+    folder = module.split("/")[0] if "/" in module else "package"
+    return ROOT / "tests" / folder / ("test_" + module.rsplit("/", 1)[-1])
