@@ -1,6 +1,7 @@
 """Every file in ds_configs/ is exactly the generator's output for the command in ds_configs/README.md, and
 DeepSpeed accepts it: deepspeed.initialize + one training step on a tiny model, all files in ONE spawned CPU
-process (the cpu-offload files JIT-build DeepSpeedCPUAdam once, ~40 s on 2 cores, cached afterwards)."""
+process (the cpu-offload files JIT-build DeepSpeedCPUAdam once, ~40 s on 2 cores, cached afterwards). The
+offload files' host buffers, as zero_train.engines.deepspeed_offload reads them, hold the ZeRO paper's bytes."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "ds_configs"
 # what `hf_auto` files get from the launcher's flags when they are resolved
 HF_ARGS = dict(micro_batch_size=2, lr=1e-3, warmup_steps=1, total_steps=10, hidden_size=16)
+PSI = 8 * 16 + 16 + 16 * 4 + 4  # the MLP's parameters (Linear(8, 16), Linear(16, 4)), counted by hand
+LARGEST = 8 * 16  # elements of its largest tensor, the weight of Linear(8, 16)
 
 
 def documented_commands() -> dict[str, list[str]]:
@@ -56,6 +59,7 @@ def _initialize_every_config(rank: int, world_size: int, configs: dict[str, dict
     from deepspeed.accelerator import get_accelerator
 
     from zero_train.ds_config import resolve_auto, train_settings
+    from zero_train.engines.deepspeed_offload import offload_buffers
 
     deepspeed.init_distributed(dist_backend="gloo")
     results = {}
@@ -97,6 +101,7 @@ def _initialize_every_config(rank: int, world_size: int, configs: dict[str, dict
             "optimizer_class": type(inner).__name__,
             "loss_finite": bool(torch.isfinite(loss)),
             "params_changed": moved,  # tiny ZeRO-3 params stay whole (below the persistence threshold)
+            "offload_buffers": offload_buffers(engine) if engine.zero_cpu_offload() else None,
         }
         del engine, optimizer
     return results
@@ -118,3 +123,21 @@ def test_deepspeed_initializes_every_shipped_config():
         assert result["offload_optimizer"] == offloaded, name
         assert result["optimizer_class"] == ("DeepSpeedCPUAdam" if offloaded else "AdamW"), name
         assert result["loss_finite"] and result["params_changed"], name
+        if offloaded:
+            _assert_offload_bytes(result, zero)
+
+
+def _assert_offload_bytes(result: dict, zero: dict) -> None:
+    """What DeepSpeed holds on the host for an offloaded optimizer, 1 rank, fp32 (every shipped offload file):
+    fp32 masters and their gradients at 4 bytes per parameter, Adam's two moments at 8 (the ZeRO paper's K = 12
+    moved to the host), ZeRO-2's fp32 parameter copy and, on host and device alike, a gradient staging buffer of
+    the largest tensor; ZeRO-3's gradient partitions, and its parameters where offload_param says so."""
+    assert not result["bf16"], "a bf16 offload file: its 16-bit copies hold 2 bytes a parameter, say so here"
+    host, device = result["offload_buffers"]["host"], result["offload_buffers"]["device"]
+    expected = dict(master_params=4 * PSI, fp32_grads=4 * PSI, optimizer_states=8 * PSI)
+    if zero["stage"] == 3:
+        expected.update(grads=4 * PSI, **({"params": 4 * PSI} if "offload_param" in zero else {}))
+        assert (host, device) == (expected, {})
+    else:
+        expected.update(param_copy=4 * PSI, grad_staging_buffer=4 * LARGEST)
+        assert (host, device) == (expected, {"offload_grad_buffer": 4 * LARGEST})
