@@ -124,3 +124,39 @@ def test_a_miss_is_named_by_the_term_that_misses():
         "measured forward peak 60.0 MB above ours (backward_start), whose largest transient term is "
         "loss_gradients (16.0 MB)"
     )
+
+
+@pytest.mark.tier("quick")
+def test_lora_section_sets_each_lora_cell_beside_its_full_twin():
+    """report/matrix_lora.py's table: the twin's measured peak from this run, else from the reference matrix;
+    saved = full - LoRA in MB and as a share of full (hand-computed here); cells that failed are left out."""
+    from zero_train.report.matrix_lora import render_lora
+
+    ours_full = dict(params=11.9e6, grads=12.0e6)
+    rows = [
+        dict(matrix_cell="a-full", peak=dict(measured_without_other=90.7e6)),
+        dict(
+            matrix_cell="a-lora8",
+            lora=dict(r=8),
+            full_twin_cell="a-full",
+            full_twin=dict(peak_bytes=89.4e6, categories=ours_full),
+            peak=dict(measured_without_other=52.2e6, ours_without_other=50.9e6),
+            categories=dict(grads=0.1e6),
+            ours_categories=dict(params=11.9e6, grads=0.1e6),
+        ),
+        dict(
+            matrix_cell="b-lora8",
+            lora=dict(r=8),
+            full_twin_cell="b-full",
+            full_twin=None,
+            peak=dict(measured_without_other=60e6, ours_without_other=55e6),
+        ),
+        dict(matrix_cell="c-lora8", lora=dict(r=8), error="killed", peak=None),
+    ]
+    text = render_lora(rows, reference={"b-full": 100e6, "a-full": 1.0})
+    assert "| a-lora8 | 90.7 | 52.2 | 38.5 (42%) | 89.4 | 50.9 | 38.5 (43%) |" in text  # this run's twin
+    assert "| b-lora8 | 100.0 | 60.0 | 40.0 (40%) | n/a | 55.0 | n/a |" in text  # the reference's twin
+    assert "| a-lora8 | grads | 12.0 | 0.1 | 0.1 | 11.9 (99%) |" in text
+    assert "| a-lora8 | params | 11.9 | 11.9 | n/a | 0.0 (0%) |" in text
+    assert "c-lora8" not in text
+    assert render_lora(rows[:1], reference={}) == ""  # no LoRA cell: no section
