@@ -1,5 +1,6 @@
-"""`zero-train calibrate` (zero_train.timing.calibrate): what it measures is a Machine the step-time model reads back,
-with positive rates, and its gloo ranks agree on every collective's calls (a mismatch would hang, not fail)."""
+"""`zero-train calibrate` (zero_train.timing.calibrate, cli/calibrate.py): what it measures is a Machine the step-time
+model reads back, with positive rates, and its gloo ranks agree on every collective's calls (a mismatch would hang,
+not fail)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import json
 import pytest
 
 from zero_train.timing import calibrate as calibrate_module
-from zero_train.timing.calibrate import COMM_OPS, calibrate, contention_ratios, measure_collectives
+from zero_train.timing.calibrate import COMM_OPS, contention_ratios, measure_collectives
 from zero_train.timing.machine import load_machine
 
 pytestmark = pytest.mark.tier("quick")
 
 
-def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path, monkeypatch):
+def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path, monkeypatch, cli_main):
     # what is checked is the Machine's shape and positive rates, not their precision: windows a quarter as long
     # (0.2 -> 0.05 s per microbenchmark, 1 -> 0.25 s per contention run) still time every one of them, and the
     # same 3 x 3 grid of linear shapes, smaller, and square sizes up to 256 still time every precision's kernels
@@ -25,7 +26,16 @@ def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path, monkeypat
     monkeypatch.setattr(calibrate_module, "SIZES", (128, 256))
     monkeypatch.setattr(calibrate_module, "LINEAR_TOKENS", (64, 128, 256))
     monkeypatch.setattr(calibrate_module, "LINEAR_WIDTHS", (64, 128, 256))
-    machine = calibrate(world_sizes=())
+    path = tmp_path / "machine.json"
+    for bad in ("0", "two"):  # refused before anything is measured
+        refused = cli_main("calibrate", "-o", str(path), "--world-sizes", bad)
+        assert refused.returncode == 2 and "--world-sizes" in refused.stderr and not path.exists()
+    done = cli_main("calibrate", "-o", str(path), "--world-sizes", "1")  # 1: no collective to time
+    assert done.returncode == 0 and done.stdout.strip().endswith(f"wrote {path}")
+    machine = load_machine(path)
+    written = json.loads(path.read_text())
+    assert written == json.loads(json.dumps(machine.as_dict()))  # read back, nothing lost
+    assert machine.measured == {}
     assert machine.device == "cpu" and machine.shared and machine.overlap == 0
     assert all(rate > 0 for rates in machine.matmul_by_size.values() for rate in rates.values())
     assert machine.memory_gbps > 0 and machine.optimizer_gbps > 0 and machine.attention_tflops["fp32"] > 0
@@ -41,9 +51,8 @@ def test_calibrate_measures_this_machine_into_a_machine_json(tmp_path, monkeypat
         len(machine.linear_by_shape[p]) == 9 and min(machine.linear_by_shape[p].values()) > 0
         for p in ("fp32", "bf16")
     )
-    path = tmp_path / "machine.json"
-    path.write_text(json.dumps(machine.as_dict()))
-    assert load_machine(path) == machine
+    again = cli_main("calibrate", "-o", str(path), "--world-sizes", "1")
+    assert again.returncode == 2 and "exists; pass --force" in again.stderr
 
 
 def test_contention_is_the_median_round_capped_at_one():
