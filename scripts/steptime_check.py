@@ -6,8 +6,8 @@ cells, then predict bench cells neither ever saw.
 
 The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
 verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's, v5 after v4's, v6 after v5's,
-v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's, v12 after v11's; each committed before
-its own run):
+v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's, v12 after v11's, v13 after v12's;
+each committed before its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
   24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 and v3 at 1 and 2) and HELD-OUT sets (other rank
@@ -58,7 +58,7 @@ RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v12") -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v13") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
@@ -228,22 +228,30 @@ def fit(
 
 
 def report(out: pathlib.Path, terms_of: str | None = None) -> dict:
-    from zero_train.timing.host_work import TERM
+    import dataclasses
+
+    from zero_train.timing.host_work import TERM, nearest_rows, run_scale
     from zero_train.timing.machine import load_machine
 
     machine = load_machine(out / "machine.json")
     sets, terms = _design(out, terms_of)
     suffix = f"-terms-{terms_of}" if terms_of else ""
     fitted, calibration = fit(out, machine, sets, terms, suffix, FIT_OF.get(terms_of or _design_name(out)))
-    rows, pairs, loads = [], [], []
+    rows, pairs, loads, scales = [], [], [], {}
     for cell_set in [s for s in sets if s["role"] == "held-out"]:
         measured, load_average = _measured(out / cell_set["name"])
         if not measured:
             continue
         spread = _spread(out / cell_set["name"])
         loads.append((cell_set["name"], *load_average))
+        scaled = fitted  # v13: the step scale of the calibration cells nearest the set's shape and ranks
+        if (FIT_OF.get(terms_of or _design_name(out)) or {}).get("scale") == "nearest":
+            near = nearest_rows(calibration, _fit_row(cell_set, "ddp", 1.0, machine)["num_params"],
+                                cell_set["world_size"])  # fmt: skip
+            scaled = dataclasses.replace(fitted, step_scale=run_scale(fitted, near))
+        scales[cell_set["name"]] = scaled.step_scale
         for engine, seconds in measured.items():
-            step, bare = predict(cell_set, engine, fitted), predict(cell_set, engine, machine)
+            step, bare = predict(cell_set, engine, scaled), predict(cell_set, engine, machine)
             top = max(step.terms, key=lambda name: abs(step.terms[name]))
             low, high = spread.get(engine, (seconds, seconds))
             rows.append(dict(set=cell_set["name"], engine=engine, measured_s=seconds, measured_min_s=low,
@@ -269,7 +277,7 @@ def report(out: pathlib.Path, terms_of: str | None = None) -> dict:
                    within_25=sum(abs(e) <= 0.25 for e in errors),
                    median_abs_error_without_host=statistics.median(bare) if bare else None,
                    pairs=len(pairs), pairs_right=sum(p["right"] for p in pairs), load_average=loads,
-                   step_scale=fitted.step_scale,
+                   step_scale=fitted.step_scale, step_scale_of_set=scales,
                    calibration_load=[(s["name"], *_measured(out / s["name"])[1]) for s in sets
                                      if s["role"] == "calibration"])  # fmt: skip
     (out / f"check{suffix}.json").write_text(json.dumps(dict(summary=summary, rows=rows, pairs=pairs,
@@ -368,7 +376,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="v12", help="run: the design's sets")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v13", help="run: the design's sets")
     parser.add_argument("--to", help="export: the folder to write OUT's calibration and measured cells to")
     parser.add_argument("--terms", choices=sorted(DESIGNS),
                         help="report: fit another design's host-work terms (writes check-terms-DESIGN.md)")  # fmt: skip

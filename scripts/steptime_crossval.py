@@ -26,19 +26,16 @@ def crossval(
     runs: list[str],
     speed: bool = False,
     own: int = 1,
-    scale: bool = False,
+    scale: bool | str = False,
 ) -> dict:
     """Per stored run: its held-out cells' errors, pairs and the fitted shared values. speed: every other run's
     cells rescaled to this run's speed (host_work.speed_scale on the calibration cells both measured); own: this
     run's calibration cells counted this many times; scale: every step x this run's calibration cells' measured
-    / predicted (host_work.run_scale)."""
-    import dataclasses
-
+    / predicted (host_work.run_scale); "nearest": x those of the cell's nearest calibration shape and ranks
+    (host_work.nearest_rows, design v13)."""
     from zero_train.timing.host_work import (
         at_speed,
         fit_host_work,
-        row_seconds,
-        run_scale,
         speed_scale,
         with_host_work,
     )
@@ -54,16 +51,25 @@ def crossval(
         fitted = with_host_work(
             load_machine(SEEN / run / "machine.json"), fit_host_work(train, terms, shared, relative)
         )
-        if scale:
-            fitted = dataclasses.replace(fitted, step_scale=run_scale(fitted, mine))
         cells = [
-            row | dict(predicted_s=row_seconds(fitted, row) * fitted.step_scale)
+            row | dict(predicted_s=_scaled(fitted, mine, row, scale))
             for row in rows_of[run]
             if row["role"] == "held-out"
         ]
         results[run] = dict(cells=cells, pairs=_pairs(cells),
                             shared={t: fitted.engine_host[cells[0]["engine"]].get(t, 0.0) for t in shared})  # fmt: skip
     return results
+
+
+def _scaled(fitted, mine: list[dict], row: dict, scale: bool | str) -> float:
+    """The row's step with the fitted host work, x the run's calibration cells' ratio where `scale` (all of them,
+    or "nearest": those of the cell's nearest calibration shape and ranks, design v13)."""
+    from zero_train.timing.host_work import nearest_rows, row_seconds, run_scale
+
+    if not scale:
+        return row_seconds(fitted, row)
+    near = nearest_rows(mine, row["num_params"], row["world_size"]) if scale == "nearest" else mine
+    return row_seconds(fitted, row) * run_scale(fitted, near)
 
 
 def _pairs(cells: list[dict]) -> list[bool]:
@@ -97,14 +103,17 @@ def main() -> None:
         help="the run's own calibration cells counted this often (default: the design's, or 1)",
     )
     parser.add_argument(
-        "--scale", action="store_true", help="every step x the run's own calibration cells' ratio"
+        "--scale",
+        choices=("all", "nearest"),
+        help="every step x the run's own calibration cells' ratio (nearest: its nearest shape's and ranks')",
     )
     parser.add_argument("--cells", action="store_true", help="print every held-out cell's error")
     args = parser.parse_args()
     how = FIT_OF[args.fit]
     shared = tuple(args.shared.split(",")) if args.shared else how["shared"]
     runs = args.runs.split(",") if args.runs else list(how["seen"])
-    speed, scale = args.speed or how.get("speed", False), args.scale or how.get("scale", False)
+    speed = args.speed or how.get("speed", False)
+    scale = {"all": True, "nearest": "nearest"}.get(args.scale, how.get("scale", False))
     own = args.own or how.get("own", 1)
     terms = tuple(args.terms.split(",")) if args.terms else DESIGNS[args.fit][1]
     results = crossval(terms, shared, how["relative"], runs, speed, own, scale)

@@ -72,11 +72,20 @@ Design v11 splits the loss's work at the LM head in two, a part stretched by ran
   high on every 4-rank cell (+4% .. +32%), most on llama-tiny 4 x 64 (vocabulary 32,000), where the per-logit
   cost was the largest host term and was doubled. Fitted beside per_logit_s on v3-v10's stored runs, the two
   split the cost ~40 / 60 (docs/steptime.md, design v11).
+
+Design v13 prices a wait by the work between waits, per engine, in place of a fixed cost per wait:
+
+    + per_sync_work_s x sync points x the step's other terms' seconds (the model's, without host work)
+
+- the last peer reaches a wait late by a share of the work it did since the last one (gloo ranks on shared cores
+  drift apart as they run), so a fixed cost per wait, fitted mostly on 0.1-2 s steps, overpriced the 0.04-0.07 s
+  ones: leave-one-run-out on v3-v12 their signed median error was +12% (docs/steptime.md, design v13).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 from zero_train.registry import engine_spec
@@ -86,12 +95,13 @@ TERM = "host work (fitted)"
 SCALE_TERM = "run speed (fitted)"
 
 
-TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s", "per_sync_s", "per_sync_peer_s")
+TERMS = ("per_micro_batch_s", "per_param_s", "per_comm_s", "per_sync_s", "per_sync_peer_s", "per_sync_work_s")
 """What a fit may hold per engine: seconds per micro-batch and per parameter per gradient reduction on one core,
 seconds per second of the model's exposed communication (its excess: gloo ranks on a loaded machine wait for
 each other's scheduling), and seconds per sync point (design v9: a wait costs each engine its own, DeepSpeed
 ZeRO-3's fetch coordinator at every unit more than our ZeRO-3's gather; shared by every engine in v7 and v8),
-and seconds per sync point per peer (design v10: the wait grows with the ranks it waits for)."""
+seconds per sync point per peer (design v10: the wait grows with the ranks it waits for), and seconds per sync
+point per second of the step's other terms (design v13: the wait grows with the work between waits)."""
 
 SHARED = (
     "per_logit_s",
@@ -128,11 +138,13 @@ def host_seconds(
     calls: int = 0,
     sync_points: int = 0,
     world_size: int = 1,
+    model_s: float = 0.0,
 ) -> float:
     """The engine's fitted host work per step on this machine (0 without a fit for it); `comm_s`: the step's
     exposed communication as the model prices it; `logits`: a micro-batch's tokens x vocabulary;
     `ckpt_layers`: the layers checkpointed (0 without checkpointing); `calls`: the step's collective calls (0 at
-    one rank); `sync_points`: where a rank waits for its peers in the step (step.sync_points; 0 at one rank); `world_size`: the ranks of a wait."""
+    one rank); `sync_points`: where a rank waits for its peers in the step (step.sync_points; 0 at one rank); `world_size`: the ranks of a wait;
+    `model_s`: the step's other terms (compute, exposed communication, optimizer), without host work."""
     fit = machine.engine_host.get(engine)
     if not fit:
         return 0.0
@@ -146,6 +158,7 @@ def host_seconds(
         world_size=world_size,
         host_cores=machine.host_cores_per_rank(ranks_on_node),
         comm_s=comm_s,
+        predicted_s=model_s,
     )
     return sum(fit.get(term, 0.0) * value for term, value in _columns(engine, row).items())
 
@@ -164,6 +177,7 @@ def _columns(engine: str, row: dict) -> dict[str, float]:
         "per_sync_s": row.get("sync_points", 0),
         "per_oversubscribed_sync_s": row.get("sync_points", 0) * max(0.0, 1 / cores - 1),
         "per_sync_peer_s": row.get("sync_points", 0) * max(0, row.get("world_size", 1) - 1),
+        "per_sync_work_s": row.get("sync_points", 0) * row.get("predicted_s", 0.0),
     }
 
 
@@ -307,7 +321,22 @@ def row_seconds(machine: Machine, row: dict) -> float:
         calls=row["calls"],
         sync_points=row["sync_points"],
         world_size=row["world_size"],
+        model_s=row["predicted_s"],
     )
+
+
+def nearest_rows(rows: list[dict], num_params: int, world_size: int) -> list[dict]:
+    """The rows (a run's calibration cells) of the calibration shape nearest in parameters to `num_params`, and
+    of those the rank count nearest `world_size` (both on a log scale): the cells a step is scaled by in design
+    v13 (run_scale). A run's sets move apart within the run (-14% .. +21% per calibration set, docs/steptime.md,
+    design v12); the cells of the shape and ranks nearest a held-out cell carry more of its deviation than all
+    of them (v3-v12 leave-one-run-out, design v13)."""
+
+    def nearest(pool: list[dict], key: str, value: int) -> list[dict]:
+        best = min(abs(math.log(row[key] / value)) for row in pool)
+        return [row for row in pool if abs(math.log(row[key] / value)) == best]
+
+    return nearest(nearest(rows, "num_params", num_params), "world_size", world_size) if rows else []
 
 
 def run_scale(machine: Machine, rows: list[dict]) -> float:

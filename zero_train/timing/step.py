@@ -207,6 +207,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
     terms.update(exposed)
     terms.update(_optimizer_terms(shape, spec, setup, machine, shares["memory"], ranks_on_node))
     if setup.engine in machine.engine_host:
+        model_s = sum(terms.values())
         terms[host_work.TERM] = host_work.host_seconds(
             machine,
             setup.engine,
@@ -219,6 +220,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
             calls=sum(entry["calls"] for entry in comm.values()) if setup.world_size > 1 else 0,
             sync_points=waits,
             world_size=setup.world_size,
+            model_s=model_s,
         )
     if machine.step_scale != 1.0:  # the run's speed: every term alike, named so that the terms still sum
         terms[host_work.SCALE_TERM] = (machine.step_scale - 1.0) * sum(terms.values())
