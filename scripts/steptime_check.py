@@ -1,13 +1,13 @@
 """The step-time model out of sample on this machine: calibrate, fit each engine's host work on calibration
 cells, then predict bench cells neither ever saw.
 
-    .venv/bin/python scripts/steptime_check.py run --role all --out runs/steptime   # calibrate + all sets (~8 min)
+    .venv/bin/python scripts/steptime_check.py run --role all --out runs/steptime   # calibrate + all sets (v14: ~17 min)
     .venv/bin/python scripts/steptime_check.py report --out runs/steptime           # fit, predict, judge
 
 The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
 verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's, v5 after v4's, v6 after v5's,
-v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's, v12 after v11's, v13 after v12's;
-each committed before its own run):
+v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's, v12 after v11's, v13 after v12's,
+v14 after v13's; each committed before its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
   24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 and v3 at 1 and 2) and HELD-OUT sets (other rank
@@ -22,10 +22,11 @@ each committed before its own run):
   than 15% ordered right;
 - every set is one `zero-train bench` launch, its engines interleaved, fp32, 5 steps of which the first 2 are
   warm-up (left out of the median; v4: 7 steps, the median of 5; v12: each engine run twice, interleaved, 6 steps
-  of which 2 warm-up, the median over its runs of each run's median), the bench's ranks on one thread each (its launches' OMP_NUM_THREADS=1: the
-  model is told threads_per_rank=1).
-The same benches judge bench's predicted duration (zero_train.bench.duration): its two constants fitted on
-the calibration sets' runs, judged on the held-out sets' wall times (`report` writes OUT/duration.md).
+  of which 2 warm-up, the median over its runs of each run's median; v14: each set launched once in each of
+  three rounds, each engine once per launch, the median over its launches), the bench's ranks on one thread
+  each (its launches' OMP_NUM_THREADS=1: the model is told threads_per_rank=1).
+The same benches judge bench's predicted duration (zero_train.bench.duration; scripts/steptime_duration.py): its
+two constants fitted on the calibration sets' runs, judged on the held-out sets' wall times (OUT/duration.md).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import sys
 import time
 
 from steptime_designs import DESIGNS, FIT_OF, STEPS_OF
+from steptime_duration import _bench, _launches, duration_report, record_duration_constants
 
 
 def _design_name(out: pathlib.Path) -> str:
@@ -58,7 +60,7 @@ RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v13") -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v14") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
@@ -67,20 +69,24 @@ def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: st
         subprocess.run([*zero_train, "calibrate", "--world-sizes", "2,4", "-o", str(out / "machine.json"),
                         "--force"], check=True)  # fmt: skip
         print(f"[{time.time() - started:.0f} s] calibrated", flush=True)
-    repeats = str(
-        STEPS_OF[design].get("repeats", 1)
-    )  # runs per cell, interleaved in the set's launch (v12: 2)
-    for cell_set in DESIGNS[design][0]:
-        if role not in (cell_set["role"], "all") or (names and cell_set["name"] not in names):
-            continue
-        flags = ["--model", cell_set["model"], "--engines", cell_set["engines"], "--precisions", "fp32",
-                 "--world-size", str(cell_set["world_size"]), "--micro-batch-size", str(cell_set["micro_batch_size"]),
-                 "--block-size", str(cell_set["block_size"]), "--grad-accum", str(cell_set.get("grad_accum", 1)),
-                 "--steps", str(STEPS_OF[design]["steps"]), "--warmup", str(STEPS_OF[design]["warmup"]), "--repeats", repeats,
-                 "--other-repeats", repeats, "--timeout", str(RUN_TIMEOUT_S), "--out", str(out / cell_set["name"])]  # fmt: skip
-        flags += ["--gradient-checkpointing"] if cell_set.get("gradient_checkpointing") else []
-        subprocess.run([*zero_train, "bench", *flags], check=False)
-        print(f"[{time.time() - started:.0f} s] {cell_set['name']} done", flush=True)
+    steps = STEPS_OF[design]
+    repeats = str(steps.get("repeats", 1))  # runs per cell, interleaved in the set's launch (v12: 2)
+    # v14: every set launched once per round, the rounds in turn, the odd ones in reverse order
+    rounds = steps.get("rounds", 1)
+    for round_ in range(rounds):
+        order = DESIGNS[design][0] if round_ % 2 == 0 else DESIGNS[design][0][::-1]
+        for cell_set in order:
+            if role not in (cell_set["role"], "all") or (names and cell_set["name"] not in names):
+                continue
+            folder = out / cell_set["name"] / (f"round-{round_ + 1}" if rounds > 1 else "")
+            flags = ["--model", cell_set["model"], "--engines", cell_set["engines"], "--precisions", "fp32",
+                     "--world-size", str(cell_set["world_size"]), "--micro-batch-size", str(cell_set["micro_batch_size"]),
+                     "--block-size", str(cell_set["block_size"]), "--grad-accum", str(cell_set.get("grad_accum", 1)),
+                     "--steps", str(steps["steps"]), "--warmup", str(steps["warmup"]), "--repeats", repeats,
+                     "--other-repeats", repeats, "--timeout", str(RUN_TIMEOUT_S), "--out", str(folder)]  # fmt: skip
+            flags += ["--gradient-checkpointing"] if cell_set.get("gradient_checkpointing") else []
+            subprocess.run([*zero_train, "bench", *flags], check=False)
+            print(f"[{time.time() - started:.0f} s] {cell_set['name']} {folder.name} done", flush=True)
 
 
 def predict(cell_set: dict, engine: str, machine):
@@ -120,28 +126,28 @@ def _count(cell_set: dict):
     return _COUNTS[cell_set["name"]]
 
 
-def _bench(folder: pathlib.Path) -> dict | None:
-    path = folder / "bench.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def _measured(folder: pathlib.Path) -> tuple[dict[str, float], tuple]:
-    """engine -> median step seconds after the warm-up, and the load average (start, end)."""
-    bench = _bench(folder)
-    if bench is None:
+    """engine -> median step seconds after the warm-up (v14: the median over the set's launches of each launch's),
+    and the load average (the first launch's start, the last's end)."""
+    benches = [b for b in (_bench(f) for f, _ in _launches(folder)) if b is not None]
+    if not benches:
         return {}, ("not recorded", "not recorded")
-    cells = {c["engine"]: c["step_time_s"]["median"] for c in bench["cells"] if c.get("step_time_s")}
-    return cells, (bench["load_average"]["start"][0], bench["load_average"]["end"][0])
+    per_launch: dict[str, list[float]] = {}
+    for bench in benches:
+        for c in (c for c in bench["cells"] if c.get("step_time_s")):
+            per_launch.setdefault(c["engine"], []).append(c["step_time_s"]["median"])
+    cells = {engine: statistics.median(medians) for engine, medians in per_launch.items()}
+    return cells, (benches[0]["load_average"]["start"][0], benches[-1]["load_average"]["end"][0])
 
 
 def _spread(folder: pathlib.Path) -> dict[str, tuple[float, float]]:
     """engine -> (min, max) of the step seconds its runs' medians were taken over (after each run's warm-up)."""
-    bench = _bench(folder) or {"samples": []}
     steps_of: dict[str, list[float]] = {}
-    for sample in bench["samples"]:
-        steps = (sample.get("step_times_s") or [])[sample.get("warmup", 0) :]
-        if steps and not sample.get("error"):
-            steps_of.setdefault(sample["engine"], []).extend(steps)
+    for launch, _ in _launches(folder):
+        for sample in (_bench(launch) or {"samples": []})["samples"]:
+            steps = (sample.get("step_times_s") or [])[sample.get("warmup", 0) :]
+            if steps and not sample.get("error"):
+                steps_of.setdefault(sample["engine"], []).extend(steps)
     return {engine: (min(steps), max(steps)) for engine, steps in steps_of.items()}
 
 
@@ -306,67 +312,8 @@ def report(out: pathlib.Path, terms_of: str | None = None) -> dict:
     lines += ["", json.dumps(summary)]
     (out / f"check{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    duration_report(out, sets)
+    duration_report(out, sets, _design_name(out))
     return summary
-
-
-def _duration_runs(bench: dict) -> list[dict]:
-    """Per finished run of a bench: its wall time, the sum and count of its step times."""
-    return [dict(wall_s=s["wall_s"], steps_s=sum(s["step_times_s"]), steps=len(s["step_times_s"]))
-            for s in bench["samples"] if not s.get("error") and s.get("step_times_s")]  # fmt: skip
-
-
-def duration_report(out: pathlib.Path, sets: list[dict]) -> None:
-    """bench/duration.py's constants fitted on the calibration sets' runs, judged on the held-out sets' wall times:
-    RUN_START_S the median of (run wall - its steps), STEP_SHARE_OF_MATMUL the median of (predicted step at share 1)
-    / (measured mean step); the probe's rate recovered from each bench's own predicted_s and the constants then."""
-    then = json.loads((out / "duration_constants.json").read_text())
-    fits, judged = {"start": [], "share": []}, []
-    benches = {s["name"]: (s, _bench(out / s["name"])) for s in sets}
-    for cell_set, bench in benches.values():
-        if bench is None or bench.get("predicted_s") is None:
-            continue
-        runs = _duration_runs(bench)
-        planned = len(bench["samples"])
-        steps = STEPS_OF[_design_name(out)]["steps"] * planned
-        step_then = (bench["predicted_s"] - then["LAUNCH_START_S"] - planned * then["RUN_START_S"]) / steps
-        share_one = then["STEP_SHARE_OF_MATMUL"] * step_then  # the predicted step were the share 1
-        bench["_share_one"], bench["_planned"] = share_one, planned
-        if cell_set["role"] == "calibration":
-            fits["start"] += [r["wall_s"] - r["steps_s"] for r in runs]
-            fits["share"] += [share_one / (r["steps_s"] / r["steps"]) for r in runs]
-    if not fits["start"]:
-        return
-    start, share = statistics.median(fits["start"]), statistics.median(fits["share"])
-    for name, (cell_set, bench) in benches.items():
-        if bench is None or "_share_one" not in bench:
-            continue
-        predicted = (then["LAUNCH_START_S"] + bench["_planned"] * start
-                     + STEPS_OF[_design_name(out)]["steps"] * bench["_planned"] * bench["_share_one"] / share)  # fmt: skip
-        judged.append(dict(set=name, role=cell_set["role"], wall_s=bench["wall_s"], predicted_then_s=bench["predicted_s"],
-                           predicted_s=predicted, error=predicted / bench["wall_s"] - 1,
-                           load=(bench["load_average"]["start"][0], bench["load_average"]["end"][0])))  # fmt: skip
-    held = [j["error"] for j in judged if j["role"] == "held-out"]
-    summary = dict(RUN_START_S=start, STEP_SHARE_OF_MATMUL=share, held_out=len(held),
-                   min_error=min(held, default=None), max_error=max(held, default=None),
-                   median_abs_error=statistics.median(abs(e) for e in held) if held else None)  # fmt: skip
-    lines = ["| set | role | wall s | predicted s (constants then) | predicted s (fitted) | error | load start/end |",
-             "|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
-    lines += [f"| {j['set']} | {j['role']} | {j['wall_s']:.0f} | {j['predicted_then_s']:.0f} | {j['predicted_s']:.0f} | "
-              f"{j['error']:+.0%} | {j['load'][0]:.1f} / {j['load'][1]:.1f} |" for j in judged]  # fmt: skip
-    lines += ["", json.dumps(summary)]
-    (out / "duration.md").write_text("\n".join(lines) + "\n")
-    (out / "duration.json").write_text(json.dumps(dict(summary=summary, benches=judged), indent=1) + "\n")
-    print("\n".join(lines))
-
-
-def _record_duration_constants(out: pathlib.Path) -> None:
-    """The duration constants the benches run with (report recovers each bench's probe rate from them)."""
-    from zero_train.bench import duration
-
-    names = ("STEP_SHARE_OF_MATMUL", "RUN_START_S", "LAUNCH_START_S")
-    record = {n: getattr(duration, n) for n in names}
-    (out / "duration_constants.json").write_text(json.dumps(record) + "\n")
 
 
 def main() -> None:
@@ -376,7 +323,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="v13", help="run: the design's sets")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v14", help="run: the design's sets")
     parser.add_argument("--to", help="export: the folder to write OUT's calibration and measured cells to")
     parser.add_argument("--terms", choices=sorted(DESIGNS),
                         help="report: fit another design's host-work terms (writes check-terms-DESIGN.md)")  # fmt: skip
@@ -386,7 +333,7 @@ def main() -> None:
         if not args.role:
             parser.error("run needs --role calibration, held-out or all")
         out.mkdir(parents=True, exist_ok=True)
-        _record_duration_constants(out)
+        record_duration_constants(out)
         run(out, args.role, args.sets.split(",") if args.sets else None, args.design)
     elif args.action == "export":
         if not args.to:
