@@ -110,12 +110,15 @@ SHARED = (
     "per_sync_s",
     "per_oversubscribed_sync_s",
     "per_logit_rank_s",
+    "per_op_s",
 )
 """What a fit may hold shared by every engine: seconds per logit element and per checkpointed layer, each per
 micro-batch on one core; seconds per collective call at more than one rank (designs v5, v6); seconds per sync
 point (step.sync_points) and per sync point per rank beyond the cores per core (design v7); seconds per logit
 element per micro-batch whatever the rank's share of the cores (design v11: fitted beside per_logit_s, it splits
-the loss's work into a part stretched by ranks / cores and a part that is not)."""
+the loss's work into a part stretched by ranks / cores and a part that is not); seconds per ATen op dispatched
+per micro-batch on one core (design v16: the eager dispatcher's and the modules' Python cost, which grows with
+a model's ops, not its FLOPs)."""
 
 
 def reductions(engine: str, grad_accum: int) -> int:
@@ -139,12 +142,14 @@ def host_seconds(
     sync_points: int = 0,
     world_size: int = 1,
     model_s: float = 0.0,
+    ops: int = 0,
 ) -> float:
     """The engine's fitted host work per step on this machine (0 without a fit for it); `comm_s`: the step's
     exposed communication as the model prices it; `logits`: a micro-batch's tokens x vocabulary;
     `ckpt_layers`: the layers checkpointed (0 without checkpointing); `calls`: the step's collective calls (0 at
     one rank); `sync_points`: where a rank waits for its peers in the step (step.sync_points; 0 at one rank); `world_size`: the ranks of a wait;
-    `model_s`: the step's other terms (compute, exposed communication, optimizer), without host work."""
+    `model_s`: the step's other terms (compute, exposed communication, optimizer), without host work; `ops`: the
+    ATen ops a micro-batch's forward + backward dispatches (ActivationCount.ops)."""
     fit = machine.engine_host.get(engine)
     if not fit:
         return 0.0
@@ -159,6 +164,7 @@ def host_seconds(
         host_cores=machine.host_cores_per_rank(ranks_on_node),
         comm_s=comm_s,
         predicted_s=model_s,
+        ops=ops,
     )
     return sum(fit.get(term, 0.0) * value for term, value in _columns(engine, row).items())
 
@@ -178,6 +184,7 @@ def _columns(engine: str, row: dict) -> dict[str, float]:
         "per_oversubscribed_sync_s": row.get("sync_points", 0) * max(0.0, 1 / cores - 1),
         "per_sync_peer_s": row.get("sync_points", 0) * max(0, row.get("world_size", 1) - 1),
         "per_sync_work_s": row.get("sync_points", 0) * row.get("predicted_s", 0.0),
+        "per_op_s": k * row.get("ops", 0) / cores,
     }
 
 
@@ -322,6 +329,7 @@ def row_seconds(machine: Machine, row: dict) -> float:
         sync_points=row["sync_points"],
         world_size=row["world_size"],
         model_s=row["predicted_s"],
+        ops=row.get("ops", 0),
     )
 
 

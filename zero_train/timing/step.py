@@ -221,6 +221,7 @@ def step_time(shape: ModelShape, count, setup: StepSetup, machine: Machine) -> S
             sync_points=waits,
             world_size=setup.world_size,
             model_s=model_s,
+            ops=count.ops if count is not None else 0,
         )
     if machine.step_scale != 1.0:  # the run's speed: every term alike, named so that the terms still sum
         terms[host_work.SCALE_TERM] = (machine.step_scale - 1.0) * sum(terms.values())

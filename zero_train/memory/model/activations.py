@@ -76,6 +76,8 @@ class ActivationCount:
     """Of forward + backward FLOPs, attention's (the seq^2 term: scores and their product with values)."""
     memory_bytes: int = 0
     """Bytes read and written by every other op of forward + backward (elementwise, norms, softmax, loss)."""
+    ops: int = 0
+    """ATen ops dispatched by forward + backward, views and the re-run under checkpointing included."""
 
     def as_dict(self) -> dict:
         """JSON-ready fields."""
@@ -153,6 +155,7 @@ ADDITIVE_FIELDS = (
     "recompute_flops",
     "attention_flops",
     "memory_bytes",
+    "ops",
 )
 """Fields that grow by the same amount with every identical block (the others are per block, or fixed)."""
 
@@ -243,4 +246,5 @@ def count_model_activations(
         recompute_flops=counter.cost.recompute_flops,
         attention_flops=counter.cost.attention_flops,
         memory_bytes=counter.cost.memory_bytes,
+        ops=counter.cost.ops,
     )

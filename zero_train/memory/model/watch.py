@@ -225,7 +225,8 @@ class OpCost(TorchDispatchMode):
     the bytes it reads and writes (elementwise, norms, softmax, the loss, copies: bound by memory bandwidth);
     views move nothing and are left out. FLOPs of ops run with grad mode on while the backward runs are the
     recomputation of checkpointing (`recompute_flops`, also in `backward_flops`): autograd's own backward ops run
-    with it off (no create_graph), checkpoint's re-run of a block's forward with it on.
+    with it off (no create_graph), checkpoint's re-run of a block's forward with it on. `ops`: every op
+    dispatched, views included (each costs the eager dispatcher its own host time, whatever its size).
     """
 
     def __init__(self) -> None:
@@ -242,10 +243,12 @@ class OpCost(TorchDispatchMode):
         self.attention_flops = 0
         self.recompute_flops = 0
         self.memory_bytes = 0
+        self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.ops += func.namespace != "prim"  # prim.device: fake tensors' device queries, not the model's ops
         packet = func._overloadpacket
         formula = self.formulas.get(packet)
         if formula is not None:
