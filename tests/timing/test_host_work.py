@@ -380,33 +380,3 @@ def test_the_losss_work_splits_into_a_part_stretched_by_ranks_over_cores_and_a_p
     machine = with_host_work(_cpu(cores=2), fits)
     seconds = host_seconds(machine, "ddp", grad_accum=1, num_params=0, ranks_on_node=4, logits=logits)
     assert seconds == pytest.approx(logits * 11e-9)
-
-
-def test_a_cost_per_op_is_fitted_shared_and_charged_per_op_the_count_dispatched():
-    # design v16: seconds per ATen op a micro-batch dispatches, on one core, shared by every engine
-    import torch
-
-    from zero_train.hf.models import model_config
-    from zero_train.memory.model.activations import count_activations
-
-    per_op, own = 1.5e-5, {"ddp": 0.004, "ds1": 0.02}
-    cells = ((1, 1.0, 300), (2, 1.0, 900), (1, 0.5, 2_400))  # accumulation, host cores, ops per micro-batch
-    rows = [
-        dict(engine=e, grad_accum=k, num_params=620_000, host_cores=h, ops=ops, measured_s=1.0)
-        | dict(residual_s=(a * k + per_op * ops * k) / h)
-        for e, a in own.items()
-        for k, h, ops in cells
-    ]
-    fits = fit_host_work(rows, terms=("per_micro_batch_s",), shared=("per_op_s",), relative=True)
-    assert {e: (f["per_micro_batch_s"], f["per_op_s"]) for e, f in fits.items()} == {
-        e: (pytest.approx(a, rel=1e-6), pytest.approx(per_op, rel=1e-6)) for e, a in own.items()
-    }
-    config = model_config("tiny")
-    count = count_activations(config, micro_batch_size=2, block_size=32, dtype=torch.float32)
-    assert count.ops > 100  # every op of a 2-layer forward and backward
-    machine = with_host_work(_cpu(), fits)
-    setup = StepSetup(engine="ds1", world_size=1, gpus_per_node=1, micro_batch_size=2, block_size=32,
-                      grad_accum=2, precision="fp32", threads_per_rank=1)  # fmt: skip
-    shape = ModelShape(num_params=620_000, num_layers=2, hidden_size=64, vocab_size=8192)
-    with_ops, without = step_time(shape, count, setup, machine), step_time(shape, None, setup, machine)
-    assert with_ops.terms[TERM] - without.terms[TERM] == pytest.approx(per_op * count.ops * 2)
