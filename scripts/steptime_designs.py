@@ -313,32 +313,6 @@ FIT_OF = {
         speed=True,
         scale="nearest",
     ),
-    "v14": dict(
-        shared=(
-            "per_logit_s",
-            "per_logit_rank_s",
-            "per_ckpt_layer_s",
-            "per_oversubscribed_sync_s",
-            "per_call_s",
-        ),
-        relative=True,
-        seen=("v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13"),
-        speed=True,
-        scale="nearest",
-    ),
-    "v15": dict(
-        shared=(
-            "per_logit_s",
-            "per_logit_rank_s",
-            "per_ckpt_layer_s",
-            "per_oversubscribed_sync_s",
-            "per_call_s",
-        ),
-        relative=True,
-        seen=("v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13"),
-        speed=True,
-        scale="nearest",
-    ),
     "v16": dict(
         shared=("per_logit_s", "per_logit_rank_s", "per_oversubscribed_sync_s", "per_call_s", "per_op_s"),
         relative=True,
@@ -356,3 +330,5 @@ how often the run's own calibration cells count. v13: scale "nearest", each cell
 of its nearest calibration shape and ranks (host_work.nearest_rows). v14: v13's, with v13's cells seen. v15: v14's, exactly (a
 replication: v14's cells not added). v16: a cost per ATen op in place of the one per checkpointed layer, v14's
 and v15's cells seen."""
+FIT_OF["v14"] = FIT_OF["v13"] | dict(seen=(*FIT_OF["v13"]["seen"], "v13"))  # v13's fit, v13's cells seen
+FIT_OF["v15"] = FIT_OF["v14"]  # a replication: v14's fit exactly
