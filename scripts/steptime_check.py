@@ -7,8 +7,8 @@ cells, then predict bench cells neither ever saw.
 The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1 ran first, v2 after v1's
 verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's, v5 after v4's, v6 after v5's,
 v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's, v12 after v11's, v13 after v12's,
-v14 after v13's, v15 (v14 replicated on new cells) after v14's,
-v16 after v15's; each committed before its own run):
+v14 after v13's, v15 (v14 replicated on new cells) after v14's, v16 after v15's, v17 and v18 (v17 replicated on
+new cells) after v16's; each committed before its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
   24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 and v3 at 1 and 2) and HELD-OUT sets (other rank
@@ -61,7 +61,7 @@ RUN_TIMEOUT_S = 120
 """A run with no progress for this long is stopped (a hang must not eat the measurement's window)."""
 
 
-def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v16") -> None:
+def run(out: pathlib.Path, role: str, names: list[str] | None = None, design: str = "v17") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "design.json").write_text(json.dumps(dict(design=design)) + "\n")
     zero_train = [sys.executable, "-m", "zero_train.cli.main"]
@@ -325,7 +325,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("calibration", "held-out", "all"),
                         help="run: which sets (all: calibrate, the calibration sets, then the held-out ones)")  # fmt: skip
     parser.add_argument("--sets", help="run: only these sets of the role (comma-separated names)")
-    parser.add_argument("--design", choices=sorted(DESIGNS), default="v16", help="run: the design's sets")
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="v17", help="run: the design's sets")
     parser.add_argument("--to", help="export: the folder to write OUT's calibration and measured cells to")
     parser.add_argument("--terms", choices=sorted(DESIGNS),
                         help="report: fit another design's host-work terms (writes check-terms-DESIGN.md)")  # fmt: skip
