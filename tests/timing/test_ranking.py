@@ -49,3 +49,13 @@ def test_plan_prints_time_beside_memory_fastest_first(capsys):
     hours = [float(line.split("%")[1].split()[0]) for line in rows]
     assert rows[0].startswith("->") and hours == sorted(hours) and len(rows) > 3
     assert "of 40 GB" in out and "host memory not checked" in out and "64 x 256 tokens" in out
+    # host/machine is a load-time peak for engines that build the whole model on each rank: said under the table,
+    # and the number is the 8 ranks' fp32 copies (our ZeRO-3, no offload: training holds nothing on the host)
+    from zero_train.hf.models import model_config
+    from zero_train.memory.model.theory import model_shape
+
+    legend = next(line for line in out.splitlines() if line.startswith("host/machine:"))
+    assert "8 ranks together" in legend and "--load-dtype fp32" in legend and "--host-memory GB" in legend
+    ours = next(line for line in rows if line[2:].startswith("our ZeRO-3 ") and "checkpointing" not in line)
+    host_gb = float(ours.split("GB")[2].split()[0])
+    assert host_gb == pytest.approx(8 * 4 * model_shape(model_config("gpt2-25m")).num_params / 1e9, abs=0.051)

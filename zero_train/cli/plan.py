@@ -197,10 +197,27 @@ def render(plan, ranked, args: argparse.Namespace, machine_note: str) -> str:
             f"{time} {candidate.device_bytes / GB:>7.1f} GB {candidate.slack_bytes / GB:>5.1f} GB "
             f"{candidate.host_bytes / GB:>9.1f} GB{why}"
         )
+    if any(row.candidate.host_bytes for row in ranked):
+        lines.append(_host_legend(args))
     if plan.rejected:
         lines.append("set-ups that do not fit:")
         lines += [f"  {c.setup.name}: {c.reason}" for c in plan.rejected]
     return "\n".join(lines) + "\n"
+
+
+def _host_legend(args: argparse.Namespace) -> str:
+    """What host/machine counts: a load-time peak for most engines, which reads as a training cost otherwise."""
+    check = (
+        f"--host-memory {args.host_memory:g} checked it"
+        if args.host_checked
+        else "--host-memory GB checks it against your machines"
+    )
+    return (
+        f"host/machine: one machine's host memory at its highest, its {args.gpus_per_node} ranks together: the "
+        "larger of building the model (each rank holds the whole model in --load-dtype "
+        f"{args.load_dtype} before it shards, all but DeepSpeed ZeRO-3's zero.Init) and training (offloaded "
+        f"states); {check}"
+    )
 
 
 def output_paths(args: argparse.Namespace) -> list[pathlib.Path]:
