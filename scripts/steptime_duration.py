@@ -32,9 +32,11 @@ def _duration_runs(bench: dict) -> list[dict]:
 def duration_report(out: pathlib.Path, sets: list[dict], design: str) -> None:
     """bench/duration.py's constants fitted on the calibration sets' runs, judged on the held-out sets' wall times:
     RUN_START_S the median of (run wall - its steps), STEP_SHARE_OF_MATMUL the median of (predicted step at share 1)
-    / (measured mean step); the probe's rate recovered from each bench's own predicted_s and the constants then."""
+    / (measured mean step), LAUNCH_START_S the median of (launch wall - its runs' walls) / the ranks' share of the
+    cores; the probe's rate recovered from each bench's own predicted_s and the constants then (whose launch start
+    was not stretched by the share before "launch_share" was recorded)."""
     then = json.loads((out / "duration_constants.json").read_text())
-    fits, judged = {"start": [], "share": []}, []
+    fits, judged = {"start": [], "share": [], "launch": []}, []
     benches = {f"{s['name']}{suffix}": (s, _bench(folder))
                for s in sets for folder, suffix in _launches(out / s["name"])}  # fmt: skip
     for cell_set, bench in benches.values():
@@ -43,25 +45,30 @@ def duration_report(out: pathlib.Path, sets: list[dict], design: str) -> None:
         runs = _duration_runs(bench)
         planned = len(bench["samples"])
         steps = STEPS_OF[design]["steps"] * planned
-        step_then = (bench["predicted_s"] - then["LAUNCH_START_S"] - planned * then["RUN_START_S"]) / steps
+        cpus = bench["machine"].get("logical_cpus")
+        stretch = max(1.0, cell_set["world_size"] / cpus) if cpus else 1.0  # ranks beyond the cores share them
+        launch_then = then["LAUNCH_START_S"] * (stretch if then.get("launch_share") else 1.0)
+        step_then = (bench["predicted_s"] - launch_then - planned * then["RUN_START_S"]) / steps
         share_one = then["STEP_SHARE_OF_MATMUL"] * step_then  # the predicted step were the share 1
-        bench["_share_one"], bench["_planned"] = share_one, planned
+        bench["_share_one"], bench["_planned"], bench["_stretch"] = share_one, planned, stretch
         if cell_set["role"] == "calibration":
             fits["start"] += [r["wall_s"] - r["steps_s"] for r in runs]
             fits["share"] += [share_one / (r["steps_s"] / r["steps"]) for r in runs]
+            fits["launch"].append((bench["wall_s"] - sum(r["wall_s"] for r in runs)) / stretch)
     if not fits["start"]:
         return
     start, share = statistics.median(fits["start"]), statistics.median(fits["share"])
+    launch = statistics.median(fits["launch"])
     for name, (cell_set, bench) in benches.items():
         if bench is None or "_share_one" not in bench:
             continue
-        predicted = (then["LAUNCH_START_S"] + bench["_planned"] * start
+        predicted = (launch * bench["_stretch"] + bench["_planned"] * start
                      + STEPS_OF[design]["steps"] * bench["_planned"] * bench["_share_one"] / share)  # fmt: skip
         judged.append(dict(set=name, role=cell_set["role"], wall_s=bench["wall_s"], predicted_then_s=bench["predicted_s"],
                            predicted_s=predicted, error=predicted / bench["wall_s"] - 1,
                            load=(bench["load_average"]["start"][0], bench["load_average"]["end"][0])))  # fmt: skip
     held = [j["error"] for j in judged if j["role"] == "held-out"]
-    summary = dict(RUN_START_S=start, STEP_SHARE_OF_MATMUL=share, held_out=len(held),
+    summary = dict(RUN_START_S=start, STEP_SHARE_OF_MATMUL=share, LAUNCH_START_S=launch, held_out=len(held),
                    min_error=min(held, default=None), max_error=max(held, default=None),
                    median_abs_error=statistics.median(abs(e) for e in held) if held else None)  # fmt: skip
     lines = ["| set | role | wall s | predicted s (constants then) | predicted s (fitted) | error | load start/end |",
@@ -79,5 +86,5 @@ def record_duration_constants(out: pathlib.Path) -> None:
     from zero_train.bench import duration
 
     names = ("STEP_SHARE_OF_MATMUL", "RUN_START_S", "LAUNCH_START_S")
-    record = {n: getattr(duration, n) for n in names}
+    record = {n: getattr(duration, n) for n in names} | {"launch_share": True}  # launch start x ranks / cores
     (out / "duration_constants.json").write_text(json.dumps(record) + "\n")

@@ -6,8 +6,8 @@ Chowdhery et al., 2022, appendix B; within 5% of torch's FLOP counter on our mod
 rank on one thread (run_logged's OMP_NUM_THREADS=1). The rate is measured here, now, under whatever load the
 machine has: one thread's matmul of the model's width in each precision, times the share of that rate a whole
 training step reaches (measured: docs/bench.md#how-long-a-bench-takes).
-The optimizer step and the collectives are left out: in the default, optimizer-bound bench they are most of
-a step and the figure is a floor; the start-up term covers the rest of a small run.
+The optimizer step and the collectives are not counted apart: the fitted share absorbs them on the small models
+it was fitted on; in an optimizer-bound bench of a large model they are most of a step and the figure is a floor.
 """
 
 from __future__ import annotations
@@ -17,13 +17,20 @@ import time
 
 import torch
 
-STEP_SHARE_OF_MATMUL = 0.2
-"""A training step's FLOP rate / a bare matmul's on one thread, fp32 and bf16 (measured:
-docs/bench.md#how-long-a-bench-takes)."""
-RUN_START_S = 10.0
-"""Per run in one launch: its model, engine and data built, torn down after (measured, same page)."""
-LAUNCH_START_S = 15.0
-"""Per launch: the launcher, the ranks' interpreters and imports, the process group (docs/startup.md)."""
+STEP_SHARE_OF_MATMUL = 0.34
+"""A training step's FLOP rate / a bare matmul's on one thread (fitted: the median over the 12 calibration
+launches of the step-time check's design v17, 108 runs on a quiet 2-core EPYC, 2026-11-29;
+docs/bench.md#how-long-a-bench-takes judges it on design v18's launches). Under load the probe sees part of the
+slowdown, not all of it."""
+RUN_START_S = 0.34
+"""Per run in one launch: its model, engine and data built, torn down after (fitted as above: a run's wall time
+less its steps, median)."""
+LAUNCH_START_S = 4.6
+"""Per launch, ranks within the cores: the launcher, the ranks' interpreters and imports, the process group,
+the bench's own start and end (fitted as above: a launch's wall time less its runs', median); ranks beyond
+the cores share them, and the launch takes that much longer (designs v17's and v18's 4-rank launches on 2 cores:
+7.3-8.4 s).
+A first launch after boot reads its libraries from disk and takes longer (docs/startup.md)."""
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
@@ -70,7 +77,7 @@ def bench_seconds(meta: dict, runs: list[tuple[str, int]], *, launches: int = 1)
     flops = step_flops(meta)
     rate = {p: matmul_rate(p, meta["hidden_size"]) for p in sorted({p for p, _ in runs})}
     step_s = {p: flops * share / (STEP_SHARE_OF_MATMUL * rate[p]) for p in rate}
-    total = launches * LAUNCH_START_S + sum(RUN_START_S + steps * step_s[p] for p, steps in runs)
+    total = launches * LAUNCH_START_S * share + sum(RUN_START_S + steps * step_s[p] for p, steps in runs)
     return dict(total_s=total, step_s=step_s, rate=rate)
 
 
