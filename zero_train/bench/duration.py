@@ -18,19 +18,17 @@ import time
 import torch
 
 STEP_SHARE_OF_MATMUL = 0.34
-"""A training step's FLOP rate / a bare matmul's on one thread (fitted: the median over the 12 calibration
-launches of the step-time check's design v17, 108 runs on a quiet 2-core EPYC, 2026-11-29;
-docs/bench.md#how-long-a-bench-takes judges it on design v18's launches). Under load the probe sees part of the
+"""A training step's FLOP rate / a bare matmul's on one thread, fitted on the step-time check's quiet calibration
+launches and judged on others (docs/bench.md#how-long-a-bench-takes). Under load the probe sees part of the
 slowdown, not all of it."""
 RUN_START_S = 0.34
 """Per run in one launch: its model, engine and data built, torn down after (fitted as above: a run's wall time
-less its steps, median)."""
+less its steps)."""
 LAUNCH_START_S = 4.6
 """Per launch, ranks within the cores: the launcher, the ranks' interpreters and imports, the process group,
-the bench's own start and end (fitted as above: a launch's wall time less its runs', median); ranks beyond
-the cores share them, and the launch takes that much longer (designs v17's and v18's 4-rank launches on 2 cores:
-7.3-8.4 s).
-A first launch after boot reads its libraries from disk and takes longer (docs/startup.md)."""
+the bench's own start and end (fitted as above: a launch's wall time less its runs'). Ranks beyond the cores
+share them and stretch it as they stretch the steps; a first launch after boot reads its libraries from disk
+and takes longer (docs/startup.md)."""
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
