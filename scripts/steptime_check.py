@@ -8,7 +8,7 @@ The design, fixed before its run measured anything (issue 39 item 4; DESIGNS: v1
 verdict, v3 after v2's quiet run and the model changes it led to, v4 after v3's, v5 after v4's, v6 after v5's,
 v7 after v6's, v8 after v7's, v9 after v8's, v10 after v9's, v11 after v10's, v12 after v11's, v13 after v12's,
 v14 after v13's, v15 (v14 replicated on new cells) after v14's, v16 after v15's, v17 and v18 (v17 replicated on
-new cells) after v16's; each committed before its own run):
+new cells) after v16's, v19 and v20 (v19 replicated) after v18's; each committed before its own run):
 - `run` writes OUT/machine.json (zero-train calibrate: microbenchmarks only, no training step) and runs the
   design's sets: CALIBRATION sets (every engine, no checkpointing, no accumulation, both model shapes: gpt2-25m,
   24.8M parameters, and llama-tiny, 0.62M; v1 at 2 ranks, v2 and v3 at 1 and 2) and HELD-OUT sets (other rank
