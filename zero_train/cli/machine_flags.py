@@ -57,9 +57,10 @@ def machine_from_args(args: argparse.Namespace, *, device: str):
         if args.gpu or any(value is not None for value in overrides.values()):
             raise UsageError("--machine FILE describes the whole machine; drop --gpu/--tflops/--*-node-gbps")
         try:
-            return load_machine(args.machine), f"machine {args.machine} (zero-train calibrate)"
+            machine = load_machine(args.machine)
         except ValueError as err:
             raise UsageError(str(err)) from err
+        return machine, f"machine {args.machine} (zero-train calibrate{_host_work_note(machine)})"
     if device == "cpu" and not args.gpu:
         return None, "no step time on CPU ranks without --machine FILE (write one with zero-train calibrate)"
     name = args.gpu or DEFAULT_GPU
@@ -70,6 +71,20 @@ def machine_from_args(args: argparse.Namespace, *, device: str):
         return preset_machine(name, **overrides), note
     except ValueError as err:
         raise UsageError(str(err)) from err
+
+
+def _host_work_note(machine) -> str:
+    """What a calibrated CPU machine says of the engines' host work: a calibration alone prices the model's terms,
+    and on CPU ranks each engine's Python, hooks and waits are much of a small model's step (the model without
+    them: a median 48% short on docs/steptime.md's held-out cells of designs v19 and v20)."""
+    if machine.device != "cpu":
+        return ""
+    if machine.engine_host:
+        return f"; host work fitted for {', '.join(sorted(machine.engine_host))}"
+    return (
+        "; no engine host work fitted: CPU steps run longer than this, about 2x on small models; "
+        "fit it as docs/steptime.md 'CPU ranks: fit the engines' host work too' says"
+    )
 
 
 def add_gpu_margin_flag(parser) -> None:
