@@ -75,8 +75,8 @@ def machine_from_args(args: argparse.Namespace, *, device: str):
 
 def _host_work_note(machine) -> str:
     """What a calibrated CPU machine says of the engines' host work: a calibration alone prices the model's terms,
-    and on CPU ranks each engine's Python, hooks and waits are much of a small model's step (the model without
-    them: a median 48% short on docs/steptime.md's held-out cells of designs v19 and v20)."""
+    and on CPU ranks each engine's Python, hooks and waits are much of a small model's step, fitted on measured
+    bench steps, not microbenchmarks (how much: docs/steptime.md, "CPU ranks: fit the engines' host work too")."""
     if machine.device != "cpu":
         return ""
     if machine.engine_host:
